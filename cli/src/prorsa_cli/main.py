@@ -1,0 +1,185 @@
+"""`prorsa`: the single entry point for Prorsa's services and tools.
+
+Service packages add their own sub-commands through a ``register(app)`` function in their
+``cli`` module; heavy imports stay inside the commands so ``prorsa --help`` is quick.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .common import DEFAULT_NATS, NatsOpt, PrefixOpt, StreamOpt, console, fail, namespace, out
+
+app = typer.Typer(
+    name="prorsa",
+    help="Prorsa: forecast-driven prefill/decode role switching for agentic RL rollout.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# Sub-commands contributed by the service packages (each module defines register(app)).
+PLUGINS = [
+    "prorsa_tracker.cli",
+    "prorsa_forecaster.cli",
+    "prorsa_allocator.cli",
+    "prorsa_engine_agent.cli",
+    "prorsa_sim.cli",
+]
+
+
+@app.command("nats")
+def nats_cmd(
+    data: Annotated[Path, typer.Option(help="JetStream store folder.")] = Path(".prorsa/nats"),
+    port: Annotated[int, typer.Option(help="Client port (0: pick a free one).")] = 4222,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+) -> None:
+    """Run a local JetStream nats-server on a data folder (Ctrl-C stops it)."""
+    import signal
+    import threading
+
+    from prorsa_runtime.natsserver import NatsServer, NatsServerError, NatsServerNotFound
+
+    try:
+        server = NatsServer(data, port=port, host=host).start()
+    except (NatsServerError, NatsServerNotFound) as exc:
+        fail(str(exc))
+    out.print(server.url, highlight=False)
+    console.print(f"nats-server with JetStream, store {data.resolve()}; Ctrl-C to stop")
+    done = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    while not done.wait(0.5):
+        if not server.running():
+            fail("nats-server exited unexpectedly", 1)
+    server.stop()
+
+
+@app.command("validate")
+def validate_cmd(
+    log: Annotated[Path, typer.Argument(help="Event log (.jsonl or .jsonl.gz).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON summary.")] = False,
+    max_line_bytes: Annotated[int, typer.Option(help="Longest acceptable line.")] = 1 << 20,
+    quiet: Annotated[bool, typer.Option("-q", help="Do not list invalid lines.")] = False,
+) -> None:
+    """Check every event of a log against the contract; exit 1 if any is invalid.
+
+    Prints one line per invalid event (line number and reason). Out-of-order events (a
+    ``ts`` earlier than the line before) break the contract's ordering rule and count as
+    invalid too.
+    """
+    from prorsa_schemas import read_log
+
+    if not log.exists():
+        fail(f"no such file: {log}")
+    counts: Counter[str] = Counter()
+    valid = invalid = 0
+    last_ts = float("-inf")
+    try:
+        for line in read_log(log, max_line_bytes=max_line_bytes):
+            if line.event is not None and line.event.ts < last_ts:
+                invalid += 1
+                if not quiet and not as_json:
+                    out.print(
+                        f"{log}:{line.lineno}: field 'ts': value {line.event.ts} is earlier than "
+                        f"the previous event's {last_ts} (a log is ordered by ts)",
+                        highlight=False, soft_wrap=True,
+                    )
+                continue
+            if line.event is not None:
+                valid += 1
+                last_ts = line.event.ts
+                counts[line.event.type] += 1
+            else:
+                invalid += 1
+                if not quiet and not as_json:
+                    out.print(f"{log}:{line.lineno}: {line.error.reason}", highlight=False, soft_wrap=True)
+    except OSError as exc:
+        fail(f"cannot read {log}: {exc}")
+    if as_json:
+        out.print_json(
+            json.dumps(
+                {"events": valid + invalid, "valid": valid, "invalid": invalid, "by_type": dict(sorted(counts.items()))}
+            )
+        )
+    else:
+        console.print(f"{valid + invalid} events: {valid} valid, {invalid} invalid")
+    raise typer.Exit(1 if invalid else 0)
+
+
+@app.command("publish")
+def publish_cmd(
+    log: Annotated[Path, typer.Argument(help="Event log (.jsonl or .jsonl.gz).")],
+    nats_url: NatsOpt = DEFAULT_NATS,
+    speed: Annotated[
+        Optional[float], typer.Option(help="Pace at X times the event-time rate (default: as fast as possible).")
+    ] = None,
+    prefix: PrefixOpt = "prorsa",
+    stream: StreamOpt = "PRORSA",
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the last acks.")] = 120.0,
+) -> None:
+    """Publish a log's events to the bus, byte for byte, with de-duplication by event id.
+
+    Invalid lines are reported and skipped (exit code 1 at the end); every valid event is
+    published. Re-running the command within the stream's duplicate window stores nothing
+    twice.
+    """
+    import asyncio
+
+    from .publishing import publish_log
+
+    if speed is not None and speed <= 0:
+        fail("--speed must be > 0")
+    if not log.exists():
+        fail(f"no such file: {log}")
+    ns = namespace(prefix, stream)
+    try:
+        result = asyncio.run(publish_log(log, nats_url, ns, speed=speed, timeout=timeout))
+    except Exception as exc:  # connection, timeout: say it plainly
+        fail(f"publish failed: {exc}", 1)
+    console.print(
+        f"published {result.published} events to {nats_url} (stream {stream}); "
+        f"{result.invalid} invalid lines skipped; {result.duplicates} already in the stream"
+    )
+    raise typer.Exit(1 if result.invalid else 0)
+
+
+@app.command("demo")
+def demo_cmd(
+    workdir: Annotated[Path, typer.Option(help="Where the demo keeps its bus and logs.")] = Path(".prorsa/demo"),
+    trajectories: Annotated[int, typer.Option(help="Trajectories in the example log.")] = 256,
+) -> None:
+    """Foundation demo: start a local bus, publish an example log through the SDK, read it back."""
+    from .demo import run_demo
+
+    raise typer.Exit(run_demo(workdir, trajectories))
+
+
+def _register_plugins() -> None:
+    for name in PLUGINS:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name and name.startswith(exc.name):
+                continue  # that package is not installed on this host (e.g. an agent-only image)
+            raise
+        register = getattr(mod, "register", None)
+        if register is not None:
+            register(app)
+
+
+_register_plugins()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

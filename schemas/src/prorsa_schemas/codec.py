@@ -1,0 +1,198 @@
+"""Bytes <-> event, and streaming JSONL / .jsonl.gz event logs.
+
+A log is read one line at a time, so a multi-GB file never sits in memory; a line longer
+than ``max_line_bytes`` is reported and skipped without being read into memory whole.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from pydantic import TypeAdapter, ValidationError
+
+from .errors import EventError
+from .events import AnyEvent, Event
+
+_ADAPTER: TypeAdapter[Event] = TypeAdapter(AnyEvent)
+
+DEFAULT_MAX_LINE_BYTES = 1 << 20
+"""The longest line a log reader accepts (1 MiB): no contract event comes near it."""
+
+
+def decode_event(data: bytes | str) -> Event:
+    """Parse and validate one event.
+
+    Raises:
+        EventError: with a reason naming the field, its value and the rule it broke.
+    """
+    try:
+        return _ADAPTER.validate_json(data, strict=True)
+    except ValidationError as exc:
+        raise EventError.from_validation(exc, raw_type=_peek_type(data)) from None
+
+
+def event_from_dict(obj: dict) -> Event:
+    """Validate an already-parsed JSON object (strict, like :func:`decode_event`)."""
+    try:
+        return _ADAPTER.validate_python(obj, strict=True)
+    except ValidationError as exc:
+        tag = obj.get("type") if isinstance(obj, dict) else None
+        raise EventError.from_validation(exc, raw_type=tag if isinstance(tag, str) else None) from None
+
+
+def encode_event(event: Event) -> bytes:
+    """Compact JSON of an event, carrying only the fields that are set."""
+    return event.model_dump_json(exclude_none=True).encode()
+
+
+def _peek_type(data: bytes | str) -> str | None:
+    try:
+        obj = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    tag = obj.get("type") if isinstance(obj, dict) else None
+    return tag if isinstance(tag, str) else None
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    """One non-blank line of a log: its 1-based number, raw bytes, and event or error."""
+
+    lineno: int
+    raw: bytes
+    event: Event | None
+    error: EventError | None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def _is_gzip(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        return fh.read(2) == b"\x1f\x8b"
+
+
+def open_log_binary(path: str | os.PathLike) -> BinaryIO:
+    """Open a log for reading bytes, decompressing gzip (detected by its magic bytes)."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"event log not found: {p}")
+    if p.is_dir():
+        raise IsADirectoryError(f"event log is a directory: {p}")
+    if _is_gzip(p):
+        return gzip.open(p, "rb")  # type: ignore[return-value]
+    return open(p, "rb")
+
+
+def iter_raw_lines(
+    fh: BinaryIO, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+) -> Iterator[tuple[int, bytes | None, EventError | None]]:
+    """Yield ``(lineno, raw, error)`` for every non-blank line of a byte stream.
+
+    ``raw`` is None when the line could not be read (too long, or the stream broke); the
+    error says why. A broken stream (truncated gzip, corrupt deflate data) ends iteration
+    after reporting it once.
+    """
+    lineno = 0
+    while True:
+        try:
+            line = fh.readline(max_line_bytes + 1)
+        except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
+            yield lineno + 1, None, EventError.single(f"log is truncated or corrupt: {exc}")
+            return
+        if not line:
+            return
+        lineno += 1
+        if len(line) > max_line_bytes and not line.endswith(b"\n"):
+            # Skip the rest of this line without holding it in memory.
+            size = len(line)
+            try:
+                while line and not line.endswith(b"\n"):
+                    line = fh.readline(max_line_bytes + 1)
+                    size += len(line)
+            except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
+                yield lineno, None, EventError.single(f"log is truncated or corrupt: {exc}")
+                return
+            yield lineno, None, EventError.single(
+                f"line is {size} bytes, longer than the limit of {max_line_bytes} bytes"
+            )
+            continue
+        stripped = line.strip()
+        if not stripped:
+            continue
+        yield lineno, stripped, None
+
+
+def read_log(
+    path: str | os.PathLike, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+) -> Iterator[LogLine]:
+    """Stream a .jsonl or .jsonl.gz log, validating each line.
+
+    Invalid lines are yielded with their error, never raised: a reader decides what to do
+    with them (``validate`` reports them, ``load`` records them as anomalies).
+    """
+    with open_log_binary(path) as fh:
+        for lineno, raw, error in iter_raw_lines(fh, max_line_bytes):
+            if raw is None:
+                yield LogLine(lineno, b"", None, error)
+                continue
+            try:
+                yield LogLine(lineno, raw, decode_event(raw), None)
+            except EventError as exc:
+                yield LogLine(lineno, raw, None, exc)
+
+
+def iter_events(path: str | os.PathLike) -> Iterator[Event]:
+    """Stream only the valid events of a log (for tools that skip bad lines knowingly)."""
+    for line in read_log(path):
+        if line.event is not None:
+            yield line.event
+
+
+class LogWriter:
+    """Write events to a .jsonl or (by suffix) .jsonl.gz log.
+
+    The gzip header carries no file name or timestamp, so the same events always give
+    byte-identical files (the simulator's determinism depends on it).
+    """
+
+    def __init__(self, path: str | os.PathLike, compresslevel: int = 6):
+        self.path = Path(path)
+        self.count = 0
+        self._raw = open(self.path, "wb")
+        if self.path.name.endswith(".gz"):
+            self._fh: BinaryIO = gzip.GzipFile(
+                filename="", mode="wb", fileobj=self._raw, mtime=0, compresslevel=compresslevel
+            )  # type: ignore[assignment]
+        else:
+            self._fh = self._raw
+
+    def write(self, event: Event) -> None:
+        self.write_raw(encode_event(event))
+
+    def write_raw(self, raw: bytes) -> None:
+        """Write one already-encoded event (e.g. the exact bytes a producer sent)."""
+        if b"\n" in raw:
+            raise ValueError("an encoded event must not contain a newline")
+        self._fh.write(raw + b"\n")
+        self.count += 1
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.close()
+        if not self._raw.closed:
+            self._raw.close()
+
+    def __enter__(self) -> "LogWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

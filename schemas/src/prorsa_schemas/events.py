@@ -1,0 +1,332 @@
+"""Pydantic v2 models of every event type in the contract (shared/EVENTS.md, version 1).
+
+Every model is frozen and strict: a wrong JSON type (``"12"`` for an int, ``1`` for a bool)
+is a violation, not something to coerce. Unknown fields are rejected too, so a misspelt
+optional field is reported instead of silently ignored. Optional fields default to ``None``
+so that an encoded event carries exactly the fields its producer set.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+CONTRACT_VERSION = 1
+
+MAX_TOKENS = 10_000_000
+"""Upper bound of every token count (EVENTS.md: integers >= 0 and <= 10,000,000)."""
+
+# Ids: 1..128 printable characters. "Printable" excludes C0/C1 control characters and
+# DEL; everything else (including non-ASCII letters) is allowed.
+_PRINTABLE = r"^[^\x00-\x1f\x7f-\x9f]+$"
+
+Id = Annotated[str, Field(min_length=1, max_length=128, pattern=_PRINTABLE)]
+RunId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$")]
+Tokens = Annotated[int, Field(ge=0, le=MAX_TOKENS)]
+Role = Literal["prefill", "decode", "mixed"]
+SwitchRole = Literal["prefill", "decode"]
+SwitchMode = Literal["in_place", "restart"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, strict=True, extra="forbid", allow_inf_nan=False)
+
+
+class Event(_Model):
+    """The envelope every event carries."""
+
+    v: Literal[1] = 1
+    id: Id
+    type: str
+    ts: float = Field(ge=0.0)
+    run: RunId
+
+    @field_validator("ts")
+    @classmethod
+    def _finite_ts(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("ts must be a finite number")
+        return value
+
+
+class TrajectoryEvent(Event):
+    """A rollout event about one trajectory."""
+
+    traj: Id
+
+
+# --- rollout events (published by the RL framework through the SDK) -----------------
+
+
+class RunStarted(Event):
+    type: Literal["run.started"] = "run.started"
+    mode: Literal["sync", "async"]
+    batch_size: int = Field(ge=1)
+    max_staleness: int | None = Field(default=None, ge=0)
+    group_size: int | None = Field(default=None, ge=1)
+    injection: Literal["replace", "group"] | None = None
+    prompt_tokens_mean: Tokens | None = None
+
+
+class TrajectoryDispatched(TrajectoryEvent):
+    type: Literal["trajectory.dispatched"] = "trajectory.dispatched"
+    prompt_tokens: Tokens
+    group: Id | None = None
+    policy_version: int | None = None
+
+
+class SandboxStarted(TrajectoryEvent):
+    type: Literal["sandbox.started"] = "sandbox.started"
+    mode: Literal["prewarm", "cold"]
+
+
+class SandboxReady(TrajectoryEvent):
+    type: Literal["sandbox.ready"] = "sandbox.ready"
+
+
+class RequestQueued(TrajectoryEvent):
+    type: Literal["request.queued"] = "request.queued"
+    req: Id
+    turn: int = Field(ge=0)
+    prompt_tokens: Tokens
+    engine: Id | None = None
+
+
+class PrefillStarted(TrajectoryEvent):
+    type: Literal["prefill.started"] = "prefill.started"
+    req: Id
+    engine: Id | None = None
+
+
+class PrefillFinished(TrajectoryEvent):
+    type: Literal["prefill.finished"] = "prefill.finished"
+    req: Id
+    engine: Id | None = None
+    cached_tokens: Tokens | None = None
+    decode_engine: Id | None = None
+
+
+class DecodeFinished(TrajectoryEvent):
+    type: Literal["decode.finished"] = "decode.finished"
+    req: Id
+    output_tokens: Tokens
+    finish: Literal["tool", "stop", "length", "abort"]
+
+
+class ToolStarted(TrajectoryEvent):
+    type: Literal["tool.started"] = "tool.started"
+    tool: Id | None = None
+    calls: int | None = Field(default=None, ge=1)
+
+
+class ToolFinished(TrajectoryEvent):
+    type: Literal["tool.finished"] = "tool.finished"
+    result_tokens: Tokens
+    ok: bool | None = None
+
+
+class RewardStarted(TrajectoryEvent):
+    type: Literal["reward.started"] = "reward.started"
+
+
+class RewardFinished(TrajectoryEvent):
+    type: Literal["reward.finished"] = "reward.finished"
+    admitted: bool
+    reward: float | None = None
+
+
+class TrajectoryDropped(TrajectoryEvent):
+    type: Literal["trajectory.dropped"] = "trajectory.dropped"
+    reason: Literal["stale", "error", "aborted"]
+
+
+class PolicyUpdated(Event):
+    type: Literal["policy.updated"] = "policy.updated"
+    version: int
+
+
+# --- engine events (published by engine agents) --------------------------------------
+
+
+class Parallel(_Model):
+    tp: int | None = Field(default=None, ge=1)
+    dp: int | None = Field(default=None, ge=1)
+    ep: int | None = Field(default=None, ge=1)
+    attn_dp: int | None = Field(default=None, ge=1)
+
+
+class EngineRegistered(Event):
+    type: Literal["engine.registered"] = "engine.registered"
+    engine: Id
+    server: Id
+    role: Role
+    gpus: int = Field(ge=1)
+    kv_capacity_tokens: int = Field(ge=0)
+    url: str | None = Field(default=None, max_length=2048)
+    parallel: Parallel | None = None
+    switch_modes: list[SwitchMode] | None = None
+
+
+class EngineStats(Event):
+    type: Literal["engine.stats"] = "engine.stats"
+    engine: Id
+    role: Role
+    running_reqs: int = Field(ge=0)
+    queued_reqs: int = Field(ge=0)
+    kv_used_tokens: int = Field(ge=0)
+    kv_capacity_tokens: int = Field(ge=0)
+    prefill_tokens_per_s: float | None = Field(default=None, ge=0.0)
+    decode_tokens_per_s: float | None = Field(default=None, ge=0.0)
+    cache_hit_rate: float | None = Field(default=None, ge=0.0, le=1.0)
+
+
+class EngineSwitching(Event):
+    type: Literal["engine.switching"] = "engine.switching"
+    engine: Id
+    cmd: Id
+    from_role: Role
+    to_role: Role
+    mode: SwitchMode | None = None
+
+
+class EngineSwitched(Event):
+    type: Literal["engine.switched"] = "engine.switched"
+    engine: Id
+    cmd: Id
+    from_role: Role
+    to_role: Role
+    seconds: float = Field(ge=0.0)
+    mode: SwitchMode | None = None
+
+
+class EngineSwitchFailed(Event):
+    type: Literal["engine.switch_failed"] = "engine.switch_failed"
+    engine: Id
+    cmd: Id
+    role: Role
+    error: str = Field(min_length=1, max_length=4096)
+
+
+class EngineDeregistered(Event):
+    type: Literal["engine.deregistered"] = "engine.deregistered"
+    engine: Id
+    reason: str = Field(min_length=1, max_length=4096)
+
+
+# --- control events (published by the services) --------------------------------------
+
+
+class ForecastComponents(_Model):
+    """Per-source terms of a prefill forecast (Appendix B.8) and the bias applied."""
+
+    sampler: float | None = Field(default=None, ge=0.0)
+    sandbox: float | None = Field(default=None, ge=0.0)
+    ready: float | None = Field(default=None, ge=0.0)
+    tool: float | None = Field(default=None, ge=0.0)
+    inflight: float | None = Field(default=None, ge=0.0)
+    bias: float | None = None
+
+
+class ForecastWindow(Event):
+    type: Literal["forecast.window"] = "forecast.window"
+    t: float = Field(ge=0.0)
+    horizon: float = Field(gt=0.0)
+    prefill_tokens: float = Field(ge=0.0)
+    decode_admit_tokens: float = Field(ge=0.0)
+    decode_kv_tokens: float = Field(ge=0.0)
+    decode_kv_now: float = Field(ge=0.0)
+    components: ForecastComponents | None = None
+
+
+class PlannedSwitch(_Model):
+    engine: Id
+    to_role: SwitchRole
+
+
+class AllocationPlan(Event):
+    type: Literal["allocation.plan"] = "allocation.plan"
+    t: float = Field(ge=0.0)
+    n_prefill: int = Field(ge=0)
+    n_decode: int = Field(ge=0)
+    delta: float
+    feasible: bool
+    switches: list[PlannedSwitch] | None = None
+
+
+class EngineCommand(Event):
+    type: Literal["engine.command"] = "engine.command"
+    cmd: Id
+    engine: Id
+    action: Literal["switch_role"]
+    to_role: SwitchRole
+    deadline: float = Field(ge=0.0)
+
+
+AnyEvent = Annotated[
+    Union[
+        RunStarted,
+        TrajectoryDispatched,
+        SandboxStarted,
+        SandboxReady,
+        RequestQueued,
+        PrefillStarted,
+        PrefillFinished,
+        DecodeFinished,
+        ToolStarted,
+        ToolFinished,
+        RewardStarted,
+        RewardFinished,
+        TrajectoryDropped,
+        PolicyUpdated,
+        EngineRegistered,
+        EngineStats,
+        EngineSwitching,
+        EngineSwitched,
+        EngineSwitchFailed,
+        EngineDeregistered,
+        ForecastWindow,
+        AllocationPlan,
+        EngineCommand,
+    ],
+    Field(discriminator="type"),
+]
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.model_fields["type"].default: cls
+    for cls in AnyEvent.__origin__.__args__  # type: ignore[attr-defined]
+}
+"""Every contract event type, by its ``type`` string."""
+
+ROLLOUT_TYPES = frozenset(
+    {
+        "run.started",
+        "trajectory.dispatched",
+        "sandbox.started",
+        "sandbox.ready",
+        "request.queued",
+        "prefill.started",
+        "prefill.finished",
+        "decode.finished",
+        "tool.started",
+        "tool.finished",
+        "reward.started",
+        "reward.finished",
+        "trajectory.dropped",
+        "policy.updated",
+    }
+)
+ENGINE_TYPES = frozenset(
+    {
+        "engine.registered",
+        "engine.stats",
+        "engine.switching",
+        "engine.switched",
+        "engine.switch_failed",
+        "engine.deregistered",
+    }
+)
+CONTROL_TYPES = frozenset({"forecast.window", "allocation.plan", "engine.command"})
+
+assert ROLLOUT_TYPES | ENGINE_TYPES | CONTROL_TYPES == set(EVENT_TYPES)
