@@ -61,12 +61,14 @@ class EventError(ValueError):
     def from_validation(cls, exc: ValidationError, raw_type: str | None = None) -> "EventError":
         violations: list[Violation] = []
         for err in exc.errors(include_url=False):
-            loc = [str(p) for p in err["loc"]]
+            loc = list(err["loc"])
             # A discriminated union puts the tag first in the location: drop it, the
             # reason already says which type was being validated.
             if raw_type is not None and loc and loc[0] == raw_type:
                 loc = loc[1:]
-            field = ".".join(loc)
+            field = ""
+            for part in loc:
+                field += f"[{part}]" if isinstance(part, int) else (f".{part}" if field else str(part))
             kind = err["type"]
             value = err.get("input", _MISSING)
             if kind == "missing":

@@ -24,12 +24,15 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Literal
 
+from pydantic import ValidationError
+
 from prorsa_runtime.bus import Credentials
 from prorsa_runtime.publisher import BufferFull, ReliablePublisher
 from prorsa_schemas import (
     DEFAULT,
     DecodeFinished,
     Event,
+    EventError,
     Namespace,
     PolicyUpdated,
     PrefillFinished,
@@ -62,13 +65,20 @@ class _Builder:
         self._prefix = uuid.uuid4().hex[:12]
         self._counter = itertools.count(1)  # next() on a count is atomic under the GIL
         # Validate the run id once, up front, with the contract's own rule.
-        PolicyUpdated(id="probe", ts=0.0, run=run, version=0)
+        try:
+            PolicyUpdated(id="probe", ts=0.0, run=run, version=0)
+        except ValidationError as exc:
+            raise EventError.from_validation(exc) from None
 
     def new_id(self) -> str:
         return f"{self._prefix}-{next(self._counter)}"
 
-    def env(self, ts: float | None) -> dict:
-        return {"id": self.new_id(), "ts": self.clock() if ts is None else ts, "run": self.run}
+    def make(self, cls: type[Event], ts: float | None, **fields: object) -> Event:
+        """Build and validate; a bad argument raises EventError naming the field."""
+        try:
+            return cls(id=self.new_id(), ts=self.clock() if ts is None else ts, run=self.run, **fields)
+        except ValidationError as exc:
+            raise EventError.from_validation(exc) from None
 
 
 class _Methods:
@@ -92,8 +102,7 @@ class _Methods:
     ):
         """Describe the sampler (sync/async, batch, staleness, groups, injection)."""
         return self._emit(
-            RunStarted(
-                **self._b.env(ts), mode=mode, batch_size=batch_size, max_staleness=max_staleness,
+            self._b.make(RunStarted, ts, mode=mode, batch_size=batch_size, max_staleness=max_staleness,
                 group_size=group_size, injection=injection, prompt_tokens_mean=prompt_tokens_mean,
             ),
             None,
@@ -105,18 +114,17 @@ class _Methods:
     ):
         """The data sampler launched trajectory ``traj``."""
         return self._emit(
-            TrajectoryDispatched(
-                **self._b.env(ts), traj=traj, prompt_tokens=prompt_tokens, group=group,
+            self._b.make(TrajectoryDispatched, ts, traj=traj, prompt_tokens=prompt_tokens, group=group,
                 policy_version=policy_version,
             ),
             traj,
         )
 
     def sandbox_started(self, traj: str, mode: Literal["prewarm", "cold"], *, ts: float | None = None):
-        return self._emit(SandboxStarted(**self._b.env(ts), traj=traj, mode=mode), traj)
+        return self._emit(self._b.make(SandboxStarted, ts, traj=traj, mode=mode), traj)
 
     def sandbox_ready(self, traj: str, *, ts: float | None = None):
-        return self._emit(SandboxReady(**self._b.env(ts), traj=traj), traj)
+        return self._emit(self._b.make(SandboxReady, ts, traj=traj), traj)
 
     def request_queued(
         self, traj: str, req: str, turn: int, prompt_tokens: int, *,
@@ -124,15 +132,14 @@ class _Methods:
     ):
         """A model request joined the ready queue (a prefill arrival; FULL prompt length)."""
         return self._emit(
-            RequestQueued(
-                **self._b.env(ts), traj=traj, req=req, turn=turn, prompt_tokens=prompt_tokens,
+            self._b.make(RequestQueued, ts, traj=traj, req=req, turn=turn, prompt_tokens=prompt_tokens,
                 engine=engine,
             ),
             traj,
         )
 
     def prefill_started(self, traj: str, req: str, *, engine: str | None = None, ts: float | None = None):
-        return self._emit(PrefillStarted(**self._b.env(ts), traj=traj, req=req, engine=engine), traj)
+        return self._emit(self._b.make(PrefillStarted, ts, traj=traj, req=req, engine=engine), traj)
 
     def prefill_finished(
         self, traj: str, req: str, *, engine: str | None = None, cached_tokens: int | None = None,
@@ -140,8 +147,7 @@ class _Methods:
     ):
         """Prefill done, first token out (a decode admission)."""
         return self._emit(
-            PrefillFinished(
-                **self._b.env(ts), traj=traj, req=req, engine=engine, cached_tokens=cached_tokens,
+            self._b.make(PrefillFinished, ts, traj=traj, req=req, engine=engine, cached_tokens=cached_tokens,
                 decode_engine=decode_engine,
             ),
             traj,
@@ -152,8 +158,7 @@ class _Methods:
         finish: Literal["tool", "stop", "length", "abort"], *, ts: float | None = None,
     ):
         return self._emit(
-            DecodeFinished(
-                **self._b.env(ts), traj=traj, req=req, output_tokens=output_tokens, finish=finish
+            self._b.make(DecodeFinished, ts, traj=traj, req=req, output_tokens=output_tokens, finish=finish
             ),
             traj,
         )
@@ -161,33 +166,33 @@ class _Methods:
     def tool_started(
         self, traj: str, *, tool: str | None = None, calls: int | None = None, ts: float | None = None
     ):
-        return self._emit(ToolStarted(**self._b.env(ts), traj=traj, tool=tool, calls=calls), traj)
+        return self._emit(self._b.make(ToolStarted, ts, traj=traj, tool=tool, calls=calls), traj)
 
     def tool_finished(
         self, traj: str, result_tokens: int, *, ok: bool | None = None, ts: float | None = None
     ):
         return self._emit(
-            ToolFinished(**self._b.env(ts), traj=traj, result_tokens=result_tokens, ok=ok), traj
+            self._b.make(ToolFinished, ts, traj=traj, result_tokens=result_tokens, ok=ok), traj
         )
 
     def reward_started(self, traj: str, *, ts: float | None = None):
-        return self._emit(RewardStarted(**self._b.env(ts), traj=traj), traj)
+        return self._emit(self._b.make(RewardStarted, ts, traj=traj), traj)
 
     def reward_finished(
         self, traj: str, admitted: bool, *, reward: float | None = None, ts: float | None = None
     ):
         return self._emit(
-            RewardFinished(**self._b.env(ts), traj=traj, admitted=admitted, reward=reward), traj
+            self._b.make(RewardFinished, ts, traj=traj, admitted=admitted, reward=reward), traj
         )
 
     def dropped(
         self, traj: str, reason: Literal["stale", "error", "aborted"], *, ts: float | None = None
     ):
-        return self._emit(TrajectoryDropped(**self._b.env(ts), traj=traj, reason=reason), traj)
+        return self._emit(self._b.make(TrajectoryDropped, ts, traj=traj, reason=reason), traj)
 
     def policy_updated(self, version: int, *, ts: float | None = None):
         """New weights reached the rollout engines."""
-        return self._emit(PolicyUpdated(**self._b.env(ts), version=version), None)
+        return self._emit(self._b.make(PolicyUpdated, ts, version=version), None)
 
 
 class Emitter(_Methods):
