@@ -1,0 +1,305 @@
+"""The tracker's in-memory state and the records the fold emits.
+
+Plain slotted dataclasses for what the fold mutates (fast, small: ~100k live trajectories
+fit in tens of MB) and frozen pydantic models for what it emits (``Transition``,
+``Anomaly``, ``RequestRecord``, ``Span``), because those cross the bus and the SQL
+projection. See :mod:`prorsa_tracker.core` for the API overview.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+SAMPLE_CAPACITY = 4096
+"""Duration samples kept per kind (a ring buffer: the newest ones, bounded memory)."""
+
+SEEN_IDS_CAPACITY = 200_000
+"""Event ids remembered for de-duplication (the newest ones). The stream's own duplicate
+window and the consumer position cover redeliveries; this covers re-sends that reach the
+tracker under a new stream sequence, as long as they are this recent."""
+
+FINISHED_CAPACITY = 100_000
+"""Finished trajectory keys remembered, so a late event gets a precise anomaly reason."""
+
+
+class TrajState(str, Enum):
+    """Trajectory states of the EVENTS.md state machine."""
+
+    DISPATCHED = "dispatched"
+    SANDBOX = "sandbox"
+    READY = "ready"
+    QUEUED = "queued"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    TOOL = "tool"
+    REWARD = "reward"
+    DONE = "done"
+    DROPPED = "dropped"
+
+    @property
+    def live(self) -> bool:
+        return self not in (TrajState.DONE, TrajState.DROPPED)
+
+
+LIVE_STATES: tuple[TrajState, ...] = tuple(s for s in TrajState if s.live)
+
+SampleKind = Literal[
+    "sandbox_prewarm",
+    "sandbox_cold",
+    "startup_to_request_prewarm",
+    "startup_to_request_cold",
+    "dispatch_to_request",
+    "tool",
+    "tool_to_request",
+    "tool_exec",
+    "reward",
+]
+SAMPLE_KINDS: tuple[str, ...] = SampleKind.__args__  # type: ignore[attr-defined]
+"""Duration sample kinds (seconds of event time):
+
+* ``sandbox_<mode>``: sandbox.started -> sandbox.ready;
+* ``startup_to_request_<mode>``: sandbox.started -> the trajectory's first request.queued;
+* ``dispatch_to_request``: trajectory.dispatched -> first request.queued (every trajectory);
+* ``tool``: entering Tool (decode.finished finish=tool) -> leaving it;
+* ``tool_to_request``: entering Tool -> the next request.queued;
+* ``tool_exec``: tool.started -> tool.finished (when both are published);
+* ``reward``: entering Reward (decode.finished stop|length) -> reward.finished.
+"""
+
+
+# --- emitted records (frozen: they cross the bus and the SQL projection) ---------------
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RequestRecord(_Frozen):
+    """One model request, emitted once when it closes (decode.finished, superseded, dropped)."""
+
+    run: str
+    traj: str
+    req: str
+    turn: int
+    prompt_tokens: int
+    queued_ts: float
+    prefill_started_ts: float | None = None
+    prefill_finished_ts: float | None = None
+    decode_finished_ts: float | None = None
+    output_tokens: int | None = None
+    cached_tokens: int | None = None
+    finish: Literal["tool", "stop", "length", "abort", "superseded", "dropped"]
+    engine: str | None = None
+    decode_engine: str | None = None
+
+
+class Span(_Frozen):
+    """A closed sandbox, tool or reward span of one trajectory."""
+
+    run: str
+    traj: str
+    kind: Literal["sandbox", "tool", "reward"]
+    start_ts: float
+    end_ts: float
+    mode: str | None = None  # sandbox: prewarm|cold; tool: the tool name
+    ok: bool | None = None  # tool: ok flag; reward: admitted
+    tokens: int | None = None  # tool: result_tokens
+    reward: float | None = None
+
+
+class Transition(_Frozen):
+    """One applied trajectory event: the canonical output the forecaster consumes.
+
+    Every accepted trajectory event yields exactly one transition; ``from_state ==
+    to_state`` for events that do not move the machine (``tool.started`` in Tool,
+    ``reward.started`` in Reward). ``from_state`` is None for ``trajectory.dispatched``.
+    """
+
+    run: str
+    traj: str
+    event_id: str
+    event_type: str
+    ts: float
+    from_state: TrajState | None
+    to_state: TrajState
+    context_tokens: int
+    turn: int
+    group: str | None = None
+    policy_version: int | None = None
+    sandbox_mode: str | None = None
+    req: str | None = None
+    prompt_tokens: int | None = None  # of the current/closing request
+    engine: str | None = None
+    decode_engine: str | None = None
+    request: RequestRecord | None = None  # set when a request closes
+    span: Span | None = None  # set when a span closes
+    seq: int | None = None  # stream sequence, filled in by the service
+
+
+class Anomaly(_Frozen):
+    """A valid event the state machine refused (or an invalid one, with ``event_id`` None)."""
+
+    run: str | None
+    traj: str | None
+    event_id: str | None
+    event_type: str | None
+    ts: float | None
+    reason: str
+    state: TrajState | None = None
+
+
+# --- mutable state (the fold mutates these in place) -----------------------------------
+
+
+@dataclass(slots=True)
+class Request:
+    """The trajectory's current model request."""
+
+    req: str
+    turn: int
+    prompt_tokens: int
+    queued_ts: float
+    engine: str | None = None
+    prefill_started_ts: float | None = None
+    prefill_finished_ts: float | None = None
+    cached_tokens: int | None = None
+    decode_engine: str | None = None
+
+
+@dataclass(slots=True)
+class Trajectory:
+    """One live trajectory."""
+
+    run: str
+    traj: str
+    state: TrajState
+    state_ts: float  # event time it entered ``state``
+    dispatched_ts: float
+    context_tokens: int
+    prompt_tokens: int  # of the dispatch (the initial prompt)
+    group: str | None = None
+    policy_version: int | None = None
+    turns: int = 0  # requests queued so far
+    sandbox_mode: str | None = None
+    sandbox_started_ts: float | None = None
+    first_request_ts: float | None = None
+    request: Request | None = None
+    tool_entered_ts: float | None = None
+    tool_started_ts: float | None = None
+    tool_name: str | None = None
+    tool_ema: float | None = None  # per-trajectory EMA of time in Tool (Appendix B.5)
+    reward_started_ts: float | None = None
+
+
+@dataclass(slots=True)
+class RunConfig:
+    """The sampler config of run.started, or the contract's defaults when it is absent."""
+
+    mode: str = "async"
+    batch_size: int | None = None
+    max_staleness: int | None = None
+    group_size: int = 1
+    injection: str = "replace"
+    prompt_tokens_mean: int | None = None
+    declared: bool = False  # True once a run.started was seen
+
+
+def _by_state() -> dict[TrajState, set[str]]:
+    return {s: set() for s in LIVE_STATES}
+
+
+def _samples() -> dict[str, deque[float]]:
+    return {k: deque(maxlen=SAMPLE_CAPACITY) for k in SAMPLE_KINDS}
+
+
+@dataclass(slots=True)
+class RunState:
+    """Everything the tracker knows about one run."""
+
+    run: str
+    config: RunConfig = field(default_factory=RunConfig)
+    policy_version: int | None = None
+    live: dict[str, Trajectory] = field(default_factory=dict)
+    by_state: dict[TrajState, set[str]] = field(default_factory=_by_state)
+    samples: dict[str, deque[float]] = field(default_factory=_samples)
+    admissions: deque[tuple[float, bool]] = field(
+        default_factory=lambda: deque(maxlen=SAMPLE_CAPACITY)
+    )  # (ts, admitted) of each reward.finished
+    dispatched: int = 0
+    rewarded: int = 0  # reward.finished count
+    admitted: int = 0  # reward.finished with admitted=true
+    done: int = 0
+    dropped: int = 0
+    first_ts: float | None = None
+    last_ts: float | None = None
+
+
+@dataclass(slots=True)
+class EngineState:
+    """An engine as its agent reported it."""
+
+    engine: str
+    role: str
+    registered: bool = False
+    server: str | None = None
+    gpus: int | None = None
+    kv_capacity_tokens: int | None = None
+    url: str | None = None
+    switch_modes: tuple[str, ...] = ()
+    switching_cmd: str | None = None
+    switching_to: str | None = None
+    switching_since: float | None = None
+    running_reqs: int = 0
+    queued_reqs: int = 0
+    kv_used_tokens: int = 0
+    prefill_tokens_per_s: float | None = None
+    decode_tokens_per_s: float | None = None
+    cache_hit_rate: float | None = None
+    stats_ts: float | None = None
+    updated_ts: float = 0.0
+
+
+@dataclass(slots=True)
+class TrackerState:
+    """The whole fold state: runs, engines, de-duplication and counters."""
+
+    runs: dict[str, RunState] = field(default_factory=dict)
+    engines: dict[str, EngineState] = field(default_factory=dict)
+    watermark: float | None = None  # the largest event ts applied
+    applied: int = 0  # events applied (duplicates excluded)
+    duplicates: int = 0
+    anomalies: int = 0
+    seen_ids: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    seen_capacity: int = SEEN_IDS_CAPACITY
+    finished: OrderedDict[tuple[str, str], TrajState] = field(default_factory=OrderedDict)
+    finished_capacity: int = FINISHED_CAPACITY
+
+    def run_state(self, run: str) -> RunState:
+        """The run's state, created with the contract defaults on first sight."""
+        rs = self.runs.get(run)
+        if rs is None:
+            rs = self.runs[run] = RunState(run)
+        return rs
+
+    def is_duplicate(self, event_id: str) -> bool:
+        """True when an event with this id was applied recently (within ``seen_capacity``)."""
+        return event_id in self.seen_ids
+
+    def trajectory(self, run: str, traj: str) -> Trajectory | None:
+        rs = self.runs.get(run)
+        return rs.live.get(traj) if rs else None
+
+    def in_state(self, run: str, *states: TrajState) -> list[Trajectory]:
+        """The live trajectories of ``run`` in any of ``states``, via the per-state index."""
+        rs = self.runs.get(run)
+        if rs is None:
+            return []
+        return [rs.live[t] for s in states for t in rs.by_state[s]]
+
+    def live_count(self) -> int:
+        return sum(len(rs.live) for rs in self.runs.values())
