@@ -1,0 +1,211 @@
+"""The emulated router (sglang-router 0.3.2 / SMG): worker registry and PD routing.
+
+Shapes follow SMG's ``/workers`` API: ``POST /workers`` queues an asynchronous job and
+answers 202 ``{status: "accepted", worker_id, url, location, message}`` with a
+``Location`` header; the job health-checks the worker and then adds it. ``GET /workers``
+lists ``{workers: [WorkerInfo], total, stats}``; ``GET /workers/{id}`` is one worker or its
+pending job; ``DELETE /workers/{id}`` answers 202 and removes it without draining.
+``POST /generate`` sends a request to a prefill + decode pair (bootstrap fields added,
+as the PD router does) or to a regular worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Optional
+from urllib.parse import urlparse
+
+import httpx
+from fastapi import Body, FastAPI
+from fastapi.responses import JSONResponse, Response
+
+WORKER_TYPES = ("regular", "prefill", "decode")
+
+
+@dataclass
+class Worker:
+    id: str
+    url: str
+    worker_type: str
+    bootstrap_port: Optional[int]
+    model_id: str = "unknown"
+    priority: int = 50
+    cost: float = 1.0
+    is_healthy: bool = True
+    load: int = 0
+    labels: dict = field(default_factory=dict)
+
+    def info(self) -> dict:
+        out = {
+            "id": self.id, "url": self.url, "model_id": self.model_id, "priority": self.priority,
+            "cost": self.cost, "worker_type": self.worker_type, "is_healthy": self.is_healthy,
+            "load": self.load, "connection_mode": "Http", "runtime_type": "sglang",
+        }
+        if self.worker_type == "prefill":
+            out["bootstrap_port"] = self.bootstrap_port
+        if self.labels:
+            out["metadata"] = dict(self.labels)
+        return out
+
+
+def _error(status: int, message: str, code: str) -> JSONResponse:
+    return JSONResponse({"error": message, "code": code}, status)
+
+
+def create_router_app(health_timeout_s: float = 30.0, health_interval_s: float = 1.0) -> FastAPI:
+    """The FastAPI app of an emulated router."""
+    app = FastAPI(title="emulated sglang router")
+    workers: dict[str, Worker] = {}
+    jobs: dict[str, dict] = {}
+    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
+    app.state.workers = workers
+
+    async def healthy(url: str) -> bool:
+        try:
+            return (await client.get(f"{url}/health", timeout=2.0)).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def add_job(wid: str, body: dict) -> None:
+        url = body["url"]
+        jobs[wid] = {"job_type": "AddWorker", "worker_url": url, "status": "processing",
+                     "message": None, "timestamp": int(time.time())}
+        deadline = time.monotonic() + float(body.get("health_check_timeout_secs") or health_timeout_s)
+        while not await healthy(url):
+            if time.monotonic() > deadline:
+                jobs[wid].update(status="failed", message=f"Worker {url} did not become healthy")
+                return
+            await asyncio.sleep(0.05)
+        model_id = "unknown"
+        try:
+            model_id = (await client.get(f"{url}/model_info", timeout=2.0)).json().get("model_path", model_id)
+        except (httpx.HTTPError, ValueError):
+            pass
+        if any(w.url == url for w in workers.values()):
+            jobs[wid].update(status="failed", message=f"Worker {url} already exists")
+            return
+        workers[wid] = Worker(
+            wid, url, body.get("worker_type") or "regular", body.get("bootstrap_port"),
+            model_id=body.get("model_id") or model_id, priority=body.get("priority") or 50,
+            cost=body.get("cost") or 1.0, labels=body.get("labels") or {},
+        )
+        jobs.pop(wid, None)
+
+    async def health_loop() -> None:
+        while True:
+            await asyncio.sleep(health_interval_s)
+            for w in list(workers.values()):
+                w.is_healthy = await healthy(w.url)
+
+    @app.on_event("startup")
+    async def _start() -> None:
+        app.state.health_task = asyncio.create_task(health_loop())
+
+    @app.on_event("shutdown")
+    async def _stop() -> None:
+        app.state.health_task.cancel()
+        await client.aclose()
+
+    @app.get("/health")
+    @app.get("/liveness")
+    async def health() -> Response:
+        return Response("OK", 200)
+
+    @app.get("/readiness")
+    async def readiness() -> Response:
+        ok = any(w.is_healthy for w in workers.values())
+        return Response(status_code=200 if ok else 503)
+
+    @app.post("/workers")
+    async def create_worker(body: Any = Body(...)) -> JSONResponse:
+        if not isinstance(body, dict) or not isinstance(body.get("url"), str):
+            return _error(400, "Invalid request: missing field `url`", "BAD_REQUEST")
+        url = body["url"].rstrip("/")
+        if urlparse(url).scheme not in ("http", "https") or not urlparse(url).netloc:
+            return _error(400, f"Invalid worker URL: {url}", "BAD_REQUEST")
+        wtype = body.get("worker_type") or "regular"
+        if wtype not in WORKER_TYPES:
+            return _error(400, f"Invalid worker_type: {wtype}", "BAD_REQUEST")
+        if any(w.url == url for w in workers.values()):
+            return _error(409, f"Worker {url} already exists", "WORKER_ALREADY_EXISTS")
+        wid = str(uuid.uuid4())
+        body = dict(body, url=url, worker_type=wtype)
+        jobs[wid] = {"job_type": "AddWorker", "worker_url": url, "status": "pending",
+                     "message": None, "timestamp": int(time.time())}
+        asyncio.create_task(add_job(wid, body))
+        location = f"/workers/{wid}"
+        return JSONResponse(
+            {"status": "accepted", "worker_id": wid, "url": url, "location": location,
+             "message": "Worker addition queued for background processing"},
+            202, headers={"Location": location},
+        )
+
+    @app.get("/workers")
+    async def list_workers() -> dict:
+        infos = [w.info() for w in workers.values()]
+        count = lambda t: sum(1 for w in workers.values() if w.worker_type == t)  # noqa: E731
+        return {
+            "workers": infos, "total": len(infos),
+            "stats": {"prefill_count": count("prefill"), "decode_count": count("decode"),
+                      "regular_count": count("regular")},
+        }
+
+    @app.get("/workers/{wid}")
+    async def get_worker(wid: str) -> JSONResponse:
+        if wid in workers:
+            return JSONResponse(workers[wid].info())
+        if wid in jobs:
+            return JSONResponse({"id": wid, "job_status": jobs[wid]})
+        return _error(404, f"Worker {wid} not found", "WORKER_NOT_FOUND")
+
+    @app.delete("/workers/{wid}")
+    async def delete_worker(wid: str) -> JSONResponse:
+        if wid not in workers:
+            return _error(404, f"Worker {wid} not found", "WORKER_NOT_FOUND")
+        # Removal is queued; it takes effect on the next loop turn and does not drain.
+        asyncio.get_running_loop().call_soon(workers.pop, wid, None)
+        return JSONResponse(
+            {"status": "accepted", "worker_id": wid,
+             "message": "Worker removal queued for background processing"}, 202)
+
+    def pick(kind: str) -> Worker | None:
+        pool = [w for w in workers.values() if w.worker_type == kind and w.is_healthy]
+        if not pool:
+            return None
+        low = min(w.load for w in pool)
+        return random.choice([w for w in pool if w.load == low])
+
+    async def forward(w: Worker, body: dict) -> httpx.Response:
+        w.load += 1
+        try:
+            return await client.post(f"{w.url}/generate", json=body)
+        finally:
+            w.load -= 1
+
+    @app.post("/generate")
+    async def generate(body: Any = Body(...)) -> Response:
+        if not isinstance(body, dict):
+            return _error(400, "request body must be a JSON object", "BAD_REQUEST")
+        prefill, decode = pick("prefill"), pick("decode")
+        try:
+            if prefill is not None and decode is not None:
+                host = urlparse(prefill.url).hostname
+                pd_body = dict(body, bootstrap_host=host, bootstrap_port=prefill.bootstrap_port,
+                               bootstrap_room=random.getrandbits(63))
+                p_resp, d_resp = await asyncio.gather(forward(prefill, pd_body), forward(decode, pd_body))
+                if p_resp.status_code != 200:
+                    return Response(p_resp.content, p_resp.status_code, media_type="application/json")
+                return Response(d_resp.content, d_resp.status_code, media_type="application/json")
+            regular = pick("regular")
+            if regular is None:
+                return _error(503, "No available workers", "NO_AVAILABLE_WORKERS")
+            resp = await forward(regular, body)
+            return Response(resp.content, resp.status_code, media_type="application/json")
+        except httpx.HTTPError as exc:
+            return _error(502, f"worker request failed: {exc}", "WORKER_ERROR")
+
+    return app
