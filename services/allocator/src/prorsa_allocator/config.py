@@ -1,0 +1,130 @@
+"""The allocator's tuning knobs (pure data: the service reads them from the environment,
+the simulator and tests build them directly)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class AllocatorConfig(BaseModel):
+    """Every constant the allocation and switch selection use, with why it has its default."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # -- capacity estimates ----------------------------------------------------------------
+    prefill_tokens_per_s: float = Field(
+        default=40_000.0,
+        gt=0,
+        description="Prior θᴾ (full-prompt tokens/s per prefill instance) until engines report "
+        "saturated throughput. 40k: Dynamo's mocker prefill cost gives ~48k tokens/s for 4k-token "
+        "chunks; a little lower because real batches are ragged.",
+    )
+    theta_alpha: float = Field(
+        default=0.2, gt=0, le=1, description="EMA weight of one saturated throughput sample in θᴾ."
+    )
+    max_cache_hit_rate: float = Field(
+        default=0.95,
+        ge=0,
+        lt=1,
+        description="Clip of the prefix-cache hit ratio used to turn computed-token throughput "
+        "into full-prompt throughput (θ = rate / (1 - hit)); guards against one odd sample.",
+    )
+    gpus_prefill: int | None = Field(
+        default=None, ge=1, description="mᴾ override (default: the GPUs of the registered engines)."
+    )
+    gpus_decode: int | None = Field(
+        default=None, ge=1, description="mᴰ override (default: the GPUs of the registered engines)."
+    )
+    max_delta: float = Field(default=100.0, gt=0, description="Cap of the reported headroom δ.")
+
+    # -- switch selection ---------------------------------------------------------------------
+    min_dwell_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="An engine keeps a role at least this long; and no switch reverses the "
+        "direction of the previous one within this time (anti-flapping).",
+    )
+    lookahead_windows: int = Field(
+        default=6,
+        ge=1,
+        description="Windows over which a switch must pay back its cost (6 x 10 s: an in-place "
+        "switch of seconds pays off, a restart of minutes only on a long, large imbalance).",
+    )
+    hysteresis: float = Field(
+        default=0.05,
+        ge=0,
+        description="A switch must raise the time-averaged bottleneck capacity-to-demand ratio "
+        "by at least this fraction (0.05: +5%), net of its cost.",
+    )
+    ratio_cap: float = Field(
+        default=2.0,
+        gt=1,
+        description="Capacity beyond this multiple of demand is worth nothing more in the gain "
+        "test (so a huge surplus in one role never justifies a switch by itself).",
+    )
+    forecast_alpha: float = Field(
+        default=0.3,
+        gt=0,
+        le=1,
+        description="EMA weight of the newest forecast in the demand assumed for the windows "
+        "after the current one (damps an oscillating forecast).",
+    )
+    max_switch_fraction: float = Field(
+        default=0.25,
+        gt=0,
+        le=1,
+        description="At most this fraction of the PD engines is commanded in one plan.",
+    )
+    drain_prefill_s: float = Field(
+        default=2.0, ge=0, description="Expected drain of a busy prefill engine (its queue finishes)."
+    )
+    drain_decode_s: float = Field(
+        default=20.0,
+        ge=0,
+        description="Expected drain of a busy decode engine (running generations finish or are "
+        "aborted at the deadline); idle engines drain in 0 s.",
+    )
+    drain_weight: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="Fraction of the drain time counted as lost capacity: a draining engine "
+        "still serves the requests it holds.",
+    )
+    in_place_switch_s: float = Field(
+        default=5.0, ge=0, description="Prior cost of /pd_role_switch after drain (learned from engine.switched)."
+    )
+    restart_switch_s: float = Field(
+        default=390.0,
+        ge=0,
+        description="Prior cost of a restart in the other role (6.5 min reported for "
+        "Qwen3-235B FP8 on 4 GPUs; learned from engine.switched).",
+    )
+    switch_cost_alpha: float = Field(default=0.3, gt=0, le=1, description="EMA weight of a measured switch time.")
+
+    # -- command tracking ------------------------------------------------------------------------
+    deadline_slack: float = Field(
+        default=2.0, ge=1, description="A command's deadline is now + slack x (drain + switch estimate)."
+    )
+    min_deadline_s: float = Field(default=30.0, gt=0, description="Shortest deadline given to a command.")
+    ack_grace_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="After the deadline, how long to wait for engine.switched before retrying "
+        "(the agent aborts what is left at the deadline, then switches).",
+    )
+    max_attempts: int = Field(
+        default=2, ge=1, description="Sends of one command (the first and the retries) before it is abandoned."
+    )
+    failure_cooldown_s: float = Field(
+        default=120.0, ge=0, description="An engine whose switch failed or was abandoned is left alone this long."
+    )
+
+    # -- forecasts -----------------------------------------------------------------------------------
+    stale_after_windows: float = Field(
+        default=2.0,
+        gt=0,
+        description="A forecast whose window started more than this many horizons before the "
+        "current event time is stale and ignored.",
+    )
+    run: str | None = Field(default=None, description="Act only on forecasts of this run (None: any).")

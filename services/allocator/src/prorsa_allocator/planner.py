@@ -1,0 +1,239 @@
+"""The allocator's pure core: events in, plans and commands out. No I/O, no wall clock.
+
+``Allocator.handle(event)`` folds an engine event, a command echo or a forecast into the
+state and returns the events to publish (an ``allocation.plan`` and ``engine.command``s for
+a fresh forecast; retried commands when a deadline passes). Event time is the largest
+``ts`` seen. The service, the simulator and the tests all drive this one class.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from dataclasses import dataclass, field
+
+from prorsa_schemas import (
+    AllocationPlan,
+    EngineCommand,
+    EngineStats,
+    EngineSwitched,
+    Event,
+    ForecastWindow,
+    PlannedSwitch,
+)
+
+from .config import AllocatorConfig
+from .engines import ENGINE_EVENT_TYPES, EngineTable
+from .estimate import PrefillThroughput, SwitchCost, decode_kv_capacity, gpus_per_instance
+from .optimize import Allocation, Capacity, Demand, solve
+from .switching import DemandView, Selection, select_switches
+
+log = logging.getLogger("prorsa.allocator")
+
+
+@dataclass
+class Decision:
+    """What one forecast led to (kept for logs, metrics, the simulator and tests)."""
+
+    t: float
+    allocation: Allocation | None = None
+    selection: Selection | None = None
+    skipped: str = ""
+    events: list[Event] = field(default_factory=list)
+
+
+@dataclass
+class Counters:
+    forecasts: int = 0
+    stale: int = 0
+    plans: int = 0
+    commands: int = 0
+    retries: int = 0
+    abandoned: int = 0
+    failed: int = 0
+    switched: int = 0
+    notes: int = 0
+
+
+def _base_id(event_id: str) -> str:
+    """A short, deterministic id stem derived from the forecast's id (for de-duplication)."""
+    return event_id if len(event_id) <= 96 else hashlib.sha1(event_id.encode()).hexdigest()
+
+
+class Allocator:
+    """Forecast-driven PD allocation and role-switch commands (paper §4.2 and beyond)."""
+
+    def __init__(self, config: AllocatorConfig | None = None):
+        self.config = config or AllocatorConfig()
+        self.table = EngineTable(failure_cooldown_s=self.config.failure_cooldown_s)
+        self.theta = PrefillThroughput.from_config(self.config)
+        self.switch_cost = SwitchCost.from_config(self.config)
+        self.now = 0.0
+        self.last_forecast_t = -math.inf
+        self.last_direction: str | None = None
+        self.last_switch_ts = -math.inf
+        self.counters = Counters()
+        self.last_decision: Decision | None = None
+        # Smoothed demand rates for the windows after the current one.
+        self._prefill_rate: float | None = None  # Ŵᴾ / S, tokens/s
+        self._decode_kv: float | None = None  # Kᴰ + K̂ᴰ, tokens
+
+    # -- the one entry point -----------------------------------------------------------------
+    def handle(self, event: Event, act: bool = True) -> list[Event]:
+        """Fold one event in; return the events to publish.
+
+        With ``act=False`` (replaying the stream after a restart) the state is rebuilt but
+        nothing is decided: those forecasts were acted on, or are too old now.
+        """
+        self.now = max(self.now, event.ts)
+        out: list[Event] = []
+        if isinstance(event, ForecastWindow):
+            decision = self.on_forecast(event, act)
+            if decision is not None:
+                out.extend(decision.events)
+        elif event.type in ENGINE_EVENT_TYPES or isinstance(event, EngineCommand):
+            self._observe(event)
+        if act:
+            out.extend(self.expire(self.now))
+        return out
+
+    def _observe(self, event: Event) -> None:
+        note = self.table.apply(event)
+        if note:
+            self.counters.notes += 1
+            log.info("ignored: %s", note)
+        if isinstance(event, EngineStats):
+            self.theta.observe(event)
+        elif isinstance(event, EngineSwitched):
+            self.counters.switched += 1
+            for mode, seconds in self.table.take_switch_times():
+                self.switch_cost.observe(mode, seconds)
+        elif event.type == "engine.switch_failed":
+            self.counters.failed += 1
+
+    # -- forecasts -> plan + commands -------------------------------------------------------------
+    def stale_reason(self, fc: ForecastWindow) -> str:
+        """Why a forecast must not be acted on ('' when it is fresh)."""
+        if self.config.run is not None and fc.run != self.config.run:
+            return f"forecast of run {fc.run!r}, not {self.config.run!r}"
+        if fc.t <= self.last_forecast_t:
+            return f"window t={fc.t} is not newer than the last one acted on (t={self.last_forecast_t})"
+        age = self.now - fc.t
+        if age > self.config.stale_after_windows * fc.horizon:
+            return f"window t={fc.t} is {age:.1f}s old at event time {self.now} (stale)"
+        return ""
+
+    def _smooth(self, fc: ForecastWindow) -> tuple[float, float]:
+        a = self.config.forecast_alpha
+        rate, kv = fc.prefill_tokens / fc.horizon, fc.decode_kv_now + fc.decode_kv_tokens
+        self._prefill_rate = rate if self._prefill_rate is None else (1 - a) * self._prefill_rate + a * rate
+        self._decode_kv = kv if self._decode_kv is None else (1 - a) * self._decode_kv + a * kv
+        return self._prefill_rate, self._decode_kv
+
+    def on_forecast(self, fc: ForecastWindow, act: bool = True) -> Decision | None:
+        """Plan for one forecast window; None when it is stale or replayed."""
+        self.counters.forecasts += 1
+        reason = self.stale_reason(fc)
+        if reason:
+            self.counters.stale += 1
+            log.info("forecast %s ignored: %s", fc.id, reason)
+            return None
+        self.last_forecast_t = fc.t
+        prefill_rate, decode_kv = self._smooth(fc)
+        if not act:
+            return None
+        decision = Decision(t=fc.t)
+        self.last_decision = decision
+        engines = self.table.pd_engines()
+        kv_cap = decode_kv_capacity(engines)
+        if len(engines) < 2 or kv_cap <= 0:
+            decision.skipped = f"{len(engines)} PD engine(s) registered, KV capacity {kv_cap:.0f}: nothing to plan"
+            return decision
+        cfg = self.config
+        m_p = gpus_per_instance(engines, "prefill", cfg.gpus_prefill)
+        m_d = gpus_per_instance(engines, "decode", cfg.gpus_decode)
+        budget = sum(v.gpus for v in engines)
+        try:
+            cap = Capacity(self.theta.value, kv_cap, m_p, m_d, max(budget, m_p + m_d))
+            demand = Demand(fc.prefill_tokens, fc.horizon, fc.decode_kv_now + fc.decode_kv_tokens)
+        except ValueError as exc:  # e.g. a forecast of non-finite numbers that slipped through
+            decision.skipped = f"cannot plan: {exc}"
+            return decision
+        alloc = solve(demand, cap, cfg.max_delta)
+        decision.allocation = alloc
+        dv = DemandView(
+            prefill_now=alloc.prefill_demand,
+            decode_now=alloc.decode_demand,
+            prefill_later=prefill_rate / cap.prefill_tokens_per_s,
+            decode_later=decode_kv / kv_cap,
+            horizon_s=fc.horizon,
+        )
+        sel = select_switches(
+            alloc, engines, dv, self.now, cfg, self.switch_cost, self.last_direction, self.last_switch_ts
+        )
+        decision.selection = sel
+        base = _base_id(fc.id)
+        ts = max(self.now, fc.ts)
+        plan = AllocationPlan(
+            id=f"{base}:plan",
+            ts=ts,
+            run=fc.run,
+            t=fc.t,
+            n_prefill=alloc.n_prefill,
+            n_decode=alloc.n_decode,
+            delta=round(min(alloc.delta, cfg.max_delta), 6),
+            feasible=alloc.feasible,
+            switches=[PlannedSwitch(engine=m.engine.engine, to_role=m.to_role) for m in sel.moves] or None,
+        )
+        decision.events.append(plan)
+        self.counters.plans += 1
+        for i, move in enumerate(sel.moves):
+            budget_s = max(cfg.min_deadline_s, cfg.deadline_slack * (move.drain_s + move.switch_s))
+            cmd = EngineCommand(
+                id=f"{base}:cmd{i}",
+                ts=ts,
+                run=fc.run,
+                cmd=f"{base}:sw{i}",
+                engine=move.engine.engine,
+                action="switch_role",
+                to_role=move.to_role,
+                deadline=ts + budget_s,
+            )
+            self.table.apply(cmd)
+            decision.events.append(cmd)
+            self.counters.commands += 1
+        if sel.moves:
+            self.last_direction, self.last_switch_ts = sel.moves[0].to_role, ts
+        return decision
+
+    # -- command deadlines ------------------------------------------------------------------------
+    def expire(self, now: float) -> list[Event]:
+        """Retry or abandon the commands whose deadline (plus grace) has passed."""
+        out: list[Event] = []
+        cfg = self.config
+        for cmd in list(self.table.commands.values()):
+            if now <= cmd.deadline + cfg.ack_grace_s:
+                continue
+            if cmd.attempts >= cfg.max_attempts:
+                self.table.abandon(cmd.cmd, now)
+                self.counters.abandoned += 1
+                log.warning("command %s to %s abandoned after %d attempts", cmd.cmd, cmd.engine, cmd.attempts)
+                continue
+            # Re-send the SAME cmd (the agent is idempotent by cmd: if it is still working on
+            # it, nothing changes; if it never saw it, it starts now) with a fresh deadline.
+            budget_s = max(cfg.min_deadline_s, cmd.deadline - cmd.issued_ts)
+            retry = EngineCommand(
+                id=f"{cmd.cmd}:r{cmd.attempts}",
+                ts=now,
+                run=cmd.run or "prorsa",
+                cmd=cmd.cmd,
+                engine=cmd.engine,
+                action="switch_role",
+                to_role=cmd.to_role,  # type: ignore[arg-type]
+                deadline=now + budget_s,
+            )
+            self.table.apply(retry)
+            self.counters.retries += 1
+            out.append(retry)
+        return out

@@ -1,0 +1,151 @@
+"""Which engines switch, and whether switching pays (what §4.2 leaves to its appendix).
+
+The optimiser gives the smallest counts (nᴾ, nᴰ) that reach the best headroom. With N PD
+engines, any prefill count p in the band [nᴾ, N − nᴰ] meets that target, so engines are
+moved only when p leaves the band, and only as many as the gain test accepts:
+
+* candidates: engines of the donor role with no switch in flight, past their minimum dwell
+  and failure cooldown, least loaded first (fewest requests, then least KV in use);
+* at least one serving engine stays in each role; at most ``max_switch_fraction`` of the
+  engines are in flight at once;
+* no reversal of the last switch's direction within ``min_dwell_s`` (a forecast oscillating
+  around a threshold cannot bounce engines back and forth);
+* the gain test: over the lookahead H (the current window at the forecast, the windows after
+  it at a smoothed forecast), moving k engines changes the bottleneck capacity-to-demand
+  ratio f = min(nᴾ/aᴾ, nᴰ/aᴰ) (each capped). During the switch cost c (drain + switch) the
+  moving engines serve nobody. net(k) = c·(f(mid) − f(old)) + (H − c)·(f(new) − f(old));
+  the best k is taken only if net(k)/(H·f(old)), the relative gain, exceeds the hysteresis.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .config import AllocatorConfig
+from .engines import EngineView
+from .estimate import SwitchCost
+from .optimize import Allocation, role_ratios
+
+
+@dataclass(frozen=True, slots=True)
+class DemandView:
+    """Demand in instances for the gain test: now (this window) and later (smoothed)."""
+
+    prefill_now: float
+    decode_now: float
+    prefill_later: float
+    decode_later: float
+    horizon_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    engine: EngineView
+    to_role: str
+    drain_s: float
+    switch_s: float
+
+
+@dataclass
+class Selection:
+    """The switches chosen (possibly none) and why."""
+
+    moves: list[Move] = field(default_factory=list)
+    reason: str = ""
+    net_gain: float = 0.0
+
+
+def _bottleneck(p: float, d: float, dv: DemandView, cfg: AllocatorConfig) -> float:
+    """Time-weighted bottleneck ratio over the lookahead."""
+    horizon = cfg.lookahead_windows * dv.horizon_s
+    now = min(role_ratios(p, d, dv.prefill_now, dv.decode_now, cfg.ratio_cap))
+    later = min(role_ratios(p, d, dv.prefill_later, dv.decode_later, cfg.ratio_cap))
+    return (dv.horizon_s * now + (horizon - dv.horizon_s) * later) / horizon
+
+
+def drain_estimate(view: EngineView, cfg: AllocatorConfig) -> float:
+    """Seconds until an engine is idle: zero when idle, else its role's drain estimate."""
+    if not view.busy:
+        return 0.0
+    return cfg.drain_decode_s if view.role == "decode" else cfg.drain_prefill_s
+
+
+def movable(view: EngineView, now: float, cfg: AllocatorConfig) -> bool:
+    """No switch in flight, past its minimum dwell in this role, not cooling down."""
+    return (
+        view.command is None
+        and view.switching_to is None
+        and now - view.since_ts >= cfg.min_dwell_s
+        and now >= view.cooldown_until
+    )
+
+
+def prefill_band(alloc: Allocation, n_engines: int) -> tuple[int, int]:
+    """[lo, hi]: the prefill engine counts that meet the target (spare engines stay put)."""
+    lo, hi = alloc.n_prefill, n_engines - alloc.n_decode
+    if lo > hi:  # instance sizes differ from engine sizes: split the engines by the ratio
+        lo = hi = round(n_engines * alloc.n_prefill / (alloc.n_prefill + alloc.n_decode))
+    return max(1, lo), min(n_engines - 1, hi)
+
+
+def select_switches(
+    alloc: Allocation,
+    engines: list[EngineView],
+    demand: DemandView,
+    now: float,
+    cfg: AllocatorConfig,
+    cost: SwitchCost,
+    last_direction: str | None = None,
+    last_switch_ts: float = -math.inf,
+) -> Selection:
+    """Choose the engines to switch toward ``alloc`` (see the module docstring)."""
+    n = len(engines)
+    if n < 2:
+        return Selection(reason="fewer than two PD engines")
+    p = sum(1 for v in engines if v.committed_role == "prefill")
+    d = n - p
+    lo, hi = prefill_band(alloc, n)
+    if lo <= p <= hi:
+        return Selection(reason=f"prefill count {p} within target band [{lo}, {hi}]")
+    to_role, donor, wanted = ("prefill", "decode", lo - p) if p < lo else ("decode", "prefill", p - hi)
+    if last_direction is not None and last_direction != to_role and now - last_switch_ts < cfg.min_dwell_s:
+        return Selection(reason=f"would reverse the last switch (to {last_direction}) within the dwell time")
+    serving = sum(1 for v in engines if v.role == donor and v.switching_to is None)
+    in_flight = sum(1 for v in engines if v.switching_to is not None)
+    limit = max(1, math.ceil(cfg.max_switch_fraction * n)) - in_flight
+    candidates = sorted(
+        (v for v in engines if v.role == donor and movable(v, now, cfg)), key=EngineView.load_key
+    )
+    k_max = min(wanted, serving - 1, limit, len(candidates))
+    if k_max <= 0:
+        return Selection(reason=f"{wanted} engine(s) should become {to_role} but none can move now")
+    horizon = cfg.lookahead_windows * demand.horizon_s
+    f_old = _bottleneck(p, d, demand, cfg)
+    step = 1 if to_role == "prefill" else -1
+    best = Selection(reason="no switch pays back its cost over the lookahead")
+    cost_s = 0.0
+    moves: list[Move] = []
+    for k in range(1, k_max + 1):
+        v = candidates[k - 1]
+        drain = drain_estimate(v, cfg)
+        move = Move(v, to_role, drain, cost.for_engine(v))
+        moves.append(move)
+        # The moves run in parallel: the slowest one sets the cost.
+        cost_s = max(cost_s, cfg.drain_weight * drain + move.switch_s)
+        mid_p, mid_d = (p, d - k) if to_role == "prefill" else (p - k, d)
+        f_new = _bottleneck(p + step * k, d - step * k, demand, cfg)
+        f_mid = _bottleneck(mid_p, mid_d, demand, cfg)
+        c = min(cost_s, horizon)
+        net = c * (f_mid - f_old) + (horizon - c) * (f_new - f_old)
+        if net > best.net_gain:
+            best = Selection(list(moves), "", net)
+    # Relative gain: +5% of bottleneck throughput matters as much at 40% of demand as at 90%.
+    gain = best.net_gain / (horizon * max(f_old, 1e-9))
+    if best.moves and gain > cfg.hysteresis:
+        best.reason = (
+            f"{len(best.moves)} engine(s) to {to_role}: bottleneck gain {gain:+.1%} "
+            f"over {horizon:.0f}s net of cost"
+        )
+        return best
+    return Selection(reason=f"gain {gain:.3f} of switching to {to_role} is below the hysteresis {cfg.hysteresis}")

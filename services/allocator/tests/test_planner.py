@@ -1,0 +1,191 @@
+"""The allocator core: engine choice, roles kept, dwell, command tracking, stale forecasts."""
+
+from __future__ import annotations
+
+import pytest
+
+from prorsa_allocator.config import AllocatorConfig
+from prorsa_allocator.planner import Allocator
+from prorsa_allocator.testing import THETA, deregistered, failed, forecast, registered, stats, switched
+from prorsa_schemas import AllocationPlan, EngineCommand
+
+
+def config(**kw) -> AllocatorConfig:
+    return AllocatorConfig(prefill_tokens_per_s=THETA, **kw)
+
+
+def cluster(n_prefill: int, n_decode: int, cfg: AllocatorConfig | None = None, modes=("in_place",)) -> Allocator:
+    alloc = Allocator(cfg or config())
+    for i in range(n_prefill):
+        alloc.handle(registered(f"p{i}", "prefill", modes=modes))
+    for i in range(n_decode):
+        alloc.handle(registered(f"d{i}", "decode", modes=modes))
+    return alloc
+
+
+def commands(events) -> list[EngineCommand]:
+    return [e for e in events if isinstance(e, EngineCommand)]
+
+
+def plan_of(events) -> AllocationPlan:
+    (plan,) = [e for e in events if isinstance(e, AllocationPlan)]
+    return plan
+
+
+def test_prefill_heavy_forecast_moves_the_least_loaded_decode_engines() -> None:
+    alloc = cluster(4, 4)
+    loads = {"d0": (10, 50_000), "d1": (0, 0), "d2": (3, 9_000), "d3": (3, 2_000)}
+    for eng, (running, kv) in loads.items():
+        alloc.handle(stats(eng, "decode", ts=50.0, running=running, kv_used=kv))
+    out = alloc.handle(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0))
+    plan = plan_of(out)
+    assert (plan.n_prefill, plan.n_decode, plan.feasible) == (6, 1, True)
+    cmds = commands(out)
+    # Least loaded first: d1 (idle), then d3 (3 running, less KV than d2).
+    assert [(c.engine, c.to_role) for c in cmds] == [("d1", "prefill"), ("d3", "prefill")]
+    assert [(s.engine, s.to_role) for s in plan.switches] == [("d1", "prefill"), ("d3", "prefill")]
+    assert all(c.deadline > c.ts for c in cmds)
+    assert len({c.cmd for c in cmds}) == 2
+
+
+def test_balanced_forecast_within_band_switches_nothing() -> None:
+    alloc = cluster(4, 4)
+    out = alloc.handle(forecast(t=60.0, prefill_engines=1.0, decode_engines=1.0))
+    plan = plan_of(out)
+    assert plan.feasible and plan.delta > 1.0
+    assert commands(out) == [] and plan.switches is None
+
+
+def test_at_least_one_engine_stays_in_each_role() -> None:
+    alloc = cluster(2, 3, config(max_switch_fraction=1.0))
+    out = alloc.handle(forecast(t=60.0, prefill_engines=50.0, decode_engines=0.0))
+    assert not plan_of(out).feasible
+    cmds = commands(out)
+    assert len(cmds) == 2 and {c.engine for c in cmds} <= {"d0", "d1", "d2"}
+    # One decode engine is left, and the next forecast cannot take it.
+    out = alloc.handle(forecast(t=70.0, prefill_engines=50.0, decode_engines=0.0))
+    assert commands(out) == []
+
+
+def test_switches_per_plan_are_capped() -> None:
+    alloc = cluster(1, 7, config(max_switch_fraction=0.25))
+    cmds = commands(alloc.handle(forecast(t=60.0, prefill_engines=7.0, decode_engines=0.5)))
+    assert len(cmds) == 2  # ceil(0.25 * 8)
+
+
+def test_minimum_dwell_time() -> None:
+    alloc = cluster(4, 4, config(min_dwell_s=30.0))
+    # Registered at ts=0: at t=20 nobody has dwelt 30 s yet.
+    assert commands(alloc.handle(forecast(t=20.0, prefill_engines=6.0, decode_engines=1.0))) == []
+    assert commands(alloc.handle(forecast(t=30.0, prefill_engines=6.0, decode_engines=1.0))) != []
+
+
+def test_one_switch_in_flight_per_engine_and_completion() -> None:
+    alloc = cluster(4, 4, config(max_switch_fraction=1.0))
+    first = commands(alloc.handle(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0)))
+    assert len(first) == 2
+    # The same demand again: the moving engines already count as prefill; nothing new.
+    assert commands(alloc.handle(forecast(t=70.0, prefill_engines=6.0, decode_engines=1.0))) == []
+    # More demand: only engines without a switch in flight are chosen.
+    more = commands(alloc.handle(forecast(t=80.0, prefill_engines=7.0, decode_engines=0.5)))
+    assert more and not {c.engine for c in more} & {c.engine for c in first}
+    for c in first:
+        alloc.handle(switched(c.engine, c.cmd, "decode", "prefill", ts=85.0))
+    roles = {e: v.role for e, v in alloc.table.engines.items()}
+    assert all(roles[c.engine] == "prefill" for c in first)
+    assert all(alloc.table.engines[c.engine].command is None for c in first)
+    assert alloc.counters.switched == 2
+
+
+def test_restart_switch_that_cannot_pay_back_is_not_made() -> None:
+    # Restart engines (6.5 min per switch) vs a 60 s lookahead: the imbalance is real but a
+    # switch would cost more than it gains.
+    alloc = cluster(4, 4, modes=("restart",))
+    out = alloc.handle(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0))
+    assert commands(out) == []
+    assert "below the hysteresis" in alloc.last_decision.selection.reason
+    # In place, the same forecast does switch.
+    assert commands(cluster(4, 4).handle(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0)))
+
+
+def test_stale_and_out_of_order_forecasts_are_ignored() -> None:
+    alloc = cluster(4, 4)
+    alloc.handle(stats("d0", "decode", ts=200.0))  # event time is now 200
+    assert alloc.handle(forecast(t=150.0, prefill_engines=6.0, decode_engines=1.0)) == []
+    assert alloc.counters.stale == 1
+    assert plan_of(alloc.handle(forecast(t=195.0, prefill_engines=1.0, decode_engines=1.0)))
+    # An older (or repeated) window after a newer one is not acted on.
+    assert alloc.handle(forecast(t=190.0, prefill_engines=6.0, decode_engines=1.0, ts=201.0)) == []
+    assert alloc.counters.stale == 2
+
+
+def test_forecasts_of_another_run_are_ignored_when_a_run_is_configured() -> None:
+    alloc = cluster(4, 4, config(run="other-run"))
+    assert alloc.handle(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0)) == []
+
+
+def test_failed_switch_cools_the_engine_down_and_another_is_chosen() -> None:
+    alloc = cluster(4, 4, config(max_switch_fraction=0.125, failure_cooldown_s=300.0))
+    (cmd,) = commands(alloc.handle(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0)))
+    alloc.handle(failed(cmd.engine, cmd.cmd, "decode", ts=62.0))
+    assert alloc.table.engines[cmd.engine].role == "decode"
+    assert alloc.counters.failed == 1
+    # Direction is unchanged, so no reversal guard; the failed engine sits out its cooldown.
+    (again,) = commands(alloc.handle(forecast(t=70.0, prefill_engines=6.0, decode_engines=1.0)))
+    assert again.engine != cmd.engine
+
+
+def test_deadline_retry_then_abandon() -> None:
+    cfg = config(max_switch_fraction=0.125, max_attempts=2, ack_grace_s=5.0, failure_cooldown_s=1000.0)
+    alloc = cluster(4, 4, cfg)
+    (cmd,) = commands(alloc.handle(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0)))
+    # Nothing before deadline + grace.
+    assert commands(alloc.handle(stats("p0", "prefill", ts=cmd.deadline + 4.0))) == []
+    (retry,) = commands(alloc.handle(stats("p0", "prefill", ts=cmd.deadline + 6.0)))
+    assert retry.cmd == cmd.cmd and retry.id != cmd.id and retry.deadline > cmd.deadline
+    assert alloc.counters.retries == 1
+    # Our own publishes read back from the stream change nothing.
+    assert alloc.handle(cmd) == [] and alloc.handle(retry) == []
+    assert alloc.table.commands[cmd.cmd].attempts == 2
+    # Missed again: abandoned, the engine is left alone and counted in its reported role.
+    assert commands(alloc.handle(stats("p0", "prefill", ts=retry.deadline + 6.0))) == []
+    assert alloc.counters.abandoned == 1 and cmd.cmd not in alloc.table.commands
+    view = alloc.table.engines[cmd.engine]
+    assert view.role == "decode" and view.switching_to is None and view.command is None
+    # A late engine.switched still updates the role; a late echo of the command cannot reopen it.
+    alloc.handle(switched(cmd.engine, cmd.cmd, "decode", "prefill", ts=retry.deadline + 7.0))
+    assert view.role == "prefill"
+    alloc.handle(cmd)
+    assert cmd.cmd not in alloc.table.commands
+
+
+def test_deregistered_engine_leaves_the_pool() -> None:
+    alloc = cluster(1, 2)
+    alloc.handle(deregistered("d1", ts=10.0))
+    assert set(alloc.table.engines) == {"p0", "d0"}
+    # An event about an engine never registered is reported and ignored, not fatal.
+    assert alloc.handle(stats("ghost", "decode", ts=11.0)) == []
+    assert alloc.counters.notes == 1
+
+
+def test_too_few_engines_skips_planning() -> None:
+    alloc = cluster(1, 0)
+    assert alloc.handle(forecast(t=60.0, prefill_engines=1.0, decode_engines=1.0)) == []
+    assert "nothing to plan" in alloc.last_decision.skipped
+
+
+def test_theta_is_learned_from_saturated_prefill_engines_with_cache_hits() -> None:
+    alloc = cluster(2, 2, config(theta_alpha=1.0))
+    # An idle engine's rate is its demand, not its capacity: ignored.
+    alloc.handle(stats("p0", "prefill", ts=1.0, running=1, queued=0, prefill_tokens_per_s=100.0))
+    assert alloc.theta.value == pytest.approx(THETA)
+    # Backlogged at 8k computed tokens/s with half the prompt cached: 16k full-prompt tokens/s.
+    alloc.handle(stats("p0", "prefill", ts=2.0, running=1, queued=4, prefill_tokens_per_s=8000.0, cache_hit_rate=0.5))
+    assert alloc.theta.value == pytest.approx(16_000.0)
+
+
+def test_learned_switch_cost() -> None:
+    alloc = cluster(4, 4, config(switch_cost_alpha=1.0))
+    (c1, _) = commands(alloc.handle(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0)))
+    alloc.handle(switched(c1.engine, c1.cmd, "decode", "prefill", ts=70.0, seconds=12.5))
+    assert alloc.switch_cost.in_place_s == pytest.approx(12.5)
