@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from prorsa_schemas import EngineStats
@@ -68,16 +69,50 @@ class SwitchCost:
         return self.in_place_s if "in_place" in view.switch_modes else self.restart_s
 
 
-def decode_kv_capacity(engines: list[EngineView]) -> float:
-    """C_KVᴰ: the mean KV capacity of the decode engines (of all PD engines if none is decode)."""
-    decode = [v.kv_capacity_tokens for v in engines if v.committed_role == "decode" and v.kv_capacity_tokens > 0]
-    pool = decode or [v.kv_capacity_tokens for v in engines if v.kv_capacity_tokens > 0]
-    return float(statistics.fmean(pool)) if pool else 0.0
+@dataclass(frozen=True, slots=True)
+class ClusterShape:
+    """What the optimisation needs to know about the PD engines, gathered in one pass.
+
+    Attributes:
+        engines: the engines in (or switching between) the prefill and decode roles.
+        kv_capacity: C_KVᴰ, mean KV capacity of the decode engines (of all, if none is decode).
+        gpus_prefill / gpus_decode: mᴾ / mᴰ, median GPUs of that role's engines (of all, if none).
+        gpu_budget: G, the GPUs of all PD engines.
+    """
+
+    engines: list[EngineView]
+    kv_capacity: float
+    gpus_prefill: int
+    gpus_decode: int
+    gpu_budget: int
 
 
-def gpus_per_instance(engines: list[EngineView], role: str, override: int | None) -> int:
-    """mᴾ or mᴰ: the override, else the median GPUs of that role's engines (of all if none)."""
-    if override is not None:
-        return override
-    pool = [v.gpus for v in engines if v.committed_role == role] or [v.gpus for v in engines]
-    return max(1, int(round(statistics.median(pool)))) if pool else 1
+def cluster_shape(views: Iterable[EngineView], m_p: int | None = None, m_d: int | None = None) -> ClusterShape:
+    """Gather :class:`ClusterShape`; ``m_p``/``m_d`` override the GPUs per instance."""
+    engines: list[EngineView] = []
+    gpus: dict[str, list[int]] = {"prefill": [], "decode": []}
+    kv: dict[str, list[int]] = {"prefill": [], "decode": []}
+    for v in views:
+        role = v.switching_to or v.role
+        if role not in gpus:
+            continue
+        engines.append(v)
+        gpus[role].append(v.gpus)
+        if v.kv_capacity_tokens > 0:
+            kv[role].append(v.kv_capacity_tokens)
+    every = gpus["prefill"] + gpus["decode"]
+    kv_pool = kv["decode"] or kv["prefill"]
+
+    def median_gpus(role: str, override: int | None) -> int:
+        if override is not None:
+            return override
+        pool = gpus[role] or every
+        return max(1, int(round(statistics.median(pool)))) if pool else 1
+
+    return ClusterShape(
+        engines=engines,
+        kv_capacity=float(statistics.fmean(kv_pool)) if kv_pool else 0.0,
+        gpus_prefill=median_gpus("prefill", m_p),
+        gpus_decode=median_gpus("decode", m_d),
+        gpu_budget=sum(every),
+    )

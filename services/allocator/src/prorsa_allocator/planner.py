@@ -25,7 +25,7 @@ from prorsa_schemas import (
 
 from .config import AllocatorConfig
 from .engines import ENGINE_EVENT_TYPES, EngineTable
-from .estimate import PrefillThroughput, SwitchCost, decode_kv_capacity, gpus_per_instance
+from .estimate import PrefillThroughput, SwitchCost, cluster_shape
 from .optimize import Allocation, Capacity, Demand, solve
 from .switching import DemandView, Selection, select_switches
 
@@ -145,17 +145,15 @@ class Allocator:
             return None
         decision = Decision(t=fc.t)
         self.last_decision = decision
-        engines = self.table.pd_engines()
-        kv_cap = decode_kv_capacity(engines)
+        cfg = self.config
+        shape = cluster_shape(self.table.engines.values(), cfg.gpus_prefill, cfg.gpus_decode)
+        engines, kv_cap = shape.engines, shape.kv_capacity
         if len(engines) < 2 or kv_cap <= 0:
             decision.skipped = f"{len(engines)} PD engine(s) registered, KV capacity {kv_cap:.0f}: nothing to plan"
             return decision
-        cfg = self.config
-        m_p = gpus_per_instance(engines, "prefill", cfg.gpus_prefill)
-        m_d = gpus_per_instance(engines, "decode", cfg.gpus_decode)
-        budget = sum(v.gpus for v in engines)
+        m_p, m_d = shape.gpus_prefill, shape.gpus_decode
         try:
-            cap = Capacity(self.theta.value, kv_cap, m_p, m_d, max(budget, m_p + m_d))
+            cap = Capacity(self.theta.value, kv_cap, m_p, m_d, max(shape.gpu_budget, m_p + m_d))
             demand = Demand(fc.prefill_tokens, fc.horizon, fc.decode_kv_now + fc.decode_kv_tokens)
         except ValueError as exc:  # e.g. a forecast of non-finite numbers that slipped through
             decision.skipped = f"cannot plan: {exc}"

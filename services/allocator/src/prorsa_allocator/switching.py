@@ -19,13 +19,16 @@ moved only when p leaves the band, and only as many as the gain test accepts:
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from .config import AllocatorConfig
 from .engines import EngineView
 from .estimate import SwitchCost
-from .optimize import Allocation, role_ratios
+from .optimize import Allocation
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,11 +59,16 @@ class Selection:
     net_gain: float = 0.0
 
 
-def _bottleneck(p: float, d: float, dv: DemandView, cfg: AllocatorConfig) -> float:
-    """Time-weighted bottleneck ratio over the lookahead."""
+def _ratio(n: np.ndarray, a: float, cap: float) -> np.ndarray:
+    return np.full(n.shape, cap) if a <= 0 else np.minimum(n / a, cap)
+
+
+def _bottleneck(p: np.ndarray, d: np.ndarray, dv: DemandView, cfg: AllocatorConfig) -> np.ndarray:
+    """Time-weighted bottleneck ratio over the lookahead, for arrays of counts."""
     horizon = cfg.lookahead_windows * dv.horizon_s
-    now = min(role_ratios(p, d, dv.prefill_now, dv.decode_now, cfg.ratio_cap))
-    later = min(role_ratios(p, d, dv.prefill_later, dv.decode_later, cfg.ratio_cap))
+    cap = cfg.ratio_cap
+    now = np.minimum(_ratio(p, dv.prefill_now, cap), _ratio(d, dv.decode_now, cap))
+    later = np.minimum(_ratio(p, dv.prefill_later, cap), _ratio(d, dv.decode_later, cap))
     return (dv.horizon_s * now + (horizon - dv.horizon_s) * later) / horizon
 
 
@@ -103,7 +111,10 @@ def select_switches(
     n = len(engines)
     if n < 2:
         return Selection(reason="fewer than two PD engines")
-    p = sum(1 for v in engines if v.committed_role == "prefill")
+    p = in_flight = 0
+    for v in engines:
+        p += v.committed_role == "prefill"
+        in_flight += v.switching_to is not None
     d = n - p
     lo, hi = prefill_band(alloc, n)
     if lo <= p <= hi:
@@ -111,41 +122,35 @@ def select_switches(
     to_role, donor, wanted = ("prefill", "decode", lo - p) if p < lo else ("decode", "prefill", p - hi)
     if last_direction is not None and last_direction != to_role and now - last_switch_ts < cfg.min_dwell_s:
         return Selection(reason=f"would reverse the last switch (to {last_direction}) within the dwell time")
-    serving = sum(1 for v in engines if v.role == donor and v.switching_to is None)
-    in_flight = sum(1 for v in engines if v.switching_to is not None)
+    donors = [v for v in engines if v.role == donor and v.switching_to is None]
     limit = max(1, math.ceil(cfg.max_switch_fraction * n)) - in_flight
-    candidates = sorted(
-        (v for v in engines if v.role == donor and movable(v, now, cfg)), key=EngineView.load_key
+    k_max = min(wanted, len(donors) - 1, limit)  # len(donors) - 1: one engine stays in the role
+    candidates = heapq.nsmallest(
+        max(k_max, 0), (v for v in donors if movable(v, now, cfg)), key=EngineView.load_key
     )
-    k_max = min(wanted, serving - 1, limit, len(candidates))
+    k_max = min(k_max, len(candidates))
     if k_max <= 0:
         return Selection(reason=f"{wanted} engine(s) should become {to_role} but none can move now")
     horizon = cfg.lookahead_windows * demand.horizon_s
-    f_old = _bottleneck(p, d, demand, cfg)
-    step = 1 if to_role == "prefill" else -1
-    best = Selection(reason="no switch pays back its cost over the lookahead")
-    cost_s = 0.0
-    moves: list[Move] = []
-    for k in range(1, k_max + 1):
-        v = candidates[k - 1]
-        drain = drain_estimate(v, cfg)
-        move = Move(v, to_role, drain, cost.for_engine(v))
-        moves.append(move)
-        # The moves run in parallel: the slowest one sets the cost.
-        cost_s = max(cost_s, cfg.drain_weight * drain + move.switch_s)
-        mid_p, mid_d = (p, d - k) if to_role == "prefill" else (p - k, d)
-        f_new = _bottleneck(p + step * k, d - step * k, demand, cfg)
-        f_mid = _bottleneck(mid_p, mid_d, demand, cfg)
-        c = min(cost_s, horizon)
-        net = c * (f_mid - f_old) + (horizon - c) * (f_new - f_old)
-        if net > best.net_gain:
-            best = Selection(list(moves), "", net)
+    moves = [Move(v, to_role, drain_estimate(v, cfg), cost.for_engine(v)) for v in candidates]
+    # The moves run in parallel: the slowest of the first k sets the cost of moving k.
+    c = np.minimum(
+        np.maximum.accumulate(np.array([cfg.drain_weight * m.drain_s + m.switch_s for m in moves])), horizon
+    )
+    k = np.arange(1, k_max + 1, dtype=float)
+    step = 1.0 if to_role == "prefill" else -1.0
+    f_old = float(_bottleneck(np.array([p], float), np.array([d], float), demand, cfg)[0])
+    f_new = _bottleneck(p + step * k, d - step * k, demand, cfg)
+    # While switching, the moving engines serve in neither role.
+    f_mid = _bottleneck(p - (step < 0) * k, d - (step > 0) * k, demand, cfg)
+    net = c * (f_mid - f_old) + (horizon - c) * (f_new - f_old)
+    best = int(np.argmax(net))
     # Relative gain: +5% of bottleneck throughput matters as much at 40% of demand as at 90%.
-    gain = best.net_gain / (horizon * max(f_old, 1e-9))
-    if best.moves and gain > cfg.hysteresis:
-        best.reason = (
-            f"{len(best.moves)} engine(s) to {to_role}: bottleneck gain {gain:+.1%} "
-            f"over {horizon:.0f}s net of cost"
+    gain = float(net[best]) / (horizon * max(f_old, 1e-9))
+    if net[best] > 0 and gain > cfg.hysteresis:
+        return Selection(
+            moves[: best + 1],
+            f"{best + 1} engine(s) to {to_role}: bottleneck gain {gain:+.1%} over {horizon:.0f}s net of cost",
+            float(net[best]),
         )
-        return best
     return Selection(reason=f"gain {gain:.3f} of switching to {to_role} is below the hysteresis {cfg.hysteresis}")
