@@ -1,0 +1,70 @@
+"""The forecaster's tunables (one frozen object, validated once)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ForecastConfig:
+    """Parameters of the Appendix-B predictor.
+
+    Attributes:
+        horizon: S, the window length in seconds (paper default 10 s).
+        steps: sub-steps per window used to place predicted arrivals in time (for the
+            decode-admission queue simulation and the launch-delay convolution).
+        tool_ema_alpha: alpha of the per-trajectory EMA of the prompt growth after a tool
+            call (paper: 0.1).
+        bias_half_life: windows over which forecast residuals are averaged for the online
+            bias correction (0 turns the correction off).
+        bias_clip: the correction factor is kept within [1/bias_clip, bias_clip].
+        kv_page_tokens: kappa^D rounds a prompt up to whole KV pages of this many tokens.
+        duration_half_life: observations over which old durations are forgotten.
+        prior_reward_s, prior_sandbox_prewarm_s, prior_sandbox_cold_s, prior_start_s,
+        prior_tool_s, prior_launch_s: prior means (seconds) used before any history.
+        prior_prompt_tokens: initial prompt length assumed before any is observed (a
+            ``run.started.prompt_tokens_mean`` overrides it).
+    """
+
+    horizon: float = 10.0
+    steps: int = 10
+    tool_ema_alpha: float = 0.1
+    bias_half_life: float = 6.0
+    bias_clip: float = 2.0
+    kv_page_tokens: int = 1
+    duration_half_life: float | None = 5000.0
+    prior_reward_s: float = 5.0
+    prior_sandbox_prewarm_s: float = 1.0
+    prior_sandbox_cold_s: float = 20.0
+    prior_start_s: float = 2.0
+    prior_tool_s: float = 5.0
+    prior_launch_s: float = 1.0
+    prior_prompt_tokens: int = 2048
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.horizon) and self.horizon > 0):
+            raise ValueError(f"horizon must be a positive number of seconds, got {self.horizon!r}")
+        if not (1 <= self.steps <= 1000):
+            raise ValueError(f"steps must be in 1..1000, got {self.steps!r}")
+        if not (0 < self.tool_ema_alpha <= 1):
+            raise ValueError(f"tool_ema_alpha must be in (0, 1], got {self.tool_ema_alpha!r}")
+        if not (self.bias_half_life >= 0 and math.isfinite(self.bias_half_life)):
+            raise ValueError(f"bias_half_life must be >= 0, got {self.bias_half_life!r}")
+        if not self.bias_clip >= 1:
+            raise ValueError(f"bias_clip must be >= 1, got {self.bias_clip!r}")
+        if self.kv_page_tokens < 1:
+            raise ValueError(f"kv_page_tokens must be >= 1, got {self.kv_page_tokens!r}")
+        for name in (
+            "prior_reward_s",
+            "prior_sandbox_prewarm_s",
+            "prior_sandbox_cold_s",
+            "prior_start_s",
+            "prior_tool_s",
+            "prior_launch_s",
+        ):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
+        if self.prior_prompt_tokens < 0:
+            raise ValueError(f"prior_prompt_tokens must be >= 0, got {self.prior_prompt_tokens!r}")

@@ -1,0 +1,130 @@
+"""`prorsa forecast-eval`: replay a contract log, score the forecaster against baselines.
+
+Every window's forecast is made from the events before its start (see
+:mod:`prorsa_forecaster.windows`); the baselines predict each window from the actuals of
+the windows before it. WAPE = sum |forecast - actual| / sum actual over all windows.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from prorsa_schemas import read_log
+
+from .baselines import make_baselines, wape
+from .config import ForecastConfig
+from .windows import WindowLoop, WindowResult
+
+
+@dataclass
+class Series:
+    """Forecasts and actuals of one series, with the baselines' predictions beside them."""
+
+    forecast: list[float] = field(default_factory=list)
+    actual: list[float] = field(default_factory=list)
+    baselines: list = field(default_factory=make_baselines)
+    predicted: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, forecast: float, actual: float) -> None:
+        self.forecast.append(forecast)
+        self.actual.append(actual)
+        for b in self.baselines:
+            self.predicted.setdefault(b.name, []).append(b.predict())
+            b.observe(actual)
+
+    def report(self) -> dict:
+        return {
+            "wape": _r(wape(self.forecast, self.actual)),
+            "baselines": {name: _r(wape(p, self.actual)) for name, p in self.predicted.items()},
+            "actual_tokens": round(sum(self.actual)),
+            "forecast_tokens": round(sum(self.forecast)),
+        }
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+@dataclass
+class Evaluation:
+    """The accumulated scores of one replay."""
+
+    horizon: float
+    prefill: Series = field(default_factory=Series)
+    decode: Series = field(default_factory=Series)
+    components: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    windows: list[WindowResult] = field(default_factory=list)
+    events: int = 0
+    invalid: int = 0
+    out_of_order: int = 0
+    ignored: int = 0
+    keep_windows: bool = False
+
+    def add(self, w: WindowResult) -> None:
+        f = w.forecast
+        self.prefill.add(f.prefill_tokens, w.prefill_actual)
+        self.decode.add(f.decode_admit_tokens, w.decode_actual)
+        pairs = {
+            "sampler": (f.components["sampler"], w.sources["sampler"]),
+            "sandbox": (f.components["sandbox"], w.sources["sandbox"]),
+            "tool": (f.components["tool"], w.sources["tool"]),
+            "backlog": (f.components["ready"] + f.components["inflight"], w.backlog),
+            "unmodelled": (0.0, w.sources["other"]),
+        }
+        for name, pair in pairs.items():
+            self.components.setdefault(name, []).append(pair)
+        if self.keep_windows:
+            self.windows.append(w)
+
+    def report(self) -> dict:
+        """The JSON report (shape fixed by issue #5, extra keys beside it)."""
+        comps = {}
+        for name, pairs in self.components.items():
+            fc = [p[0] for p in pairs]
+            ac = [p[1] for p in pairs]
+            comps[name] = {
+                "wape": _r(wape(fc, ac)),
+                "forecast_tokens": round(sum(fc)),
+                "actual_tokens": round(sum(ac)),
+            }
+        prefill = self.prefill.report()
+        prefill["components"] = comps
+        return {
+            "windows": len(self.prefill.actual),
+            "horizon": self.horizon,
+            "prefill": prefill,
+            "decode": self.decode.report(),
+            "events": self.events,
+            "invalid_lines": self.invalid,
+            "out_of_order": self.out_of_order,
+            "ignored_events": self.ignored,
+        }
+
+
+def evaluate_log(
+    path: str | os.PathLike, config: ForecastConfig | None = None, keep_windows: bool = False
+) -> Evaluation:
+    """Replay a .jsonl / .jsonl.gz log and score every window.
+
+    Invalid lines are counted and skipped (``prorsa validate`` lists them); a log with no
+    request events still yields windows, with WAPE ``None`` where there is no actual.
+
+    Raises:
+        FileNotFoundError / IsADirectoryError / OSError: the log cannot be read.
+    """
+    cfg = config or ForecastConfig()
+    loop = WindowLoop(cfg)
+    ev_out = Evaluation(cfg.horizon, keep_windows=keep_windows)
+    for line in read_log(path):
+        if line.event is None:
+            ev_out.invalid += 1
+            continue
+        ev_out.events += 1
+        for w in loop.feed(line.event):
+            ev_out.add(w)
+    for w in loop.finish():
+        ev_out.add(w)
+    ev_out.out_of_order = loop.out_of_order
+    ev_out.ignored = loop.state.ignored + (loop.gate.rejected if loop.gate else 0)
+    return ev_out

@@ -1,0 +1,138 @@
+"""What the forecaster has learnt so far: duration statistics, rates, prompt sizes, bias.
+
+The pure core (:func:`prorsa_forecaster.core.forecast`) only reads a :class:`History`;
+:class:`~prorsa_forecaster.state.LiveState` writes it as events arrive, and the window
+loop updates the bias correctors once a window's actuals are known.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .config import ForecastConfig
+from .prefill_queue import PrefillTimeModel
+from .snapshot import START_COLD, START_DISPATCHED, START_MODES, START_PREWARM, START_READY
+from .survival import DurationModel
+
+
+class RunningMean:
+    """Exponentially weighted mean with a prior value (answers ``prior`` until observed)."""
+
+    __slots__ = ("value", "alpha", "n")
+
+    def __init__(self, prior: float, alpha: float = 0.02) -> None:
+        self.value = float(prior)
+        self.alpha = alpha
+        self.n = 0
+
+    def observe(self, x: float) -> None:
+        if not math.isfinite(x):
+            return
+        self.n += 1
+        # The first observations count fully (1/n), later ones with the EMA's alpha.
+        a = max(self.alpha, 1.0 / self.n)
+        self.value += a * (float(x) - self.value)
+
+
+class BiasCorrector:
+    """Online multiplicative correction of the predicted (not observed) part of a forecast.
+
+    After each window, ``update(predicted, realised)`` folds the window's residual into
+    exponentially weighted sums; ``factor`` = realised / predicted over recent windows,
+    clipped to [1/clip, clip]. It only ever uses windows that have closed, so a forecast
+    for [t, t+S) is corrected by residuals of windows ending at or before t.
+    """
+
+    __slots__ = ("_num", "_den", "_keep", "clip", "windows")
+
+    def __init__(self, half_life: float, clip: float) -> None:
+        self._keep = 0.5 ** (1.0 / half_life) if half_life > 0 else 0.0
+        self._num = 0.0
+        self._den = 0.0
+        self.clip = clip
+        self.windows = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self._keep > 0
+
+    def update(self, predicted: float, realised: float) -> None:
+        if not self.enabled or not (math.isfinite(predicted) and math.isfinite(realised)):
+            return
+        self._num = self._num * self._keep + max(realised, 0.0)
+        self._den = self._den * self._keep + max(predicted, 0.0)
+        self.windows += 1
+
+    @property
+    def factor(self) -> float:
+        if not self.enabled or self.windows < 2 or self._den <= 0:
+            return 1.0
+        r = self._num / self._den
+        return float(min(max(r, 1.0 / self.clip), self.clip))
+
+
+class History:
+    """Learnt statistics the predictor conditions on (see the module docstring)."""
+
+    def __init__(self, config: ForecastConfig | None = None) -> None:
+        cfg = config or ForecastConfig()
+        self.config = cfg
+        hl = cfg.duration_half_life
+        self.reward = DurationModel("reward", cfg.prior_reward_s, half_life=hl)
+        priors = {
+            START_PREWARM: cfg.prior_sandbox_prewarm_s,
+            START_COLD: cfg.prior_sandbox_cold_s,
+            START_DISPATCHED: cfg.prior_start_s,
+            START_READY: 0.05,
+        }
+        self.start = [DurationModel(f"start[{m}]", priors[m], half_life=hl) for m in range(START_MODES)]
+        self.tool = DurationModel("tool", cfg.prior_tool_s, half_life=hl)
+        # Beyond the paper (B.1 ignores a second pass within a horizon): trajectories now
+        # queued, in prefill or decoding may call a tool and return within the window.
+        self.prefill_wait = DurationModel("prefill_wait", 1.0, half_life=hl)
+        self.decode = DurationModel("decode", 10.0, half_life=hl)
+        self.decode_tool = 1.0  # decode.finished with finish=tool (prior 1 of 2)
+        self.decode_done = 2.0
+        self.output = RunningMean(300.0)
+        # Admitted reward completion -> first request of the trajectory launched for it.
+        self.launch = DurationModel("launch", cfg.prior_launch_s + cfg.prior_sandbox_prewarm_s, half_life=hl)
+        # A cohort's last completion (sync batch, GRPO group) -> first request of the next.
+        self.cohort_launch = DurationModel("cohort_launch", 30.0, half_life=hl)
+        # Admission: Beta(1, 1)-like prior on the admitted fraction.
+        self.admitted = 1.0
+        self.completed = 2.0
+        # Launches per admitted completion under injection="replace" (prior 1 per 1).
+        self.launched = 2.0
+        self.admitted_for_launch = 2.0
+        self.cohort_size = RunningMean(0.0, alpha=0.3)
+        self.first_prompt = RunningMean(float(cfg.prior_prompt_tokens))
+        self.first_overhead = RunningMean(0.0)
+        self.tool_growth = RunningMean(512.0)
+        self.tool_overhead = RunningMean(0.0)
+        self.pool_prefill = PrefillTimeModel()
+        self.prefill: dict[str, PrefillTimeModel] = {}
+        self.bias_prefill = BiasCorrector(cfg.bias_half_life, cfg.bias_clip)
+        self.bias_decode = BiasCorrector(cfg.bias_half_life, cfg.bias_clip)
+
+    @property
+    def admit_rate(self) -> float:
+        """p-hat: the fraction of reward completions admitted to training."""
+        return self.admitted / self.completed
+
+    @property
+    def tool_fraction(self) -> float:
+        """Fraction of finished responses that call a tool."""
+        return self.decode_tool / self.decode_done
+
+    @property
+    def launches_per_admitted(self) -> float:
+        """The slope of the injection function f under ``replace``."""
+        return self.launched / self.admitted_for_launch
+
+    def prefill_model(self, engine: str | None) -> PrefillTimeModel:
+        if engine is None:
+            return self.pool_prefill
+        model = self.prefill.get(engine)
+        if model is None:
+            model = self.prefill[engine] = PrefillTimeModel()
+        return model

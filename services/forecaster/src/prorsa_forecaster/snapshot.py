@@ -1,0 +1,123 @@
+"""The forecaster's input: a columnar snapshot of the rollout at time t (Appendix B.1).
+
+One numpy array per field and per source, so a forecast over 100k live trajectories is a
+handful of vectorised operations. Times inside a snapshot are absolute event times;
+elapsed times are ``t - entered``. A snapshot is built by
+:meth:`prorsa_forecaster.state.LiveState.snapshot` (from events, or tracker transitions),
+or by hand in tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+# Start-up modes of a launched trajectory whose first request has not yet been queued.
+START_PREWARM = 0
+START_COLD = 1
+START_DISPATCHED = 2  # dispatched, no sandbox event (yet, or ever)
+START_READY = 3  # sandbox ready, first request not queued yet
+START_MODES = 4
+
+_F = np.float64
+_I = np.int64
+
+
+def _f(n: int = 0) -> np.ndarray:
+    return np.zeros(n, dtype=_F)
+
+
+def _i(n: int = 0) -> np.ndarray:
+    return np.zeros(n, dtype=_I)
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What ``run.started`` says about the sampler (defaults: async, replace)."""
+
+    mode: Literal["sync", "async"] = "async"
+    batch_size: int | None = None
+    group_size: int = 1
+    injection: Literal["replace", "group"] = "replace"
+    max_staleness: int | None = None
+    prompt_tokens_mean: int | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything the pure core needs at window start ``t``.
+
+    Per source (arrays of equal length within a source):
+
+    * reward phase: ``reward_elapsed``; ``reward_cohort`` is the injection cohort a
+      trajectory belongs to (its GRPO group under ``injection="group"``, -1 otherwise).
+    * start-up (launched, first request not queued): ``start_elapsed``, ``start_mode``
+      (START_*), ``start_prompt`` (the dispatched prompt length).
+    * ready queue: ``ready_prompt``, ``ready_since`` (queue entry time), ``ready_instance``
+      (prefill instance index, -1 when unknown).
+    * tool execution: ``tool_elapsed``, ``tool_context`` (last prompt + its output),
+      ``tool_growth`` (the trajectory's EMA of prompt growth per tool turn),
+      ``tool_result`` (result tokens when the tool already returned, else -1).
+    * in-flight prefill: ``inflight_prompt``, ``inflight_started``, ``inflight_instance``,
+      ``inflight_since`` (queue entry time).
+    * ``*_growth``: each queued / in-flight / decoding trajectory's EMA of prompt growth
+      per tool turn (for the request after its next tool call).
+    * decode: ``decode_elapsed``, ``decode_prompt`` per decoding trajectory;
+      ``decode_kv_now`` (K^D, tokens).
+    * prefill instances: ``instance_overhead`` and ``instance_per_token`` (g(x) = a + b x
+      per instance), at least one entry (a pooled instance when none is known).
+    * cohorts (a sync batch, or GRPO groups under ``injection="group"``):
+      ``cohort_pending[c]`` = live members of cohort ``c`` NOT in the reward phase; a
+      cohort launches its successor only once all its members have finished.
+    """
+
+    t: float
+    run: RunInfo = field(default_factory=RunInfo)
+    reward_elapsed: np.ndarray = field(default_factory=_f)
+    reward_cohort: np.ndarray = field(default_factory=_i)
+    start_elapsed: np.ndarray = field(default_factory=_f)
+    start_mode: np.ndarray = field(default_factory=_i)
+    start_prompt: np.ndarray = field(default_factory=_f)
+    ready_prompt: np.ndarray = field(default_factory=_f)
+    ready_since: np.ndarray = field(default_factory=_f)
+    ready_instance: np.ndarray = field(default_factory=_i)
+    tool_elapsed: np.ndarray = field(default_factory=_f)
+    tool_context: np.ndarray = field(default_factory=_f)
+    tool_growth: np.ndarray = field(default_factory=_f)
+    tool_result: np.ndarray = field(default_factory=_f)
+    inflight_prompt: np.ndarray = field(default_factory=_f)
+    inflight_started: np.ndarray = field(default_factory=_f)
+    inflight_instance: np.ndarray = field(default_factory=_i)
+    inflight_since: np.ndarray = field(default_factory=_f)
+    ready_growth: np.ndarray = field(default_factory=_f)
+    inflight_growth: np.ndarray = field(default_factory=_f)
+    decode_elapsed: np.ndarray = field(default_factory=_f)
+    decode_prompt: np.ndarray = field(default_factory=_f)
+    decode_growth: np.ndarray = field(default_factory=_f)
+    cohort_pending: np.ndarray = field(default_factory=_f)
+    decode_kv_now: float = 0.0
+    decode_live: int = 0
+    instance_overhead: np.ndarray = field(default_factory=lambda: np.array([0.0165]))
+    instance_per_token: np.ndarray = field(default_factory=lambda: np.array([1.86e-5]))
+    live: int = 0
+
+    def __post_init__(self) -> None:
+        groups = {
+            "reward": ("reward_elapsed", "reward_cohort"),
+            "start": ("start_elapsed", "start_mode", "start_prompt"),
+            "ready": ("ready_prompt", "ready_since", "ready_instance", "ready_growth"),
+            "decode": ("decode_elapsed", "decode_prompt", "decode_growth"),
+            "tool": ("tool_elapsed", "tool_context", "tool_growth", "tool_result"),
+            "inflight": ("inflight_prompt", "inflight_started", "inflight_instance", "inflight_since", "inflight_growth"),
+            "instances": ("instance_overhead", "instance_per_token"),
+        }
+        for source, names in groups.items():
+            sizes = {len(getattr(self, n)) for n in names}
+            if len(sizes) > 1:
+                raise ValueError(f"snapshot: the {source} arrays differ in length: {sizes}")
+        if len(self.instance_overhead) == 0:
+            raise ValueError("snapshot: at least one prefill instance (or the pool) is needed")
+        if not np.isfinite(self.t):
+            raise ValueError(f"snapshot: t must be finite, got {self.t!r}")

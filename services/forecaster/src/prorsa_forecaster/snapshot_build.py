@@ -1,0 +1,99 @@
+"""Build a :class:`~prorsa_forecaster.snapshot.Snapshot` from a :class:`LiveState`.
+
+Vectorised: one mask per source over the slot arrays.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .snapshot import Snapshot
+
+if TYPE_CHECKING:
+    from .state import LiveState
+
+
+def prefill_instances(state: "LiveState") -> list[str | None]:
+    """Prefill instances to simulate: known prefill/mixed engines, else the pool (None)."""
+    names = [n for n, r in state._role.items() if r in ("prefill", "mixed")]
+    if not names:
+        # No engine events: the engines seen serving prefills, if any model learnt them.
+        names = [n for n in state.history.prefill if state.history.prefill[n].n > 0]
+    return sorted(names) if names else [None]
+
+
+def build_snapshot(state: "LiveState", t: float) -> Snapshot:
+    from .state import DECODE, PREFILL, QUEUED, REWARD, START, TOOL
+
+    n = state._n
+    st = state.state[:n]
+    h = state.history
+
+    names = prefill_instances(state)
+    # Engine code -> instance index (-1 when the engine is not a known prefill instance).
+    lookup = np.full(len(state._engine_names) + 1, -1, dtype=np.int64)
+    for k, name in enumerate(names):
+        if name is not None and name in state._engine_code:
+            lookup[state._engine_code[name]] = k
+    coefs = [h.prefill_model(name).coefficients() for name in names]
+    if names != [None] and h.pool_prefill.n > 0:
+        # Engines named but the service times were measured on the pool: use those.
+        coefs = [c if h.prefill_model(nm).n > 0 else h.pool_prefill.coefficients() for c, nm in zip(coefs, names)]
+
+    def inst(mask: np.ndarray) -> np.ndarray:
+        codes = state.engine[:n][mask]
+        return lookup[np.where(codes >= 0, codes, len(lookup) - 1)]
+
+    reward = st == REWARD
+    start = st == START
+    ready = st == QUEUED
+    tool = st == TOOL
+    inflight = st == PREFILL
+
+    cohort = state.cohort[:n]
+    ncoh = state._cohort_next
+    pending_mask = (st != 0) & ~reward & (cohort >= 0)
+    cohort_pending = np.bincount(cohort[pending_mask], minlength=ncoh).astype(float)
+
+    all_growth = np.where(np.isnan(state.growth[:n]), h.tool_growth.value, state.growth[:n])
+    growth = all_growth[tool]
+    decode = st == DECODE
+
+    if state._decode_kv:
+        kv_now = float(sum(state._decode_kv.values()))
+    else:
+        kv_now = max(float(state.kv_now), 0.0)
+
+    return Snapshot(
+        t=t,
+        run=state.run,
+        reward_elapsed=t - state.entered[:n][reward],
+        reward_cohort=cohort[reward].copy(),
+        start_elapsed=t - np.where(state.mode[:n][start] == 2, state.dispatched_at[:n][start], state.mode_at[:n][start]),
+        start_mode=state.mode[:n][start].copy(),
+        start_prompt=state.dprompt[:n][start].copy(),
+        ready_prompt=state.prompt[:n][ready].copy(),
+        ready_since=state.queued_at[:n][ready].copy(),
+        ready_instance=inst(ready),
+        tool_elapsed=t - state.entered[:n][tool],
+        tool_context=state.context[:n][tool].copy(),
+        tool_growth=growth,
+        tool_result=state.result[:n][tool].copy(),
+        inflight_prompt=state.prompt[:n][inflight].copy(),
+        inflight_started=state.started_at[:n][inflight].copy(),
+        inflight_instance=inst(inflight),
+        inflight_since=state.queued_at[:n][inflight].copy(),
+        ready_growth=all_growth[ready],
+        inflight_growth=all_growth[inflight],
+        decode_elapsed=t - state.entered[:n][decode],
+        decode_prompt=state.prompt[:n][decode].copy(),
+        decode_growth=all_growth[decode],
+        cohort_pending=cohort_pending,
+        decode_kv_now=kv_now,
+        decode_live=int(np.count_nonzero(decode)),
+        instance_overhead=np.array([c[0] for c in coefs]),
+        instance_per_token=np.array([c[1] for c in coefs]),
+        live=state.live,
+    )

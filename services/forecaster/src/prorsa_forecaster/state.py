@@ -1,0 +1,374 @@
+"""LiveState: contract events folded into columnar per-trajectory arrays, plus learning.
+
+Each live trajectory owns a slot (a row) in a set of numpy arrays, so taking a snapshot
+over 100k trajectories is a few boolean masks rather than a Python loop. Applying an
+event is O(1). The same fold feeds the :class:`~prorsa_forecaster.history.History`:
+observed reward, start-up and tool durations, admissions, prompt sizes and prefill
+service times.
+
+The fold is tolerant, as the contract asks: optional events may be missing
+(``run.started``, sandbox, ``prefill.started``, tool events), a trajectory first seen
+mid-life is created on the spot, and an event that makes no sense for the trajectory's
+state is counted in ``ignored`` and changes nothing. The tracker's core is the authority
+on anomalies; this fold only needs to stay usable.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from prorsa_schemas import Event
+
+from .config import ForecastConfig
+from .history import History
+from .snapshot import START_COLD, START_DISPATCHED, START_PREWARM, START_READY, RunInfo, Snapshot
+
+# Trajectory states (slot.state); FREE marks an unused slot.
+FREE, START, QUEUED, PREFILL, DECODE, TOOL, REWARD, ABORTED = range(8)
+_MAX_PENDING = 100_000
+
+
+class LiveState:
+    """Incremental state of one run (all runs in a log are folded together)."""
+
+    def __init__(self, config: ForecastConfig | None = None, history: History | None = None) -> None:
+        self.config = config or ForecastConfig()
+        self.history = history or History(self.config)
+        self.run = RunInfo()
+        self.ignored = 0
+        self._slot: dict[str, int] = {}
+        self._free: list[int] = []
+        self._n = 0
+        cap = 1024
+        self.state = np.zeros(cap, np.int8)
+        self.entered = np.zeros(cap)
+        self.dispatched_at = np.zeros(cap)
+        self.mode_at = np.zeros(cap)  # when the current start-up mode began
+        self.mode = np.zeros(cap, np.int64)
+        self.dprompt = np.zeros(cap)  # dispatched prompt
+        self.prompt = np.zeros(cap)  # current / last request prompt
+        self.context = np.zeros(cap)  # last prompt + its output
+        self.queued_at = np.zeros(cap)
+        self.started_at = np.full(cap, np.nan)
+        self.engine = np.full(cap, -1, np.int64)
+        self.growth = np.full(cap, np.nan)
+        self.result = np.full(cap, -1.0)
+        self.requests = np.zeros(cap, np.int64)
+        self.cohort = np.full(cap, -1, np.int64)
+        self.cause = np.full(cap, np.nan)  # launch cause time (replace) for the launch delay
+        self.cohort_cause = np.full(cap, np.nan)
+        self._req: list[str | None] = [None] * cap
+        # Engines: code per name; roles from engine events; last prefill departure.
+        self._engine_code: dict[str, int] = {}
+        self._engine_names: list[str] = []
+        self._role: dict[str, str] = {}
+        self._last_departure: dict[str | None, float] = {}
+        self._decode_kv: dict[str, int] = {}
+        self.kv_now = 0.0
+        # Launch attribution (FIFO of causes not yet matched to a dispatch).
+        self._pending: deque[float] = deque()
+        self._cohort_pending: deque[float] = deque()
+        self._cohort_of: dict[str, int] = {}
+        self._cohort_live: dict[int, int] = {}
+        self._cohort_free: list[int] = []
+        self._cohort_next = 0
+        self._batch = -1
+        self._launch_count = 0
+        self._launch_caused = False
+        self._cause_now = np.nan
+
+    # -- slots -------------------------------------------------------------------------
+    def _grow(self) -> None:
+        cap = len(self.state) * 2
+        for name, value in list(vars(self).items()):
+            if isinstance(value, np.ndarray) and len(value) == cap // 2:
+                fill = {"started_at": np.nan, "engine": -1, "growth": np.nan, "result": -1.0,
+                        "cohort": -1, "cause": np.nan, "cohort_cause": np.nan}.get(name, 0)
+                new = np.full(cap, fill, dtype=value.dtype)
+                new[: len(value)] = value
+                setattr(self, name, new)
+        self._req.extend([None] * (cap - len(self._req)))
+
+    def _new(self, traj: str, ts: float) -> int:
+        if self._free:
+            i = self._free.pop()
+        else:
+            if self._n == len(self.state):
+                self._grow()
+            i = self._n
+            self._n += 1
+        self._slot[traj] = i
+        self.state[i] = START
+        self.entered[i] = self.dispatched_at[i] = self.mode_at[i] = ts
+        self.mode[i] = START_DISPATCHED
+        self.dprompt[i] = self.prompt[i] = self.context[i] = 0.0
+        self.started_at[i] = np.nan
+        self.engine[i] = -1
+        self.growth[i] = np.nan
+        self.result[i] = -1.0
+        self.requests[i] = 0
+        self.cohort[i] = -1
+        self.cause[i] = self.cohort_cause[i] = np.nan
+        self._req[i] = None
+        return i
+
+    def _release(self, i: int, traj: str, ts: float) -> None:
+        if self.state[i] == DECODE:
+            self.kv_now -= self.prompt[i]
+        c = int(self.cohort[i])
+        if c >= 0 and c in self._cohort_live:
+            self._cohort_live[c] -= 1
+            if self._cohort_live[c] <= 0:
+                del self._cohort_live[c]
+                self._cohort_free.append(c)
+                self._cohort_pending.append(ts)
+                if len(self._cohort_pending) > _MAX_PENDING:
+                    self._cohort_pending.popleft()
+        self.state[i] = FREE
+        del self._slot[traj]
+        self._free.append(i)
+
+    def _code(self, engine: str | None) -> int:
+        if engine is None:
+            return -1
+        c = self._engine_code.get(engine)
+        if c is None:
+            c = self._engine_code[engine] = len(self._engine_names)
+            self._engine_names.append(engine)
+        return c
+
+    # -- the fold -----------------------------------------------------------------------
+    def apply(self, ev: Event) -> None:
+        """Fold one valid contract event (in ``ts`` order) into the state and history."""
+        handler = getattr(self, "_on_" + ev.type.replace(".", "_"), None)
+        if handler is not None:
+            handler(ev)
+
+    @property
+    def live(self) -> int:
+        return len(self._slot)
+
+    def _get(self, ev) -> int:
+        i = self._slot.get(ev.traj)
+        return self._new(ev.traj, ev.ts) if i is None else i
+
+    def _on_run_started(self, ev) -> None:
+        self.run = RunInfo(
+            mode=ev.mode, batch_size=ev.batch_size, group_size=ev.group_size or 1,
+            injection=ev.injection or "replace", max_staleness=ev.max_staleness,
+            prompt_tokens_mean=ev.prompt_tokens_mean,
+        )
+        if ev.prompt_tokens_mean is not None and self.history.first_prompt.n == 0:
+            self.history.first_prompt.value = float(ev.prompt_tokens_mean)
+
+    def _cohort_key(self, ev) -> str | None:
+        if self.run.mode == "sync":
+            return f"batch:{self._batch}"
+        if self.run.injection == "group" and ev.group is not None:
+            return f"group:{ev.group}"
+        return None
+
+    def _on_trajectory_dispatched(self, ev) -> None:
+        if ev.traj in self._slot:
+            self.ignored += 1
+            return
+        h = self.history
+        if self.run.mode == "sync" and not self._cohort_live:
+            self._batch += 1  # a dispatch after the batch drained starts the next batch
+        i = self._new(ev.traj, ev.ts)
+        self.dprompt[i] = float(ev.prompt_tokens)
+        key = self._cohort_key(ev)
+        if key is not None:
+            c = self._cohort_of.get(key)
+            if c is None or c not in self._cohort_live:
+                c = self._cohort_free.pop() if self._cohort_free else self._cohort_next
+                self._cohort_next = max(self._cohort_next, c + 1)
+                self._cohort_of[key] = c
+                self._cohort_live[c] = 0
+                # Cohort sizes are learnt from cohorts launched for a finished one.
+                if self._launch_caused and self._launch_count:
+                    h.cohort_size.observe(self._launch_count)
+                self._launch_count = 0
+                self._launch_caused = bool(self._cohort_pending)
+                if self._cohort_pending:  # this cohort was launched for one that finished
+                    self._cause_now = self._cohort_pending.popleft()
+                else:
+                    self._cause_now = np.nan
+            self.cohort_cause[i] = self._cause_now if self._launch_count == 0 else np.nan
+            self._launch_count += 1
+            self.cohort[i] = c
+            self._cohort_live[c] += 1
+        elif self._pending:
+            self.cause[i] = self._pending.popleft()
+            h.launched += 1
+
+    def _on_sandbox_started(self, ev) -> None:
+        i = self._get(ev)
+        if self.state[i] != START:
+            self.ignored += 1
+            return
+        self.mode[i] = START_PREWARM if ev.mode == "prewarm" else START_COLD
+        self.mode_at[i] = ev.ts
+
+    def _on_sandbox_ready(self, ev) -> None:
+        i = self._get(ev)
+        if self.state[i] != START:
+            self.ignored += 1
+            return
+        self.mode[i] = START_READY
+        self.mode_at[i] = ev.ts
+
+    def _on_request_queued(self, ev) -> None:
+        h = self.history
+        i = self._get(ev)
+        st = self.state[i]
+        x = float(ev.prompt_tokens)
+        if st == START:
+            # Start-up durations: from dispatch, and from the mode's own start.
+            h.start[START_DISPATCHED].observe(ev.ts - self.dispatched_at[i])
+            if self.mode[i] != START_DISPATCHED:
+                h.start[int(self.mode[i])].observe(ev.ts - self.mode_at[i])
+            if self.requests[i] == 0:
+                h.first_prompt.observe(x)
+                if self.dprompt[i] > 0:
+                    h.first_overhead.observe(x - self.dprompt[i])
+                if not np.isnan(self.cause[i]):
+                    h.launch.observe(ev.ts - self.cause[i])
+                if not np.isnan(self.cohort_cause[i]):
+                    h.cohort_launch.observe(ev.ts - self.cohort_cause[i])
+        elif st == TOOL:
+            h.tool.observe(ev.ts - self.entered[i])
+            growth = x - self.context[i]
+            h.tool_growth.observe(growth)
+            if self.result[i] >= 0:
+                h.tool_overhead.observe(growth - self.result[i])
+            g = self.growth[i]
+            a = self.config.tool_ema_alpha
+            self.growth[i] = growth if np.isnan(g) else (1 - a) * g + a * growth
+        elif st == DECODE:
+            self.kv_now -= self.prompt[i]  # re-prefill: the old request left decode
+        elif st not in (ABORTED, QUEUED, PREFILL):
+            self.ignored += 1
+            return
+        self.state[i] = QUEUED
+        self.entered[i] = self.queued_at[i] = ev.ts
+        self.prompt[i] = x
+        self.started_at[i] = np.nan
+        self.engine[i] = self._code(ev.engine)
+        self.requests[i] += 1
+        self.result[i] = -1.0
+        self._req[i] = ev.req
+
+    def _on_prefill_started(self, ev) -> None:
+        i = self._slot.get(ev.traj)
+        if i is None or self.state[i] != QUEUED or self._req[i] != ev.req:
+            self.ignored += 1
+            return
+        self.state[i] = PREFILL
+        self.started_at[i] = ev.ts
+        if ev.engine is not None:
+            self.engine[i] = self._code(ev.engine)
+
+    def _on_prefill_finished(self, ev) -> None:
+        i = self._slot.get(ev.traj)
+        if i is None or self.state[i] not in (QUEUED, PREFILL) or self._req[i] != ev.req:
+            self.ignored += 1
+            return
+        if ev.engine is not None:
+            self.engine[i] = self._code(ev.engine)
+        c = int(self.engine[i])
+        name = self._engine_names[c] if c >= 0 else None
+        begin = self.queued_at[i] if np.isnan(self.started_at[i]) else self.started_at[i]
+        # Departure-based service time: a FIFO server's d_j - max(a_j, d_{j-1}).
+        last = self._last_departure.get(name, -np.inf)
+        self.history.prefill_model(name).observe(self.prompt[i], ev.ts - max(begin, last))
+        self.history.prefill_wait.observe(ev.ts - self.queued_at[i])
+        self._last_departure[name] = ev.ts
+        self.state[i] = DECODE
+        self.entered[i] = ev.ts
+        self.kv_now += self.prompt[i]
+
+    def _on_decode_finished(self, ev) -> None:
+        i = self._slot.get(ev.traj)
+        if i is None or self.state[i] != DECODE or self._req[i] != ev.req:
+            self.ignored += 1
+            return
+        self.kv_now -= self.prompt[i]
+        h = self.history
+        if ev.finish != "abort":
+            h.decode.observe(ev.ts - self.entered[i])
+            h.decode_done += 1
+            h.decode_tool += ev.finish == "tool"
+            h.output.observe(ev.output_tokens)
+        self.context[i] = self.prompt[i] + ev.output_tokens
+        self.entered[i] = ev.ts
+        self.state[i] = {"tool": TOOL, "abort": ABORTED}.get(ev.finish, REWARD)
+
+    def _on_tool_finished(self, ev) -> None:
+        i = self._slot.get(ev.traj)
+        if i is not None and self.state[i] == TOOL:
+            self.result[i] = float(ev.result_tokens)
+
+    def _on_reward_started(self, ev) -> None:
+        i = self._slot.get(ev.traj)
+        if i is not None and self.state[i] != REWARD:
+            self.state[i] = REWARD
+            self.entered[i] = ev.ts
+
+    def _on_reward_finished(self, ev) -> None:
+        h = self.history
+        i = self._slot.get(ev.traj)
+        if i is None:
+            self.ignored += 1
+            return
+        if self.state[i] == REWARD:
+            h.reward.observe(ev.ts - self.entered[i])
+        h.completed += 1
+        if ev.admitted:
+            h.admitted += 1
+            if self.cohort[i] < 0:
+                h.admitted_for_launch += 1
+                self._pending.append(ev.ts)
+                if len(self._pending) > _MAX_PENDING:
+                    self._pending.popleft()
+        self._release(i, ev.traj, ev.ts)
+
+    def _on_trajectory_dropped(self, ev) -> None:
+        i = self._slot.get(ev.traj)
+        if i is None:
+            self.ignored += 1
+            return
+        self._release(i, ev.traj, ev.ts)
+
+    def _on_engine_registered(self, ev) -> None:
+        self._role[ev.engine] = ev.role
+        self._code(ev.engine)
+
+    def _on_engine_stats(self, ev) -> None:
+        self._role[ev.engine] = ev.role
+        self._code(ev.engine)
+        if ev.role == "decode":
+            self._decode_kv[ev.engine] = ev.kv_used_tokens
+        else:
+            self._decode_kv.pop(ev.engine, None)
+
+    def _on_engine_switched(self, ev) -> None:
+        self._role[ev.engine] = ev.to_role
+        if ev.to_role != "decode":
+            self._decode_kv.pop(ev.engine, None)
+
+    def _on_engine_switch_failed(self, ev) -> None:
+        self._role[ev.engine] = ev.role
+
+    def _on_engine_deregistered(self, ev) -> None:
+        self._role.pop(ev.engine, None)
+        self._decode_kv.pop(ev.engine, None)
+
+    # -- snapshot ------------------------------------------------------------------------
+    def snapshot(self, t: float) -> Snapshot:
+        """The columnar snapshot at ``t`` (call it after folding every event with ts < t)."""
+        from .snapshot_build import build_snapshot
+
+        return build_snapshot(self, t)

@@ -1,0 +1,139 @@
+"""Empirical duration distributions, updated online, with a prior (Appendix B.2, B.3, B.5).
+
+Every conditional probability the forecaster uses has the shape
+
+    q = Pr(T < e + s | T > e)
+
+for a duration ``T`` (reward computation, sandbox start-up, tool execution, ...) whose
+elapsed part ``e`` is known. :class:`DurationModel` keeps the observed durations as a
+histogram on a fixed logarithmic grid, so an observation is O(1), a query over 100k
+trajectories is one vectorised interpolation, and memory does not grow with the run.
+
+Before any history exists the model answers from a prior: ``prior_weight`` pseudo
+observations of an exponential distribution with mean ``prior_mean`` (memoryless, so it
+does not pretend to know the shape). Real observations outweigh it quickly. Older
+observations can be forgotten geometrically (``half_life``, counted in observations) so
+that the distribution follows a workload that drifts during the run.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+# Grid: 0, then log-spaced from 1 ms to ~28 hours. Durations beyond the last edge are
+# clamped to it (they still count as "longer than everything else").
+_EDGES = np.concatenate(([0.0], np.geomspace(1e-3, 1e5, 241)))
+_EPS = 1e-12
+
+
+class DurationModel:
+    """Online empirical distribution of one kind of duration (seconds)."""
+
+    __slots__ = ("name", "_counts", "_cum", "_weight", "_decay", "_n", "_sum", "_max")
+
+    def __init__(
+        self,
+        name: str,
+        prior_mean: float,
+        prior_weight: float = 3.0,
+        half_life: float | None = None,
+    ) -> None:
+        if not (math.isfinite(prior_mean) and prior_mean > 0):
+            raise ValueError(f"{name}: prior_mean must be a positive finite number, got {prior_mean!r}")
+        if not (math.isfinite(prior_weight) and prior_weight >= 0):
+            raise ValueError(f"{name}: prior_weight must be >= 0, got {prior_weight!r}")
+        if half_life is not None and not half_life > 0:
+            raise ValueError(f"{name}: half_life must be > 0 observations, got {half_life!r}")
+        self.name = name
+        # Prior mass per bin: exponential CDF differences over the grid.
+        cdf = 1.0 - np.exp(-_EDGES / prior_mean)
+        cdf[-1] = 1.0
+        self._counts = np.diff(cdf) * prior_weight
+        self._weight = 1.0
+        self._decay = 2.0 ** (1.0 / half_life) if half_life else 1.0
+        self._n = 0
+        self._sum = 0.0
+        self._max = 0.0
+        self._cum: np.ndarray | None = None
+
+    # -- learning ---------------------------------------------------------------------
+    def observe(self, duration: float) -> None:
+        """Add one observed duration (negative or non-finite values are ignored)."""
+        if not (duration >= 0.0 and math.isfinite(duration)):
+            return
+        i = int(np.searchsorted(_EDGES, duration, side="right")) - 1
+        i = min(max(i, 0), len(self._counts) - 1)
+        # Forgetting without touching every bin: newer observations weigh more; rescale
+        # once the weights grow large.
+        self._weight *= self._decay
+        if self._weight > 1e100:
+            self._counts /= self._weight
+            self._weight = 1.0
+        self._counts[i] += self._weight
+        self._n += 1
+        self._sum += duration
+        self._max = max(self._max, duration)
+        self._cum = None
+
+    @property
+    def count(self) -> int:
+        """How many real observations were made (the prior not included)."""
+        return self._n
+
+    @property
+    def observed_mean(self) -> float | None:
+        return self._sum / self._n if self._n else None
+
+    def mean(self) -> float:
+        """Mean of the current distribution (prior included), bin mid-points."""
+        mids = np.concatenate(([_EDGES[1] / 2], np.sqrt(_EDGES[1:-1] * _EDGES[2:])))
+        total = self._counts.sum()
+        return float((self._counts * mids).sum() / total) if total > 0 else 0.0
+
+    # -- queries ---------------------------------------------------------------------
+    def _cumulative(self) -> np.ndarray:
+        if self._cum is None:
+            cum = np.concatenate(([0.0], np.cumsum(self._counts)))
+            self._cum = cum / cum[-1] if cum[-1] > 0 else cum
+        return self._cum
+
+    def cdf(self, x: np.ndarray | float) -> np.ndarray:
+        """Pr(T <= x), linear within a bin."""
+        return np.interp(np.asarray(x, dtype=float), _EDGES, self._cumulative())
+
+    def conditional_steps(self, elapsed: np.ndarray, horizon: float, steps: int) -> np.ndarray:
+        """Pr(T in [e + k h, e + (k+1) h) | T > e) for k < steps, h = horizon / steps.
+
+        Returns an array of shape ``(len(elapsed), steps)``; each row sums to
+        Pr(T < e + horizon | T > e). When the elapsed time is past (almost) all observed
+        mass, the empirical conditional is undefined; we then assume the remaining time is
+        as long again as the elapsed time (a Lindy-style tail: hazard 1/e), which keeps
+        long-running outliers contributing a little rather than nothing or everything.
+        """
+        e = np.nan_to_num(np.asarray(elapsed, dtype=float), nan=0.0, posinf=_EDGES[-1])
+        e = np.clip(e, 0.0, None)
+        grid = e[:, None] + np.linspace(0.0, horizon, steps + 1)[None, :]
+        cdf = np.interp(grid, _EDGES, self._cumulative())
+        surv0 = 1.0 - cdf[:, :1]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            steps_p = np.diff(cdf, axis=1) / surv0
+        tail = surv0[:, 0] < 1e-6
+        if tail.any():
+            # Exponential with mean max(e, horizon): hazard-based fallback.
+            mean = np.maximum(e[tail], horizon)[:, None]
+            edges = np.linspace(0.0, horizon, steps + 1)[None, :]
+            steps_p[tail] = np.diff(1.0 - np.exp(-edges / mean), axis=1)
+        return np.clip(np.nan_to_num(steps_p, nan=0.0, posinf=0.0, neginf=0.0), 0.0, 1.0)
+
+    def conditional(self, elapsed: np.ndarray, horizon: float) -> np.ndarray:
+        """Pr(T < e + horizon | T > e), vectorised over ``elapsed``."""
+        return np.clip(self.conditional_steps(elapsed, horizon, 1)[:, 0], 0.0, 1.0)
+
+    def within(self, limits: np.ndarray) -> np.ndarray:
+        """Pr(T < limit) for fresh durations (elapsed 0), vectorised."""
+        return np.clip(self.cdf(np.clip(np.asarray(limits, dtype=float), 0.0, None)), 0.0, 1.0)
+
+    def __repr__(self) -> str:
+        return f"DurationModel({self.name!r}, n={self._n}, mean={self.mean():.3g}s)"

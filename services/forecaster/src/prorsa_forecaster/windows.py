@@ -1,0 +1,222 @@
+"""The window loop: event time -> one forecast per window, and each window's actuals.
+
+Exactly what a forecast may see: the forecast for window [t, t+S) is made from every
+event with ``ts < t`` (events at exactly ``t`` belong to the window, not its past).
+Windows start at the first event's ``ts`` rounded down to a multiple of S and step by S
+(shared/EVENTS.md, "What a forecast is measured against"). Actuals:
+
+* prefill: prompt tokens of every request queued in [t, t+S), plus those waiting in the
+  ready queue or in prefill at t (queued before t, no ``prefill.finished`` before t);
+* decode admissions: prompt tokens of every request whose ``prefill.finished`` falls in
+  [t, t+S) (the prompt of the ``request.queued`` with the same traj and req).
+
+When a window closes, its residuals feed the online bias correction, so only windows
+that ended at or before t ever influence the forecast for t.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from prorsa_schemas import Event
+
+from .config import ForecastConfig
+from .core import Forecast, forecast
+from .state import DECODE, PREFILL, QUEUED, START, TOOL, LiveState
+
+SOURCES = ("sampler", "sandbox", "tool", "other")
+
+
+class ActualsMeter:
+    """Measures a window's actual prefill demand and decode admissions from events."""
+
+    def __init__(self) -> None:
+        self._open: dict[tuple[str, str], tuple[str, float]] = {}  # (run, traj) -> (req, prompt)
+        self.backlog = 0.0
+        self.arrivals = 0.0
+        self.admissions = 0.0
+
+    def start_window(self) -> float:
+        """Reset the window's counters; returns the backlog (ready + prefill) at its start."""
+        self.arrivals = 0.0
+        self.admissions = 0.0
+        return self.backlog
+
+    def _close(self, key: tuple[str, str]) -> tuple[str, float] | None:
+        old = self._open.pop(key, None)
+        if old is not None:
+            self.backlog -= old[1]
+        return old
+
+    def apply(self, ev: Event) -> None:
+        kind = ev.type
+        if kind == "request.queued":
+            key = (ev.run, ev.traj)
+            self._close(key)  # a re-queue replaces the trajectory's earlier request
+            self._open[key] = (ev.req, float(ev.prompt_tokens))
+            self.backlog += ev.prompt_tokens
+            self.arrivals += ev.prompt_tokens
+        elif kind == "prefill.finished":
+            key = (ev.run, ev.traj)
+            cur = self._open.get(key)
+            if cur is not None and cur[0] == ev.req:
+                self._close(key)
+                self.admissions += cur[1]
+        elif kind in ("trajectory.dropped", "reward.finished", "decode.finished"):
+            # The request (if any) left the ready queue / prefill without a prefill.finished
+            # (aborted or never observed): it no longer counts as backlog.
+            key = (ev.run, ev.traj)
+            if kind != "decode.finished" or (key in self._open and self._open[key][0] == ev.req):
+                self._close(key)
+
+
+@dataclass(frozen=True)
+class WindowResult:
+    """A closed window: the forecast made at its start and what actually happened."""
+
+    t: float
+    horizon: float
+    forecast: Forecast
+    prefill_actual: float
+    decode_actual: float
+    backlog: float
+    sources: dict[str, float]
+
+
+class TrackerGate:
+    """Passes each event through the tracker's pure core (prorsa_tracker.core.apply).
+
+    An event the tracker ignores (a duplicate id) or rejects (an illegal transition:
+    recorded there as an anomaly) does not reach the forecaster's state or the actuals,
+    so the forecaster sees exactly the canonical lifecycle the tracker publishes.
+    """
+
+    def __init__(self) -> None:
+        from prorsa_tracker import core
+
+        self._core = core
+        self.state = core.new_state()
+        self.rejected = 0
+
+    def accept(self, ev: Event) -> bool:
+        before = self.state.duplicates
+        _, transitions, anomalies = self._core.apply(self.state, ev)
+        if self.state.duplicates != before:
+            self.rejected += 1
+            return False
+        if hasattr(ev, "traj") and not transitions:
+            self.rejected += 1
+            return False
+        return True
+
+
+class WindowLoop:
+    """Feeds events to the live state and the meter; closes windows as event time passes.
+
+    With ``gate=True`` (the default) events go through the tracker core first
+    (:class:`TrackerGate`); ``gate=False`` folds every valid event directly.
+    """
+
+    def __init__(
+        self, config: ForecastConfig | None = None, state: LiveState | None = None, gate: bool = True
+    ) -> None:
+        self.gate = TrackerGate() if gate else None
+        self.config = config or (state.config if state else ForecastConfig())
+        self.state = state or LiveState(self.config)
+        self.meter = ActualsMeter()
+        self._t0: float | None = None
+        self._k = 0
+        self._current: Forecast | None = None
+        self._backlog = 0.0
+        self.last_ts = -math.inf
+        self.out_of_order = 0
+        self._wstate = None
+        self._sources: dict[str, float] = {}
+
+    def _source_of(self, ev) -> str:
+        """Which forecast source an arrival in the current window belongs to."""
+        st = self.state
+        i = st._slot.get(ev.traj)
+        t = self.window_start
+        if i is None:
+            return "other"  # a trajectory never dispatched in this log
+        if st.dispatched_at[i] >= t or i >= len(self._wstate):
+            return "sampler"
+        was = int(self._wstate[i])
+        return {START: "sandbox", TOOL: "tool", QUEUED: "tool", PREFILL: "tool", DECODE: "tool"}.get(was, "other")
+
+    @property
+    def window_start(self) -> float | None:
+        return None if self._t0 is None else self._t0 + self._k * self.config.horizon
+
+    def _open(self) -> None:
+        t = self.window_start
+        assert t is not None
+        self._current = forecast(self.state.snapshot(t), self.state.history, self.config)
+        self._backlog = self.meter.start_window()
+        # Each trajectory's state at t, to attribute the window's arrivals to a source.
+        self._wstate = self.state.state[: self.state._n].copy()
+        self._sources = dict.fromkeys(SOURCES, 0.0)
+
+    def _close(self, reopen: bool = True) -> WindowResult:
+        f = self._current
+        assert f is not None
+        h = self.state.history
+        prefill = self._backlog + self.meter.arrivals
+        decode = self.meter.admissions
+        h.bias_prefill.update(f.predicted_prefill, prefill - self._backlog)
+        h.bias_decode.update(f.raw_decode, decode)
+        res = WindowResult(f.t, f.horizon, f, prefill, decode, self._backlog, self._sources)
+        self._k += 1
+        if reopen:
+            self._open()
+        return res
+
+    def advance(self, ts: float) -> list[WindowResult]:
+        """Close every window that ends at or before ``ts`` (all events before ts are in)."""
+        out: list[WindowResult] = []
+        if self._t0 is None or not math.isfinite(ts):
+            return out
+        S = self.config.horizon
+        while ts >= self._t0 + (self._k + 1) * S:
+            out.append(self._close())
+        return out
+
+    def feed(self, ev: Event) -> list[WindowResult]:
+        """Apply one event (in ``ts`` order); returns the windows it closed."""
+        if self.gate is not None and not self.gate.accept(ev):
+            return self.advance(ev.ts) if self._t0 is not None else []
+        if self._t0 is None:
+            S = self.config.horizon
+            self._t0 = math.floor(ev.ts / S) * S
+            self._open()
+        if ev.ts < self.last_ts:
+            # Out of order breaks the contract; still applied (losing it would be worse).
+            self.out_of_order += 1
+        closed = self.advance(ev.ts)
+        self.last_ts = max(self.last_ts, ev.ts)
+        if ev.type == "request.queued":
+            self._sources[self._source_of(ev)] += ev.prompt_tokens
+        self.state.apply(ev)
+        self.meter.apply(ev)
+        return closed
+
+    def finish(self) -> list[WindowResult]:
+        """Close the window holding the last event (the end of a log)."""
+        if self._t0 is None:
+            return []
+        res = self._close(reopen=False)
+        self._t0 = None
+        return [res]
+
+
+def replay(
+    events: Iterable[Event], config: ForecastConfig | None = None, gate: bool = True
+) -> Iterator[WindowResult]:
+    """Run the window loop over events in order; yields every window, the last one included."""
+    loop = WindowLoop(config, gate=gate)
+    for ev in events:
+        yield from loop.feed(ev)
+    yield from loop.finish()
