@@ -1,0 +1,427 @@
+"""Engine stepping, routing and role switches: the cluster half of the simulator.
+
+``ClusterSim`` owns the virtual clock (a heap of callbacks), the engines and the router.
+The rollout half (:mod:`prorsa_sim.simulator`) subclasses it and supplies the hooks
+``_on_prefill_started``, ``_on_prefill_finished``, ``_on_decode_finished`` and
+``_on_aborted``.
+
+One engine step: every attention DP rank either runs one prefill chunk (a rank with
+admissible queued prompts runs prefill first and pauses its decode batch, as SGLang's
+scheduler does without mixed chunks) or one decode step of its batch; the step lasts as
+long as the slowest rank (the MoE all-to-all synchronises them), and the other ranks'
+GPUs wait. Stretches where every rank only decodes run as one macro-step of k steps,
+cut short (at a step boundary) when new work arrives.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+from .cluster import Engine, Rank, Req
+from .costmodel import ModelProfile
+
+MAX_MACRO_STEPS = 512
+DRAIN_TIMEOUT_S = 60.0
+"""CHOICE: a draining engine aborts what is left after this long (DESIGN: abort after the
+command's deadline)."""
+
+
+class ClusterSim:
+    """Virtual clock + engines + router. Deterministic: ties break by insertion order."""
+
+    def __init__(self, profile: ModelProfile, roles: list[str]):
+        self.profile = profile
+        self.now = 0.0
+        self._heap: list = []
+        self._seq = 0
+        self.engines = [Engine.build(profile, i, r) for i, r in enumerate(roles)]
+        self.unrouted: list[Req] = []
+        self.orphans: list[Req] = []
+        self.epoch = 0
+        self.preemptions = 0
+        self.switches = 0
+        self.switch_log: list[dict] = []
+        self.empty_engine_s = 0.0
+        self._last_empty_t = [0.0] * len(self.engines)
+
+    # --- clock -------------------------------------------------------------------------
+
+    def at(self, t: float, fn, *args) -> None:
+        """Schedule ``fn(*args)`` at virtual time ``t``."""
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, fn, args))
+
+    def run_until(self, stop) -> None:
+        """Process callbacks in time order until ``stop()`` is true or nothing is left."""
+        heap = self._heap
+        while heap and not stop():
+            t, _, fn, args = heapq.heappop(heap)
+            self.now = t
+            fn(*args)
+
+    # --- routing ------------------------------------------------------------------------
+
+    def route_prefill(self, req: Req) -> Engine | None:
+        """Place a new request on a prefill-capable rank (cache-aware, then least loaded)."""
+        traj = req.traj
+        best = None
+        best_key = None
+        sticky = traj.last_rank
+        for eng in self.engines:
+            if eng.role == "decode" or not eng.routable:
+                continue
+            for rank in eng.ranks:
+                key = (rank.waiting_tokens + 256 * len(rank.running), eng.index, rank.idx)
+                if best_key is None or key < best_key:
+                    best, best_key = rank, key
+        if best is None:
+            self.unrouted.append(req)
+            return None
+        # Cache-aware routing (what SGLang's router approximates): stay on the rank that
+        # holds this trajectory's prefix when its queue plus the uncached part is less work
+        # than the least-loaded rank's queue plus the whole prompt.
+        if sticky is not None and sticky is not best and sticky.engine.role != "decode" and sticky.engine.routable:
+            hit = sticky.cache_peek(traj.tid)
+            if hit and sticky.waiting_tokens + 256 * len(sticky.running) - hit <= best_key[0]:
+                best = sticky
+        self.enqueue(best, req)
+        return best.engine
+
+    def enqueue(self, rank: Rank, req: Req) -> None:
+        req.rank = rank
+        req.started = False
+        rank.waiting.append(req)
+        rank.waiting_tokens += req.prompt
+        req.traj.last_rank = rank
+        self.kick(rank.engine)
+
+    def route_decode(self) -> Rank | None:
+        """The decode rank with the most free KV (PD mode)."""
+        best, best_key = None, None
+        for eng in self.engines:
+            if eng.role != "decode" or not eng.routable:
+                continue
+            for rank in eng.ranks:
+                key = ((rank.kv_used + rank.waiting_tokens) / rank.capacity, eng.index, rank.idx)
+                if best_key is None or key < best_key:
+                    best, best_key = rank, key
+        return best
+
+    # --- stepping -----------------------------------------------------------------------
+
+    def kick(self, eng: Engine) -> None:
+        """New work may be available on ``eng``: plan a step now or shorten a macro-step."""
+        if not eng.available:
+            return
+        if eng.stepping:
+            if eng.seg_kind == "decode" and eng.seg_k > 1:
+                done = int((self.now - eng.seg_t0) / eng.seg_dt) + 1
+                if done < eng.seg_k:
+                    eng.seg_k = done
+                    eng.version += 1
+                    self.at(eng.seg_t0 + done * eng.seg_dt, self._step_end, eng, eng.version)
+            return
+        self._plan(eng)
+
+    def _plan(self, eng: Engine) -> None:
+        prof = self.profile
+        plan = []
+        any_prefill = False
+        for rank in eng.ranks:
+            action = None
+            if eng.role != "decode" and rank.waiting:
+                action = self._build_chunk(rank)
+                if action is not None:
+                    any_prefill = True
+            if action is None and eng.role != "prefill":
+                if rank.pending:
+                    self._admit_pending(rank)
+                if rank.running:
+                    self._make_room(rank)
+                if rank.running:
+                    action = ("d", 0.0)
+            plan.append(action)
+        if not any(plan):
+            eng.stepping = False
+            self._maybe_switch(eng)
+            return
+        k = 1
+        if not any_prefill:
+            k = MAX_MACRO_STEPS
+            for rank, action in zip(eng.ranks, plan):
+                if action is not None:
+                    free = rank.capacity - rank.kv_used
+                    k = min(k, max(1, rank.steps_to_next_finish()), max(1, free // len(rank.running)))
+        dt = 0.0
+        for i, (rank, action) in enumerate(zip(eng.ranks, plan)):
+            if action is not None and action[0] == "d":
+                n = len(rank.running)
+                # Mid-segment KV (it grows by one token per sequence per step).
+                t_rank = prof.decode_step_time(n, rank.kv_used + n * (k // 2))
+                plan[i] = ("d", t_rank)
+                dt = max(dt, t_rank)
+            elif action is not None:
+                dt = max(dt, action[1])
+        eng.stepping = True
+        eng.seg_t0 = self.now
+        eng.seg_dt = dt
+        eng.seg_k = k
+        eng.seg_kind = "prefill" if any_prefill else "decode"
+        eng.seg_plan = plan
+        eng.version += 1
+        self.at(self.now + k * dt, self._step_end, eng, eng.version)
+
+    def _build_chunk(self, rank: Rank):
+        prof = self.profile
+        budget = prof.chunk_size
+        pieces = []
+        t = prof.prefill_fixed_s
+        for req in rank.waiting:
+            if not req.started:
+                if not self._admit_prefill(rank, req):
+                    break
+            n = min(budget, req.pf_left)
+            t += prof.prefill_time(n, req.pf_ctx) - prof.prefill_fixed_s
+            pieces.append((req, n))
+            budget -= n
+            if budget <= 0:
+                break
+        if not pieces:
+            return None
+        return ("p", t, pieces)
+
+    def _admit_prefill(self, rank: Rank, req: Req) -> bool:
+        cached = rank.cache_take(req.traj.tid)
+        rank.inuse_prefill += req.prompt
+        rank._evict(0)
+        if rank.kv_used + rank.cache_tokens > rank.capacity:
+            rank.inuse_prefill -= req.prompt
+            if cached:
+                rank.cache_put(req.traj.tid, cached)
+            return False
+        req.started = True
+        req.cached = min(cached, req.prompt - 1)
+        req.pf_left = req.prompt - req.cached
+        req.pf_ctx = req.cached
+        rank.waiting_tokens -= req.cached
+        self._on_prefill_started(rank.engine, req)
+        return True
+
+    def _admit_pending(self, rank: Rank) -> None:
+        while rank.pending:
+            req = rank.pending[0]
+            if rank.kv_used + req.prompt + 1 > rank.capacity:
+                break
+            rank.pending.popleft()
+            rank.waiting_tokens -= req.prompt
+            rank.admit_running(req, req.prompt)
+
+    def _make_room(self, rank: Rank) -> None:
+        """Before a decode step: evict cache, then retract the newest requests (SGLang's
+        retraction) until the step's new tokens fit."""
+        n = len(rank.running)
+        if rank.kv_used + n <= rank.capacity:
+            return
+        rank._evict(n)
+        while rank.running and rank.kv_used + len(rank.running) > rank.capacity:
+            req = next(reversed(rank.running))
+            gen = rank.generated(req)
+            rank.remove_running(req)
+            self.preemptions += 1
+            req.alive = True
+            req.out_done += gen
+            req.out_target -= gen
+            req.prompt += gen
+            if rank.engine.role == "decode":
+                # A PD decode engine cannot recompute: the request goes back to prefill.
+                self._on_aborted(req, gen_total=req.out_done, requeue=True)
+            else:
+                req.started = False
+                rank.waiting.appendleft(req)
+                rank.waiting_tokens += req.prompt
+
+    def _step_end(self, eng: Engine, version: int) -> None:
+        if version != eng.version:
+            return
+        k, dt = eng.seg_k, eng.seg_dt
+        gpr = self.profile.gpus_per_rank
+        for rank, action in zip(eng.ranks, eng.seg_plan):
+            if action is None:
+                eng.empty_rank_s += dt * k * gpr
+                continue
+            eng.busy_s += action[1] * k * gpr
+            eng.wait_s += (dt - action[1]) * k * gpr
+            if action[0] == "p":
+                for req, n in action[2]:
+                    req.pf_left -= n
+                    req.pf_ctx += n
+                    rank.waiting_tokens -= n
+                    eng.prefill_tokens_done += n
+                    if req.pf_left <= 0 and rank.waiting and rank.waiting[0] is req:
+                        rank.waiting.popleft()
+                        rank.inuse_prefill -= req.prompt
+                        self._prefill_done(eng, rank, req)
+            else:
+                eng.decode_tokens_done += k * len(rank.running)
+                rank.counter += k
+                for req in rank.pop_finished():
+                    kv = rank.remove_running(req)
+                    if eng.role == "mixed":
+                        rank.cache_put(req.traj.tid, kv)
+                    self._on_decode_finished(req, req.out_done + req.out_target)
+        eng.stepping = False
+        self._plan(eng)
+
+    def _prefill_done(self, eng: Engine, rank: Rank, req: Req) -> None:
+        req.out_done += 1
+        req.out_target -= 1
+        if eng.role == "mixed":
+            self._on_prefill_finished(req, eng, eng)
+            if req.out_target <= 0:
+                rank.cache_put(req.traj.tid, req.prompt + 1)
+                self._on_decode_finished(req, req.out_done)
+            else:
+                rank.admit_running(req, req.prompt)
+            return
+        # Prefill engine: the prompt's KV stays cached here; ship it to a decode rank.
+        rank.cache_put(req.traj.tid, req.prompt)
+        target = self.route_decode()
+        self._on_prefill_finished(req, eng, target.engine if target else None)
+        if target is None:
+            self.orphans.append(req)
+            return
+        self._ship(req, target)
+
+    def _ship(self, req: Req, target: Rank) -> None:
+        target.waiting_tokens += req.prompt
+        req.rank = target
+        self.at(self.now + self.profile.kv_transfer_time(req.prompt), self._arrive, req, target, self.epoch)
+
+    def _arrive(self, req: Req, rank: Rank, epoch: int) -> None:
+        if not req.alive:
+            rank.waiting_tokens -= req.prompt
+            return
+        if epoch != self.epoch or not rank.engine.available or rank.engine.role != "decode":
+            rank.waiting_tokens -= req.prompt
+            self._on_aborted(req, gen_total=req.out_done, requeue=True)
+            return
+        if req.out_target <= 0:
+            rank.waiting_tokens -= req.prompt
+            self._on_decode_finished(req, req.out_done)
+            return
+        rank.pending.append(req)
+        self.kick(rank.engine)
+
+    # --- interruption (weight sync, drain deadline) -------------------------------------
+
+    def settle(self, eng: Engine) -> None:
+        """Stop ``eng`` now: complete the decode steps already done, drop a prefill step."""
+        if not eng.stepping:
+            return
+        if eng.seg_kind == "decode":
+            done = min(eng.seg_k, int((self.now - eng.seg_t0) / eng.seg_dt)) if eng.seg_dt > 0 else 0
+            eng.seg_k = done
+            eng.version += 1
+            self._step_end(eng, eng.version)  # replans; caller stops it again below
+        eng.version += 1
+        eng.stepping = False
+
+    def abort_engine(self, eng: Engine, reroute_waiting: bool) -> None:
+        """Abort every request on ``eng`` (decoding ones re-prefill elsewhere)."""
+        self.settle(eng)
+        for rank in eng.ranks:
+            for req in list(rank.running):
+                gen = rank.generated(req)
+                rank.remove_running(req)
+                req.alive = True
+                self._on_aborted(req, gen_total=req.out_done + gen, requeue=True)
+            while rank.pending:
+                req = rank.pending.popleft()
+                self._on_aborted(req, gen_total=req.out_done, requeue=True)
+            rank.waiting_tokens = 0
+            rank.inuse_prefill = 0
+            waiting = list(rank.waiting)
+            rank.waiting.clear()
+            for req in waiting:
+                req.started = False
+                if reroute_waiting:
+                    self.route_prefill(req)
+                else:
+                    rank.waiting.append(req)
+                    rank.waiting_tokens += req.prompt
+            rank.flush_cache()
+
+    # --- role switches ------------------------------------------------------------------
+
+    def request_switch(self, eng: Engine, to_role: str, mode: str, cmd: str) -> bool:
+        """Start draining ``eng`` for a switch; False if it is already switching or there."""
+        if eng.switch is not None or eng.role == to_role or not eng.available:
+            return False
+        eng.draining = True
+        eng.switch = {"cmd": cmd, "to": to_role, "mode": mode, "t": self.now, "from": eng.role}
+        self._on_switching(eng)
+        self.at(self.now + DRAIN_TIMEOUT_S, self._drain_deadline, eng, cmd)
+        self._maybe_switch(eng)
+        return True
+
+    def _drain_deadline(self, eng: Engine, cmd: str) -> None:
+        if eng.switch is None or eng.switch["cmd"] != cmd or not eng.available:
+            return
+        self.abort_engine(eng, reroute_waiting=True)
+        self._maybe_switch(eng)
+
+    def _maybe_switch(self, eng: Engine) -> None:
+        if eng.switch is None or not eng.available or eng.stepping or eng.has_work():
+            return
+        eng.available = False
+        eng.draining = False
+        for rank in eng.ranks:
+            rank.flush_cache()
+        self.at(self.now + self.profile.switch_time(eng.switch["mode"]), self._switched, eng)
+
+    def _switched(self, eng: Engine) -> None:
+        sw = eng.switch
+        eng.role = sw["to"]
+        eng.switch = None
+        eng.available = True
+        self.switches += 1
+        self.switch_log.append({"t": round(self.now, 3), "engine": eng.name, "from": sw["from"], "to": sw["to"]})
+        self._on_switched(eng, sw)
+        self.release_parked()
+
+    def release_parked(self) -> None:
+        """Route requests that found no engine of the right role earlier."""
+        if self.unrouted:
+            reqs, self.unrouted = self.unrouted, []
+            for req in reqs:
+                if req.alive:
+                    self.route_prefill(req)
+        if self.orphans:
+            reqs, self.orphans = self.orphans, []
+            for req in reqs:
+                if not req.alive:
+                    continue
+                target = self.route_decode()
+                if target is None:
+                    self.orphans.append(req)
+                else:
+                    self._ship(req, target)
+
+    # --- hooks (the rollout side) ---------------------------------------------------------
+
+    def _on_prefill_started(self, eng: Engine, req: Req) -> None: ...
+
+    def _on_prefill_finished(self, req: Req, eng: Engine, decode_eng: Engine | None) -> None: ...
+
+    def _on_decode_finished(self, req: Req, output_tokens: int) -> None: ...
+
+    def _on_aborted(self, req: Req, gen_total: int, requeue: bool) -> None: ...
+
+    def _on_switching(self, eng: Engine) -> None: ...
+
+    def _on_switched(self, eng: Engine, sw: dict) -> None: ...
+
+
+def ceil_div(a: float, b: float) -> int:
+    return int(math.ceil(a / b))
