@@ -1,0 +1,147 @@
+"""The allocator service: the thin I/O shell around :class:`~prorsa_allocator.planner.Allocator`.
+
+* On start it replays the stream's engine and control events (an ordered consumer from the
+  first message) to rebuild the engine table and the commands in flight; events up to the
+  stream's last sequence at start are folded in without acting (``act=False``), so a
+  restarted allocator never re-issues a plan or a command.
+* Live, each engine event, forecast and command echo goes through ``Allocator.handle``; the
+  plans and commands it returns are published through a :class:`ReliablePublisher` (one
+  ordering lane, event ids derived from the forecast id, so a re-send is de-duplicated).
+* A malformed message is counted and logged with its reason; it never stops the service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from prorsa_runtime import ReliablePublisher, connect, ensure_stream
+from prorsa_schemas import AllocationPlan, EngineCommand, Event, EventError, Namespace, decode_event
+
+from .planner import Allocator
+from .settings import AllocatorSettings
+
+log = logging.getLogger("prorsa.allocator.service")
+
+_LANE = "allocator"  # one ordering key: a plan precedes its commands in the stream
+
+
+@dataclass
+class ServiceState:
+    """What the running service exposes to its health check, metrics and tests."""
+
+    allocator: Allocator
+    replay_until: int = 0
+    caught_up: asyncio.Event = field(default_factory=asyncio.Event)
+    processed: int = 0
+    invalid: int = 0
+    published: int = 0
+    last_invalid: str = ""
+    plans: list[AllocationPlan] = field(default_factory=list)
+
+    def health(self) -> tuple[bool, dict]:
+        a = self.allocator
+        return self.caught_up.is_set(), {
+            "caught_up": self.caught_up.is_set(),
+            "engines": len(a.table.engines),
+            "commands_in_flight": len(a.table.commands),
+            "processed": self.processed,
+            "invalid": self.invalid,
+            **a.counters.__dict__,
+        }
+
+
+class AllocatorService:
+    """Consume engine and control events, publish allocation plans and engine commands."""
+
+    def __init__(self, settings: AllocatorSettings, allocator: Allocator | None = None):
+        self.settings = settings
+        self.ns: Namespace = settings.namespace()
+        self.state = ServiceState(allocator or Allocator(settings.allocator_config()))
+        self._queue: asyncio.Queue = asyncio.Queue()
+
+    async def run(self, stack: AsyncExitStack, stop: asyncio.Event) -> None:
+        """Run until ``stop`` is set (the shape :func:`run_until_stopped` expects)."""
+        s = self.settings
+        nc = await connect(s.nats_url, "prorsa-allocator", credentials=s.credentials())
+        stack.push_async_callback(nc.close)
+        js = nc.jetstream()
+        await ensure_stream(js, self.ns)
+        pub = ReliablePublisher(s.nats_url, "prorsa-allocator-pub", self.ns, credentials=s.credentials())
+        await pub.start()
+        stack.push_async_callback(pub.close)
+        info = await js.stream_info(self.ns.stream)
+        self.state.replay_until = info.state.last_seq
+        if self.state.replay_until == 0:
+            self.state.caught_up.set()
+
+        async def on_msg(msg) -> None:
+            self._queue.put_nowait(msg)
+
+        # One ordered consumer over both subject trees keeps their relative stream order
+        # (a command is always folded in before the engine.switched that answers it).
+        sub = await js.subscribe(
+            self.ns.engine_all(),
+            stream=self.ns.stream,
+            cb=on_msg,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.ALL,
+            config=ConsumerConfig(filter_subjects=[self.ns.engine_all(), self.ns.control_all()]),
+        )
+        stack.push_async_callback(sub.unsubscribe)
+        log.info(
+            "allocator on %s (stream %s): replaying %d stream messages, then acting",
+            s.nats_url, self.ns.stream, self.state.replay_until,
+        )
+        stopper = asyncio.create_task(stop.wait())
+        try:
+            while not stop.is_set():
+                getter = asyncio.create_task(self._queue.get())
+                done, _ = await asyncio.wait({getter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                if getter not in done:
+                    getter.cancel()
+                    break
+                msg = getter.result()
+                self._process(msg.data, msg.metadata.sequence.stream, pub)
+        finally:
+            stopper.cancel()
+
+    def _process(self, data: bytes, seq: int, pub: ReliablePublisher) -> None:
+        st = self.state
+        act = seq > st.replay_until
+        if act and not st.caught_up.is_set():
+            st.caught_up.set()
+            log.info("caught up at stream sequence %d: %d engines, %d commands in flight",
+                     seq, len(st.allocator.table.engines), len(st.allocator.table.commands))
+        try:
+            event = decode_event(data)
+        except EventError as exc:
+            st.invalid += 1
+            st.last_invalid = exc.reason
+            log.warning("invalid event at stream sequence %d ignored: %s", seq, exc.reason)
+            return
+        st.processed += 1
+        if seq == st.replay_until:
+            st.caught_up.set()
+        out = self._handle(event, act)
+        for ev in out:
+            pub.submit(ev, key=_LANE)
+            st.published += 1
+            if isinstance(ev, AllocationPlan):
+                st.plans.append(ev)
+                del st.plans[:-100]
+                log.info("plan t=%s: %d prefill : %d decode, delta=%.3f, feasible=%s, %d switches",
+                         ev.t, ev.n_prefill, ev.n_decode, ev.delta, ev.feasible, len(ev.switches or []))
+            elif isinstance(ev, EngineCommand):
+                log.info("command %s: %s -> %s by %.1f", ev.cmd, ev.engine, ev.to_role, ev.deadline)
+
+    def _handle(self, event: Event, act: bool) -> list[Event]:
+        try:
+            return self.state.allocator.handle(event, act=act)
+        except Exception:  # a bug must not stop the control loop; the event is logged
+            log.exception("allocator failed on %s %s; event skipped", event.type, event.id)
+            return []

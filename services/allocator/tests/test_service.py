@@ -1,0 +1,162 @@
+"""The allocator service over a real nats-server: plans and commands on the bus, command
+tracking to engine.switched / deadline, restart without re-issuing, bad input survived."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AsyncExitStack
+
+import pytest
+
+from prorsa_allocator.service import AllocatorService
+from prorsa_allocator.settings import AllocatorSettings
+from prorsa_allocator.testing import THETA, forecast, registered, stats, switched
+from prorsa_runtime import connect, ensure_stream, publish_event
+from prorsa_runtime.testing import async_wait_until
+from prorsa_schemas import AllocationPlan, EngineCommand, Namespace, decode_event
+
+
+class Harness:
+    """A running allocator service plus a bus client that publishes and records control events."""
+
+    def __init__(self, url: str, ns: Namespace, **tuning):
+        self.url, self.ns, self.tuning = url, ns, tuning
+        self.control: list = []
+
+    async def __aenter__(self) -> "Harness":
+        self.nc = await connect(self.url, "test")
+        self.js = self.nc.jetstream()
+        await ensure_stream(self.js, self.ns)
+
+        async def record(msg) -> None:
+            self.control.append(decode_event(msg.data))
+
+        self.sub = await self.nc.subscribe(self.ns.control_all(), cb=record)
+        return self
+
+    async def start_service(self) -> AllocatorService:
+        settings = AllocatorSettings(
+            nats_url=self.url, subject_prefix=self.ns.prefix, stream=self.ns.stream,
+            prefill_tokens_per_s=THETA, **self.tuning,
+        )
+        self.service = AllocatorService(settings)
+        self.stop = asyncio.Event()
+        self.stack = AsyncExitStack()
+        self.task = asyncio.create_task(self.service.run(self.stack, self.stop))
+        await async_wait_until(lambda: self.service.state.caught_up.is_set() or self.task.done(), 20, what="service start")
+        assert not self.task.done(), self.task.exception()
+        return self.service
+
+    async def stop_service(self) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, 10)
+        await self.stack.aclose()
+
+    async def publish(self, *events) -> None:
+        for e in events:
+            await publish_event(self.js, self.ns, e)
+
+    def of(self, cls) -> list:
+        return [e for e in self.control if isinstance(e, cls)]
+
+    async def __aexit__(self, *exc) -> None:
+        if getattr(self, "task", None) is not None and not self.task.done():
+            await self.stop_service()
+        await self.sub.unsubscribe()
+        await self.nc.close()
+
+
+async def cluster(h: Harness) -> None:
+    for i in range(4):
+        await h.publish(registered(f"p{i}", "prefill"), registered(f"d{i}", "decode"))
+
+
+async def test_forecast_to_plan_and_commands_then_switched(nats_url: str, ns: Namespace) -> None:
+    async with Harness(nats_url, ns) as h:
+        svc = await h.start_service()
+        await cluster(h)
+        await h.publish(stats("d0", "decode", ts=50.0, running=9, kv_used=90_000))
+        await h.publish(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0))
+        await async_wait_until(lambda: len(h.of(EngineCommand)) == 2, 10, what="two commands")
+        (plan,) = h.of(AllocationPlan)
+        assert (plan.n_prefill, plan.n_decode, plan.feasible) == (6, 1, True)
+        cmds = h.of(EngineCommand)
+        assert {c.engine for c in cmds} == {s.engine for s in plan.switches}
+        assert "d0" not in {c.engine for c in cmds}  # the busy one stays
+        # The engines report the switch; the service folds it into its table.
+        for c in cmds:
+            await h.publish(switched(c.engine, c.cmd, "decode", "prefill", ts=66.0))
+        table = svc.state.allocator.table
+        await async_wait_until(lambda: not table.commands, 10, what="commands closed")
+        assert sum(v.role == "prefill" for v in table.engines.values()) == 6
+        # The next forecast, same demand: a plan and no further switch.
+        await h.publish(forecast(t=70.0, prefill_engines=6.0, decode_engines=1.0))
+        await async_wait_until(lambda: len(h.of(AllocationPlan)) == 2, 10, what="second plan")
+        assert h.of(AllocationPlan)[1].switches is None and len(h.of(EngineCommand)) == 2
+
+
+async def test_missed_deadline_is_retried_then_abandoned(nats_url: str, ns: Namespace) -> None:
+    async with Harness(nats_url, ns, max_switch_fraction=0.125, ack_grace_s=5.0, max_attempts=2) as h:
+        svc = await h.start_service()
+        await cluster(h)
+        await h.publish(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0))
+        await async_wait_until(lambda: h.of(EngineCommand), 10, what="command")
+        (cmd,) = h.of(EngineCommand)
+        # Event time passes (engine stats) with no answer from the engine.
+        await h.publish(stats("p0", "prefill", ts=cmd.deadline + 6.0))
+        await async_wait_until(lambda: len(h.of(EngineCommand)) == 2, 10, what="retry")
+        retry = h.of(EngineCommand)[1]
+        assert retry.cmd == cmd.cmd and retry.deadline > cmd.deadline
+        await h.publish(stats("p0", "prefill", ts=retry.deadline + 6.0))
+        await async_wait_until(lambda: svc.state.allocator.counters.abandoned == 1, 10, what="abandon")
+        assert len(h.of(EngineCommand)) == 2 and not svc.state.allocator.table.commands
+
+
+async def test_restart_rebuilds_state_without_reissuing(nats_url: str, ns: Namespace) -> None:
+    async with Harness(nats_url, ns) as h:
+        await h.start_service()
+        await cluster(h)
+        await h.publish(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0))
+        await async_wait_until(lambda: len(h.of(EngineCommand)) == 2, 10, what="commands")
+        first = h.of(EngineCommand)
+        await h.stop_service()
+        # One engine answers while the allocator is down.
+        await h.publish(switched(first[0].engine, first[0].cmd, "decode", "prefill", ts=65.0))
+        svc = await h.start_service()
+        table = svc.state.allocator.table
+        assert len(table.engines) == 8
+        assert set(table.commands) == {first[1].cmd}  # the unanswered one is still tracked
+        assert table.engines[first[0].engine].role == "prefill"
+        assert len(h.of(EngineCommand)) == 2 and len(h.of(AllocationPlan)) == 1  # nothing re-sent
+        # The old forecast is not acted on again; a new one is.
+        await h.publish(forecast(t=70.0, prefill_engines=6.0, decode_engines=1.0))
+        await async_wait_until(lambda: len(h.of(AllocationPlan)) == 2, 10, what="plan after restart")
+        assert len(h.of(EngineCommand)) == 2  # both moving engines already count as prefill
+
+
+async def test_stale_forecast_and_bad_messages_are_survived(nats_url: str, ns: Namespace) -> None:
+    async with Harness(nats_url, ns) as h:
+        svc = await h.start_service()
+        await cluster(h)
+        await h.publish(stats("p0", "prefill", ts=500.0))
+        await h.nc.publish(ns.subject_for_type("engine.stats"), b'{"type": "engine.stats", "engine": 7}')
+        await h.nc.publish(ns.subject_for_type("engine.stats"), b"not json")
+        await h.publish(forecast(t=100.0, prefill_engines=6.0, decode_engines=1.0))  # 400 s old
+        await h.publish(forecast(t=495.0, prefill_engines=1.0, decode_engines=1.0))
+        await async_wait_until(lambda: h.of(AllocationPlan), 10, what="plan for the fresh forecast")
+        assert [p.t for p in h.of(AllocationPlan)] == [495.0]
+        # Both malformed messages reached the stream; each was counted with its reason.
+        assert svc.state.invalid == 2 and "not valid JSON" in svc.state.last_invalid
+        assert svc.state.allocator.counters.stale == 1
+        assert len(svc.state.allocator.table.engines) == 8
+
+
+@pytest.mark.parametrize("bad", [{"PRORSA_ALLOCATOR_HYSTERESIS": "-1"}, {"PRORSA_ALLOCATOR_NATS_URL": "http://x"}])
+def test_bad_settings_are_refused_with_the_variable_named(monkeypatch, bad) -> None:
+    from pydantic import ValidationError
+
+    for k, v in bad.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ValidationError) as err:
+        AllocatorSettings()
+    assert list(bad)[0].removeprefix("PRORSA_ALLOCATOR_").lower() in str(err.value).lower()
