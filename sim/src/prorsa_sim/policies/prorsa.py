@@ -1,0 +1,124 @@
+"""The ``prorsa`` policy: the real forecaster and allocator cores, fed only what the live
+system would see (the window's events and the engine table)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prorsa_allocator.config import AllocatorConfig
+from prorsa_allocator.planner import Allocator
+from prorsa_schemas import EngineCommand, EngineRegistered, ForecastWindow
+
+from ..costmodel import ModelProfile
+from ..policy import EngineView, Observation, SwitchRequest
+
+
+def prefill_rate_computed(profile: ModelProfile) -> float:
+    """Computed (uncached) prefill tokens/s of one engine: every attention-DP rank runs a
+    full chunk per ``prefill_time(chunk)`` (the profile's own cost model)."""
+    chunk = profile.chunk_size
+    return profile.attn_dp * chunk / profile.prefill_time(chunk)
+
+
+@dataclass
+class AllocatorDriver:
+    """Drives :class:`Allocator` from simulator observations (shared by prorsa and oracle)."""
+
+    config: AllocatorConfig = field(default_factory=AllocatorConfig)
+    allocator: Allocator | None = None
+    _prompt: dict[str, int] = field(default_factory=dict)
+    _cached: float = 0.0
+    _prompt_sum: float = 0.0
+    _window: int = 0
+
+    def initial_roles(self, profile: ModelProfile, n_engines: int) -> list[str]:
+        n_p = max(1, n_engines // 2)
+        return ["prefill"] * n_p + ["decode"] * (n_engines - n_p)
+
+    def observe(self, obs: Observation) -> None:
+        """Fold the window's engine events and the cache-hit ratio in; sync the table."""
+        if self.allocator is None:
+            self.allocator = Allocator(self.config)
+        alloc = self.allocator
+        for ev in obs.events:
+            kind = ev.type
+            if kind == "request.queued":
+                self._prompt[ev.req] = ev.prompt_tokens
+            elif kind == "prefill.finished":
+                prompt = self._prompt.pop(ev.req, 0)
+                self._prompt_sum += prompt
+                self._cached += min(prompt, ev.cached_tokens or 0)
+            elif kind.startswith("engine.") and kind != "engine.command":
+                alloc.handle(ev, act=False)
+        alloc.now = max(alloc.now, obs.t)
+        self._sync(obs.engines, obs)
+        # θᴾ in the full-prompt convention: computed throughput / (1 - prefix-cache hit ratio).
+        hit = min(self._cached / self._prompt_sum, 0.95) if self._prompt_sum else 0.0
+        alloc.theta.value = prefill_rate_computed(obs.profile) / (1.0 - hit)
+
+    def _sync(self, engines: list[EngineView], obs: Observation) -> None:
+        """The simulator's engine table is authoritative: its switch ids are its own."""
+        table = self.allocator.table  # type: ignore[union-attr]
+        for v in engines:
+            view = table.engines.get(v.engine)
+            if view is None:
+                table.apply(EngineRegistered(
+                    id=f"reg-{v.engine}", ts=obs.t, run="sim", engine=v.engine, server=v.engine, role=v.role,
+                    gpus=v.gpus, kv_capacity_tokens=v.kv_capacity_tokens,
+                    switch_modes=list(obs.profile.switch_modes),
+                ))
+                view = table.engines[v.engine]
+            if view.role != v.role:
+                view.role, view.since_ts = v.role, obs.t
+            view.running_reqs, view.queued_reqs, view.kv_used_tokens = v.running_reqs, v.queued_reqs, v.kv_used_tokens
+            if v.switching:
+                view.switching_to = v.to_role
+            elif view.command is not None and view.role == view.command.to_role:
+                table.commands.pop(view.command.cmd, None)
+                view.command, view.switching_to = None, None
+            elif view.command is None:
+                view.switching_to = None
+
+    def decide(self, obs: Observation, fc: ForecastWindow) -> list[SwitchRequest]:
+        self._window += 1
+        out = self.allocator.handle(fc)  # type: ignore[union-attr]
+        mode = "in_place" if "in_place" in obs.profile.switch_modes else "restart"
+        return [SwitchRequest(e.engine, e.to_role, mode) for e in out if isinstance(e, EngineCommand)]
+
+
+def forecast_event(obs: Observation, prefill: float, admit: float, kv_hat: float, kv_now: float) -> ForecastWindow:
+    return ForecastWindow(
+        id=f"fc-{obs.t:.3f}", ts=obs.t, run="sim", t=obs.t, horizon=obs.window_s,
+        prefill_tokens=max(0.0, prefill), decode_admit_tokens=max(0.0, admit),
+        decode_kv_tokens=max(0.0, kv_hat), decode_kv_now=max(0.0, kv_now),
+    )
+
+
+@dataclass
+class ProrsaPolicy:
+    """Forecast (Appendix B, the forecaster's WindowLoop) -> allocation (§4.2) -> switches."""
+
+    name: str = "prorsa"
+    wants_future: bool = False
+    driver: AllocatorDriver = field(default_factory=AllocatorDriver)
+    _loop: object | None = None
+
+    def initial_roles(self, profile: ModelProfile, n_engines: int) -> list[str]:
+        return self.driver.initial_roles(profile, n_engines)
+
+    def on_window(self, obs: Observation) -> list[SwitchRequest]:
+        from prorsa_forecaster.config import ForecastConfig
+        from prorsa_forecaster.windows import WindowLoop
+
+        if self._loop is None:
+            self._loop = WindowLoop(ForecastConfig(horizon=obs.window_s))
+        loop = self._loop
+        for ev in obs.events:
+            loop.feed(ev)  # type: ignore[attr-defined]
+        loop.advance(obs.t)  # type: ignore[attr-defined]
+        self.driver.observe(obs)
+        f = loop._current  # type: ignore[attr-defined]  # the forecast for [t, t+S)
+        if f is None:
+            return []
+        fc = forecast_event(obs, f.prefill_tokens, f.decode_admit_tokens, f.decode_kv_tokens, f.decode_kv_now)
+        return self.driver.decide(obs, fc)
