@@ -65,8 +65,12 @@ def _finite_sum(x: np.ndarray) -> float:
     return v if np.isfinite(v) and v > 0 else 0.0
 
 
+_BIG = 1e12  # far beyond any token count or duration; keeps products finite
+
+
 def _clean(x: np.ndarray, fill: float = 0.0) -> np.ndarray:
-    return np.clip(np.nan_to_num(np.asarray(x, dtype=float), nan=fill, posinf=fill, neginf=fill), 0.0, None)
+    """Non-finite -> ``fill``, then clipped to [0, 1e12]: guards every input array."""
+    return np.clip(np.nan_to_num(np.asarray(x, dtype=float), nan=fill, posinf=fill, neginf=fill), 0.0, _BIG)
 
 
 def _delay_pmf(model, horizon: float, steps: int) -> np.ndarray:
@@ -83,14 +87,18 @@ def _sampler(snap: Snapshot, hist: History, cfg: ForecastConfig) -> tuple[np.nda
     cohort = np.asarray(snap.reward_cohort)
     counts = np.zeros(steps)
     prompt = max(hist.first_prompt.value, 0.0)
-    if len(elapsed) == 0:
-        return counts, counts.copy()
     probs = hist.reward.conditional_steps(elapsed, S, steps)  # (n, steps)
 
     solo = cohort < 0
-    if solo.any():
+    # Beyond B.2: decoding trajectories that stop now and finish their reward within S
+    # (only under "replace"; a cohort's completion needs every member in Reward).
+    finishing = np.zeros(steps)
+    if len(snap.decode_elapsed) and snap.run.mode != "sync" and snap.run.injection == "replace":
+        rew_k = _kernel(hist.reward, S, steps) * (1.0 - hist.tool_fraction)
+        finishing = (hist.decode.conditional_steps(_clean(snap.decode_elapsed), S, steps) @ rew_k).sum(axis=0)
+    if solo.any() or finishing.any():
         # N_pass per sub-step, through f (replace: linear), then the launch delay.
-        admitted = hist.admit_rate * probs[solo].sum(axis=0)
+        admitted = hist.admit_rate * (probs[solo].sum(axis=0) + finishing)
         launches = hist.launches_per_admitted * admitted
         counts += np.convolve(launches, _delay_pmf(hist.launch, S, steps))[:steps]
 
@@ -198,8 +206,9 @@ def _decode_admissions(
 ) -> tuple[float, float]:
     """A-hat^D and K-hat^D by per-instance prefill queue simulation (relative times)."""
     S, steps = cfg.horizon, cfg.steps
-    a = _clean(snap.instance_overhead)
-    b = _clean(snap.instance_per_token)
+    # Per-instance g(x) = a + b x, bounded so that no product overflows.
+    a = np.clip(_clean(snap.instance_overhead), 0.0, 1e4)
+    b = np.clip(_clean(snap.instance_per_token), 0.0, 1.0)
     M = len(a)
 
     def inst_of(idx: np.ndarray) -> np.ndarray:
@@ -212,7 +221,7 @@ def _decode_admissions(
     i_in = inst_of(snap.inflight_instance)
     # In flight: its own start time plus g(x) (the runtime progress before t), never
     # earlier than t; it holds its instance until then.
-    started = np.nan_to_num(np.asarray(snap.inflight_started, dtype=float) - snap.t, nan=0.0)
+    started = np.clip(np.nan_to_num(np.asarray(snap.inflight_started, dtype=float) - snap.t, nan=0.0), -_BIG, 0.0)
     b_in = np.maximum(np.minimum(started, 0.0) + a[i_in] + b[i_in] * x_in, 0.0)
     free = np.zeros(M)
     if len(b_in):
@@ -220,7 +229,7 @@ def _decode_admissions(
 
     x_rd = _clean(snap.ready_prompt)
     i_rd = inst_of(snap.ready_instance)
-    u_rd = np.minimum(np.nan_to_num(np.asarray(snap.ready_since, dtype=float) - snap.t, nan=0.0), 0.0)
+    u_rd = np.clip(np.nan_to_num(np.asarray(snap.ready_since, dtype=float) - snap.t, nan=0.0), -_BIG, 0.0)
 
     # Predicted arrivals: per sub-step, split evenly over the instances, arriving mid-step.
     h = S / steps
@@ -252,7 +261,11 @@ def _decode_admissions(
 
 def forecast(snap: Snapshot, hist: History, cfg: ForecastConfig | None = None) -> Forecast:
     """The forecast for [snap.t, snap.t + S) (Appendix B, all components)."""
-    cfg = cfg or hist.config
+    with np.errstate(all="ignore"):  # inputs are guarded; results are checked below
+        return _forecast(snap, hist, cfg or hist.config)
+
+
+def _forecast(snap: Snapshot, hist: History, cfg: ForecastConfig) -> Forecast:
     n_samp, w_samp = _sampler(snap, hist, cfg)
     n_start, w_start = _startup(snap, hist, cfg)
     n_tool, w_tool = _tool(snap, hist, cfg)

@@ -69,6 +69,7 @@ class LiveState:
         self.kv_now = 0.0
         # Launch attribution (FIFO of causes not yet matched to a dispatch).
         self._pending: deque[float] = deque()
+        self._seen_completion = False
         self._cohort_pending: deque[float] = deque()
         self._cohort_of: dict[str, int] = {}
         self._cohort_live: dict[int, int] = {}
@@ -200,9 +201,11 @@ class LiveState:
             self._launch_count += 1
             self.cohort[i] = c
             self._cohort_live[c] += 1
-        elif self._pending:
-            self.cause[i] = self._pending.popleft()
+        elif self._seen_completion:
+            # f's slope: dispatches after the first completion per admitted completion.
             h.launched += 1
+            if self._pending:
+                self.cause[i] = self._pending.popleft()
 
     def _on_sandbox_started(self, ev) -> None:
         i = self._get(ev)
@@ -328,11 +331,13 @@ class LiveState:
         h.completed += 1
         if ev.admitted:
             h.admitted += 1
-            if self.cohort[i] < 0:
-                h.admitted_for_launch += 1
-                self._pending.append(ev.ts)
-                if len(self._pending) > _MAX_PENDING:
-                    self._pending.popleft()
+        if self.cohort[i] < 0:
+            self._seen_completion = True
+            h.admitted_for_launch += ev.admitted
+            # Every completion may cause a launch (the launch delay is measured from it).
+            self._pending.append(ev.ts)
+            if len(self._pending) > _MAX_PENDING:
+                self._pending.popleft()
         self._release(i, ev.traj, ev.ts)
 
     def _on_trajectory_dropped(self, ev) -> None:

@@ -1,0 +1,131 @@
+"""`prorsa forecast-eval` and `prorsa forecaster run` (heavy imports inside the commands)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+def _fail(message: str, code: int = 2):
+    from prorsa_cli.common import fail
+
+    fail(message, code)
+
+
+def forecast_eval(
+    log: Annotated[Path, typer.Argument(help="Contract event log (.jsonl or .jsonl.gz).")],
+    horizon: Annotated[float, typer.Option("--horizon", help="Window length S in seconds.")] = 10.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the JSON report.")] = False,
+    windows_csv: Annotated[
+        Optional[Path], typer.Option("--windows", help="Also write every window (t, forecast, actual) as CSV.")
+    ] = None,
+) -> None:
+    """Replay a log through the tracker core and the forecaster; report WAPE beside baselines.
+
+    Each window's forecast uses only the events before its start. Actuals and WAPE follow
+    EVENTS.md ("What a forecast is measured against"). Baselines (last value, EMA, Kalman)
+    predict each window from the actuals of earlier windows.
+    """
+    from prorsa_cli.common import console, out
+
+    from .config import ForecastConfig
+    from .evaluate import evaluate_log
+
+    try:
+        cfg = ForecastConfig(horizon=horizon)
+    except ValueError as exc:
+        _fail(f"--horizon: {exc}")
+    if not log.exists():
+        _fail(f"no such file: {log}")
+    if log.is_dir():
+        _fail(f"{log} is a directory, not an event log")
+    try:
+        ev = evaluate_log(log, cfg, keep_windows=windows_csv is not None)
+    except OSError as exc:
+        _fail(f"cannot read {log}: {exc}")
+    report = ev.report()
+    if windows_csv is not None:
+        with open(windows_csv, "w") as fh:
+            fh.write("t,prefill_forecast,prefill_actual,decode_forecast,decode_actual,sampler,sandbox,ready,tool,inflight,bias\n")
+            for w in ev.windows:
+                f = w.forecast
+                c = f.components
+                fh.write(
+                    f"{w.t},{f.prefill_tokens:.0f},{w.prefill_actual:.0f},{f.decode_admit_tokens:.0f},"
+                    f"{w.decode_actual:.0f},{c['sampler']:.0f},{c['sandbox']:.0f},{c['ready']:.0f},"
+                    f"{c['tool']:.0f},{c['inflight']:.0f},{f.bias:.0f}\n"
+                )
+    if as_json:
+        out.print(json.dumps(report), highlight=False, soft_wrap=True)
+        return
+    _print_table(report, console, out)
+
+
+def _print_table(report: dict, console, out) -> None:
+    from rich.table import Table
+
+    def pct(x: float | None) -> str:
+        return "n/a" if x is None else f"{100 * x:.1f}%"
+
+    table = Table(title=f"forecast-eval: {report['windows']} windows of {report['horizon']:g} s")
+    names = list(report["prefill"]["baselines"])
+    table.add_column("series")
+    table.add_column("prorsa WAPE", justify="right")
+    for n in names:
+        table.add_column(n, justify="right")
+    for series in ("prefill", "decode"):
+        r = report[series]
+        table.add_row(series, pct(r["wape"]), *(pct(r["baselines"][n]) for n in names))
+    out.print(table)
+    comps = Table(title="prefill by source (actual = arrivals attributed by state at t)")
+    for col in ("source", "WAPE", "forecast tokens", "actual tokens"):
+        comps.add_column(col, justify="right" if col != "source" else "left")
+    for name, c in report["prefill"]["components"].items():
+        comps.add_row(name, pct(c["wape"]), f"{c['forecast_tokens']:,}", f"{c['actual_tokens']:,}")
+    out.print(comps)
+    if report["invalid_lines"] or report["ignored_events"] or report["out_of_order"]:
+        console.print(
+            f"{report['invalid_lines']} invalid lines skipped, {report['ignored_events']} events ignored "
+            f"(duplicates / illegal transitions), {report['out_of_order']} out of order"
+        )
+
+
+def forecaster_run(
+    horizon: Annotated[Optional[float], typer.Option(help="Window length S (env PRORSA_FORECASTER_HORIZON).")] = None,
+    metrics_port: Annotated[Optional[int], typer.Option(help="Prometheus /metrics port.")] = None,
+) -> None:
+    """Run the forecaster service (settings from PRORSA_FORECASTER_* / PRORSA_NATS_URL)."""
+    import asyncio
+    import functools
+
+    from pydantic import ValidationError
+
+    from prorsa_runtime.lifecycle import run_until_stopped
+    from prorsa_runtime.logs import setup_logging
+
+    from .service import main
+    from .settings import ForecasterSettings
+
+    overrides = {k: v for k, v in {"horizon": horizon, "metrics_port": metrics_port}.items() if v is not None}
+    try:
+        settings = ForecasterSettings(**overrides)
+    except ValidationError as exc:
+        _fail(f"invalid forecaster settings: {exc}")
+    setup_logging(settings.log_level, settings.log_json, "forecaster")
+    try:
+        asyncio.run(run_until_stopped(functools.partial(main, settings=settings), "forecaster"))
+    except KeyboardInterrupt:  # pragma: no cover
+        pass
+    except Exception as exc:  # connection refused, auth: a clear message, no traceback
+        _fail(f"forecaster: {exc}", 1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `forecast-eval` and the `forecaster` group to the `prorsa` app."""
+    app.command("forecast-eval")(forecast_eval)
+    group = typer.Typer(help="The forecaster service (Appendix B).", no_args_is_help=True)
+    group.command("run")(forecaster_run)
+    app.add_typer(group, name="forecaster")

@@ -1,0 +1,221 @@
+"""The forecaster service: contract events in, one ``forecast.window`` per window out.
+
+Shell around the pure core. It reads the stream from its first message with an ordered
+consumer (rollout and engine events), passes every event through the tracker's core (the
+same canonical lifecycle the tracker records), folds it into the live state and closes
+windows by event time (:class:`~prorsa_forecaster.windows.WindowLoop`). A tracker
+watermark on ``ns.watermark()`` (``{"ts": ...}``) closes windows when the bus is quiet.
+
+Restarts: the state is a fold of the stream, so a restarted forecaster replays it and
+comes back to the same state. Forecast ids are deterministic (run, horizon and t), so a
+re-publish inside the stream's duplicate window is dropped, and windows at or before the
+last ``forecast.window`` already in the stream are not published again.
+
+It tracks its own WAPE online (``prorsa_forecaster_wape{series=...}``) on the metrics
+port, with ``/health``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import deque
+
+from nats.js.api import ConsumerConfig, DeliverPolicy
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from prorsa_runtime import connect, ensure_stream, publish_event
+from prorsa_schemas import EventError, ForecastComponents, ForecastWindow, decode_event
+
+from .config import ForecastConfig
+from .settings import ForecasterSettings
+from .windows import WindowLoop, WindowResult
+
+log = logging.getLogger("prorsa.forecaster")
+
+
+class OnlineWape:
+    """Cumulative WAPE of one series: sum |f - a| / sum a over closed windows."""
+
+    def __init__(self) -> None:
+        self.err = 0.0
+        self.total = 0.0
+
+    def add(self, forecast: float, actual: float) -> None:
+        self.err += abs(forecast - actual)
+        self.total += actual
+
+    @property
+    def value(self) -> float | None:
+        return self.err / self.total if self.total > 0 else None
+
+
+def window_event(w_t: float, f, run: str) -> ForecastWindow:
+    """The contract event for a forecast (deterministic id: a re-publish de-duplicates)."""
+    c = f.components
+    return ForecastWindow(
+        id=f"forecast-{run}-{f.horizon:g}-{w_t:.3f}",
+        ts=w_t,
+        run=run,
+        t=w_t,
+        horizon=f.horizon,
+        prefill_tokens=f.prefill_tokens,
+        decode_admit_tokens=f.decode_admit_tokens,
+        decode_kv_tokens=f.decode_kv_tokens,
+        decode_kv_now=f.decode_kv_now,
+        components=ForecastComponents(
+            sampler=c["sampler"], sandbox=c["sandbox"], ready=c["ready"], tool=c["tool"],
+            inflight=c["inflight"], bias=f.bias,
+        ),
+    )
+
+
+class Forecaster:
+    """The service; ``run(stop)`` until ``stop`` is set. ``published`` counts windows sent."""
+
+    def __init__(self, settings: ForecasterSettings) -> None:
+        self.settings = settings
+        self.ns = settings.namespace()
+        self.config = ForecastConfig(horizon=settings.horizon, steps=settings.steps)
+        self.loop = WindowLoop(self.config, gate=settings.tracker_gate)
+        self.registry = CollectorRegistry()
+        self.m_wape = Gauge("prorsa_forecaster_wape", "cumulative WAPE of closed windows", ["series"], registry=self.registry)
+        self.m_windows = Counter("prorsa_forecaster_windows", "windows closed", registry=self.registry)
+        self.m_events = Counter("prorsa_forecaster_events", "events applied", registry=self.registry)
+        self.m_invalid = Counter("prorsa_forecaster_invalid", "messages that are not valid events", registry=self.registry)
+        self.m_forecast = Gauge("prorsa_forecaster_forecast_tokens", "latest forecast", ["series"], registry=self.registry)
+        self.wape = {"prefill": OnlineWape(), "decode": OnlineWape()}
+        self.published = 0
+        self.run_id = settings.run_label
+        self._last_published_t = float("-inf")
+        self._buf: deque[tuple[str, object]] = deque()
+        self._wake = asyncio.Event()
+        self.ready = asyncio.Event()
+
+    # -- window handling --------------------------------------------------------------
+    def _closed(self, windows: list[WindowResult]) -> None:
+        for w in windows:
+            self.m_windows.inc()
+            for series, f, a in (
+                ("prefill", w.forecast.prefill_tokens, w.prefill_actual),
+                ("decode", w.forecast.decode_admit_tokens, w.decode_actual),
+            ):
+                self.wape[series].add(f, a)
+                v = self.wape[series].value
+                if v is not None:
+                    self.m_wape.labels(series).set(v)
+
+    async def _publish_current(self, js) -> None:
+        f = self.loop._current
+        if f is None or f.t <= self._last_published_t:
+            return
+        ev = window_event(f.t, f, self.run_id or "prorsa")
+        await publish_event(js, self.ns, ev)
+        self._last_published_t = f.t
+        self.published += 1
+        self.m_forecast.labels("prefill").set(f.prefill_tokens)
+        self.m_forecast.labels("decode").set(f.decode_admit_tokens)
+
+    def apply_bytes(self, data: bytes) -> list[WindowResult]:
+        """Decode and fold one message; a bad one is counted and logged, never fatal."""
+        try:
+            ev = decode_event(data)
+        except EventError as exc:
+            self.m_invalid.inc()
+            log.warning("forecaster: skipping an invalid event: %s", exc.reason)
+            return []
+        if ev.type.startswith(("forecast.", "allocation.", "engine.command")):
+            return []
+        if self.run_id is None and hasattr(ev, "traj"):
+            self.run_id = ev.run
+        self.m_events.inc()
+        return self.loop.feed(ev)
+
+    # -- I/O --------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        s = self.settings
+        nc = await connect(s.nats_url, "prorsa-forecaster", credentials=s.credentials())
+        try:
+            js = nc.jetstream()
+            await ensure_stream(js, self.ns)
+            try:
+                last = await js.get_last_msg(self.ns.stream, self.ns.forecasts())
+                self._last_published_t = json.loads(last.data)["t"]
+            except Exception:  # none yet (NotFoundError) or unreadable: publish from the start
+                pass
+
+            async def on_msg(msg) -> None:
+                self._buf.append(("event", msg.data))
+                self._wake.set()
+
+            async def on_watermark(msg) -> None:
+                try:
+                    ts = float(json.loads(msg.data)["ts"])
+                except (ValueError, KeyError, TypeError):
+                    return
+                self._buf.append(("watermark", ts))
+                self._wake.set()
+
+            cfg = ConsumerConfig(
+                filter_subjects=[self.ns.rollout_all(), self.ns.engine_all()],
+                deliver_policy=DeliverPolicy.ALL,
+            )
+            await js.subscribe(
+                self.ns.rollout_all(), stream=self.ns.stream, ordered_consumer=True, config=cfg,
+                cb=on_msg, pending_msgs_limit=500_000, pending_bytes_limit=512 * 1024 * 1024,
+            )
+            await nc.subscribe(self.ns.watermark(), cb=on_watermark)
+            self.ready.set()
+            stopper = asyncio.ensure_future(stop.wait())
+            try:
+                while not stop.is_set():
+                    if not self._buf:
+                        self._wake.clear()
+                        waiter = asyncio.ensure_future(self._wake.wait())
+                        await asyncio.wait([waiter, stopper], return_when=asyncio.FIRST_COMPLETED)
+                        waiter.cancel()
+                        continue
+                    await self._drain(js)
+            finally:
+                stopper.cancel()
+        finally:
+            await nc.close()
+
+    async def _drain(self, js) -> None:
+        n = 0
+        while self._buf and n < 10_000:
+            kind, data = self._buf.popleft()
+            n += 1
+            if kind == "watermark":
+                closed = self.loop.advance(data)
+            else:
+                had_window = self.loop.window_start is not None
+                closed = self.apply_bytes(data)
+                if not had_window and self.loop.window_start is not None:
+                    await self._publish_current(js)
+            if closed:
+                self._closed(closed)
+                await self._publish_current(js)
+        await asyncio.sleep(0)  # let the subscription callbacks run between batches
+
+    def health(self) -> tuple[bool, dict]:
+        return self.ready.is_set(), {
+            "published": self.published,
+            "window": self.loop.window_start,
+            "live": self.loop.state.live,
+            "wape_prefill": self.wape["prefill"].value,
+            "wape_decode": self.wape["decode"].value,
+        }
+
+
+async def main(stack, stop: asyncio.Event, settings: ForecasterSettings | None = None) -> None:
+    """Service entry point for :func:`prorsa_runtime.lifecycle.run_until_stopped`."""
+    from prorsa_runtime.metrics import serve_metrics
+
+    s = settings or ForecasterSettings()
+    svc = Forecaster(s)
+    if s.metrics_port is not None:
+        server = serve_metrics(svc.registry, s.metrics_port, svc.health)
+        stack.callback(server.shutdown)
+    await svc.run(stop)

@@ -1,0 +1,23 @@
+"""The forecaster service's settings (environment prefix ``PRORSA_FORECASTER_``)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from prorsa_runtime.settings import ServiceSettings, settings_for
+
+
+class _ForecasterFields(ServiceSettings):
+    horizon: float = Field(default=10.0, gt=0, le=3600, description="window length S in seconds")
+    steps: int = Field(default=10, ge=1, le=1000, description="sub-steps per window")
+    tracker_gate: bool = Field(
+        default=True, description="pass events through the tracker core (drop duplicates and illegal transitions)"
+    )
+    run_label: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_.-]{1,128}$",
+        description="the `run` of published forecasts (default: the first trajectory event's run)",
+    )
+
+
+ForecasterSettings = settings_for("PRORSA_FORECASTER_", _ForecasterFields)

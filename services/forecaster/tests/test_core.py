@@ -1,0 +1,173 @@
+"""The pure core, one component at a time, on hand-computed cases."""
+
+import numpy as np
+import pytest
+
+from prorsa_forecaster.config import ForecastConfig
+from prorsa_forecaster.core import forecast
+from prorsa_forecaster.history import BiasCorrector, History
+from prorsa_forecaster.snapshot import START_COLD, START_PREWARM, RunInfo, Snapshot
+from prorsa_forecaster.survival import DurationModel
+
+CFG = ForecastConfig(horizon=10.0, steps=10, bias_half_life=0)
+
+
+def fixed(name: str, *durations: float) -> DurationModel:
+    """An empirical model of exactly these durations (no prior)."""
+    m = DurationModel(name, prior_mean=1.0, prior_weight=0.0)
+    for d in durations:
+        m.observe(d)
+    return m
+
+
+def quiet_history() -> History:
+    """A history whose chained (beyond-the-paper) terms are off: no tool ever called."""
+    h = History(CFG)
+    h.decode_tool, h.decode_done = 0.0, 1.0
+    return h
+
+
+def test_ready_queue_and_inflight_count_in_full():
+    snap = Snapshot(
+        t=100.0,
+        ready_prompt=np.array([100.0, 200.0]), ready_since=np.array([99.0, 99.5]), ready_instance=np.array([-1, -1]),
+        ready_growth=np.zeros(2),
+        inflight_prompt=np.array([50.0]), inflight_started=np.array([99.9]), inflight_instance=np.array([0]),
+        inflight_since=np.array([99.0]), inflight_growth=np.zeros(1),
+    )
+    f = forecast(snap, quiet_history(), CFG)
+    assert f.components["ready"] == 300 and f.components["inflight"] == 50
+    assert f.prefill_tokens == pytest.approx(350)
+
+
+def test_tool_returns_with_context_plus_growth():
+    h = quiet_history()
+    h.tool = fixed("tool", *[4.0] * 50)
+    snap = Snapshot(
+        t=0.0,
+        tool_elapsed=np.array([0.0, 2.0, 0.0]),
+        tool_context=np.array([1000.0, 2000.0, 500.0]),
+        tool_growth=np.array([100.0, 300.0, 0.0]),
+        tool_result=np.array([-1.0, -1.0, 40.0]),  # the third already returned 40 tokens
+    )
+    f = forecast(snap, h, CFG)
+    # All return within 10 s: 1100 + 2300 + (500 + 40 + overhead 0).
+    assert f.components["tool"] == pytest.approx(3940, rel=1e-6)
+
+
+def test_sandbox_prewarm_arrives_cold_does_not():
+    h = quiet_history()
+    h.start[START_PREWARM] = fixed("prewarm", *[3.0] * 20)
+    h.start[START_COLD] = fixed("cold", *[30.0] * 20)
+    snap = Snapshot(
+        t=0.0,
+        start_elapsed=np.array([1.0, 1.0]),
+        start_mode=np.array([START_PREWARM, START_COLD]),
+        start_prompt=np.array([500.0, 700.0]),
+    )
+    assert forecast(snap, h, CFG).components["sandbox"] == pytest.approx(500, rel=1e-6)
+
+
+def test_sampler_admission_rate_times_injection_times_prompt():
+    h = quiet_history()
+    h.reward = fixed("reward", *[2.0] * 20)
+    h.launch = fixed("launch", *[1.0] * 20)
+    h.admitted, h.completed = 3.0, 4.0  # p-hat = 0.75
+    h.launched, h.admitted_for_launch = 1.0, 1.0  # f(n) = n
+    h.first_prompt.value = 1000.0
+    snap = Snapshot(t=0.0, reward_elapsed=np.zeros(4), reward_cohort=np.full(4, -1))
+    # 4 complete within ~2 s, 3 admitted and replaced, first requests ~1 s later: 3 x 1000.
+    assert forecast(snap, h, CFG).components["sampler"] == pytest.approx(3000, rel=0.01)
+
+
+def test_sampler_launch_that_lands_after_the_window_is_not_counted():
+    h = quiet_history()
+    h.reward = fixed("reward", *[2.0] * 20)
+    h.launch = fixed("launch", *[30.0] * 20)
+    snap = Snapshot(t=0.0, reward_elapsed=np.zeros(4), reward_cohort=np.full(4, -1))
+    assert forecast(snap, h, CFG).components["sampler"] == pytest.approx(0, abs=1e-6)
+
+
+def test_group_injection_waits_for_the_whole_group():
+    h = quiet_history()
+    h.reward = fixed("reward", *[2.0] * 20)
+    h.cohort_launch = fixed("cohort", *[1.0] * 20)
+    h.first_prompt.value = 1000.0
+    snap = Snapshot(
+        t=0.0,
+        run=RunInfo(injection="group", group_size=2),
+        reward_elapsed=np.zeros(3),
+        reward_cohort=np.array([0, 0, 1]),  # group 0 all in Reward; group 1 has a member elsewhere
+        cohort_pending=np.array([0.0, 1.0]),
+    )
+    # Only group 0 completes: a new group of 2, 2 x 1000 tokens.
+    assert forecast(snap, h, CFG).components["sampler"] == pytest.approx(2000, rel=0.01)
+
+
+def test_decode_admissions_by_queue_simulation_and_kv_pages():
+    cfg = ForecastConfig(horizon=10.0, steps=10, bias_half_life=0, kv_page_tokens=16)
+    snap = Snapshot(
+        t=0.0,
+        ready_prompt=np.array([1000.0, 8000.0, 5000.0]),
+        ready_since=np.array([-1.0, -0.5, -0.2]),
+        ready_instance=np.array([0, 0, 0]),
+        ready_growth=np.zeros(3),
+        instance_overhead=np.array([0.0]),
+        instance_per_token=np.array([0.001]),
+    )
+    f = forecast(snap, quiet_history(), cfg)
+    # b = 1, 9, 14 s: the first two complete before t + 10.
+    assert f.decode_admit_tokens == pytest.approx(9000)
+    assert f.decode_kv_tokens == pytest.approx(1008 + 8000)
+
+
+def test_inflight_progress_counts_before_t():
+    snap = Snapshot(
+        t=100.0,
+        inflight_prompt=np.array([4000.0]), inflight_started=np.array([92.0]), inflight_instance=np.array([0]),
+        inflight_since=np.array([91.0]), inflight_growth=np.zeros(1),
+        ready_prompt=np.array([5000.0]), ready_since=np.array([95.0]), ready_instance=np.array([0]),
+        ready_growth=np.zeros(1),
+        instance_overhead=np.array([0.0]), instance_per_token=np.array([0.003]),
+    )
+    f = forecast(snap, quiet_history(), CFG)
+    # In flight since 92 for 12 s -> done at 104 (t + 4); the queued one starts then, 15 s -> 119.
+    assert f.decode_admit_tokens == pytest.approx(4000)
+
+
+def test_bias_correction_scales_the_predicted_part_only():
+    h = quiet_history()
+    h.tool = fixed("tool", *[4.0] * 50)
+    b = BiasCorrector(half_life=4, clip=2.0)
+    for _ in range(10):
+        b.update(predicted=100.0, realised=150.0)
+    h.bias_prefill = b
+    snap = Snapshot(
+        t=0.0, tool_elapsed=np.zeros(1), tool_context=np.array([1000.0]), tool_growth=np.zeros(1),
+        tool_result=np.array([-1.0]),
+        ready_prompt=np.array([500.0]), ready_since=np.array([-1.0]), ready_instance=np.array([-1]),
+        ready_growth=np.zeros(1),
+    )
+    f = forecast(snap, h, ForecastConfig(bias_half_life=4))
+    assert b.factor == pytest.approx(1.5)
+    assert f.prefill_tokens == pytest.approx(500 + 1.5 * 1000)
+    assert f.bias == pytest.approx(500)
+
+
+def test_bias_factor_is_clipped_and_neutral_without_history():
+    b = BiasCorrector(half_life=4, clip=2.0)
+    assert b.factor == 1.0
+    for _ in range(5):
+        b.update(predicted=10.0, realised=1000.0)
+    assert b.factor == 2.0
+
+
+def test_snapshot_refuses_ragged_sources():
+    with pytest.raises(ValueError, match="ready arrays differ"):
+        Snapshot(t=0.0, ready_prompt=np.ones(2), ready_since=np.ones(1), ready_instance=np.ones(2, int), ready_growth=np.ones(2))
+
+
+def test_config_refuses_bad_values():
+    for bad in ({"horizon": 0}, {"horizon": float("nan")}, {"steps": 0}, {"tool_ema_alpha": 0}, {"bias_clip": 0.5}):
+        with pytest.raises(ValueError):
+            ForecastConfig(**bad)

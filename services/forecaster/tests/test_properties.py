@@ -1,0 +1,55 @@
+"""Property: whatever the snapshot holds (NaN, inf, negatives, huge), a forecast is finite
+and never negative."""
+
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prorsa_forecaster.config import ForecastConfig
+from prorsa_forecaster.core import forecast
+from prorsa_forecaster.history import History
+from prorsa_forecaster.snapshot import RunInfo, Snapshot
+
+anyf = st.floats(allow_nan=True, allow_infinity=True, width=64)
+sizes = st.integers(0, 6)
+
+
+def arr(draw, n, elements=anyf):
+    return np.array(draw(st.lists(elements, min_size=n, max_size=n)), dtype=float)
+
+
+@st.composite
+def snapshots(draw):
+    t = draw(st.floats(0, 1e9))
+    n = [draw(sizes) for _ in range(6)]
+    m = draw(st.integers(1, 3))
+    ints = st.integers(-2, 4)
+    return Snapshot(
+        t=t,
+        run=RunInfo(injection=draw(st.sampled_from(["replace", "group"])), mode=draw(st.sampled_from(["sync", "async"]))),
+        reward_elapsed=arr(draw, n[0]), reward_cohort=np.array(draw(st.lists(ints, min_size=n[0], max_size=n[0])), dtype=int),
+        start_elapsed=arr(draw, n[1]), start_mode=np.array(draw(st.lists(st.integers(0, 3), min_size=n[1], max_size=n[1])), dtype=int),
+        start_prompt=arr(draw, n[1]),
+        ready_prompt=arr(draw, n[2]), ready_since=arr(draw, n[2]),
+        ready_instance=np.array(draw(st.lists(ints, min_size=n[2], max_size=n[2])), dtype=int), ready_growth=arr(draw, n[2]),
+        tool_elapsed=arr(draw, n[3]), tool_context=arr(draw, n[3]), tool_growth=arr(draw, n[3]), tool_result=arr(draw, n[3]),
+        inflight_prompt=arr(draw, n[4]), inflight_started=arr(draw, n[4]),
+        inflight_instance=np.array(draw(st.lists(ints, min_size=n[4], max_size=n[4])), dtype=int),
+        inflight_since=arr(draw, n[4]), inflight_growth=arr(draw, n[4]),
+        decode_elapsed=arr(draw, n[5]), decode_prompt=arr(draw, n[5]), decode_growth=arr(draw, n[5]),
+        cohort_pending=arr(draw, draw(st.integers(0, 4)), st.floats(0, 5)),
+        decode_kv_now=draw(anyf),
+        instance_overhead=arr(draw, m), instance_per_token=arr(draw, m),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(snapshots(), st.floats(0.5, 60))
+def test_forecast_is_finite_and_non_negative(snap, horizon):
+    cfg = ForecastConfig(horizon=horizon)
+    f = forecast(snap, History(cfg), cfg)
+    values = [f.prefill_tokens, f.decode_admit_tokens, f.decode_kv_tokens, f.decode_kv_now, *f.components.values()]
+    assert all(math.isfinite(v) and v >= 0 for v in values), f
+    assert math.isfinite(f.bias)

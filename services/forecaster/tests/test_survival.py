@@ -1,0 +1,64 @@
+"""DurationModel: conditional completion probabilities on hand-computed cases."""
+
+import math
+
+import numpy as np
+import pytest
+
+from prorsa_forecaster.survival import DurationModel
+
+
+def test_prior_alone_is_memoryless_exponential():
+    m = DurationModel("x", prior_mean=10.0)
+    p = m.conditional(np.array([0.0, 5.0, 30.0]), 10.0)
+    # Exponential(mean 10): Pr(T < e + 10 | T > e) = 1 - e^-1 whatever e is (grid error < 2%).
+    assert p == pytest.approx([1 - math.exp(-1)] * 3, abs=0.02)
+
+
+def test_empirical_conditional_matches_counting():
+    m = DurationModel("x", prior_mean=1.0, prior_weight=0.0)
+    for d in (1.0, 2.0, 3.0, 4.0):
+        m.observe(d)
+    # Survivors past 1.5 are {2, 3, 4}; of those, only 2 ends before 2.5.
+    assert m.conditional(np.array([1.5]), 1.0)[0] == pytest.approx(1 / 3, abs=0.01)
+    # Everything ends within 10 s of the start; nothing past 4.5 remains empirically.
+    assert m.conditional(np.array([0.0]), 10.0)[0] == pytest.approx(1.0)
+    assert m.count == 4 and m.observed_mean == 2.5
+
+
+def test_steps_partition_the_window():
+    m = DurationModel("x", prior_mean=1.0, prior_weight=0.0)
+    for d in (0.5, 1.5, 2.5, 3.5):
+        m.observe(d)
+    steps = m.conditional_steps(np.array([0.0]), 4.0, 4)[0]
+    assert steps == pytest.approx([0.25, 0.25, 0.25, 0.25], abs=0.01)
+
+
+def test_elapsed_past_all_history_falls_back_to_a_finite_tail():
+    m = DurationModel("x", prior_mean=1.0, prior_weight=0.0)
+    m.observe(2.0)
+    p = m.conditional(np.array([100.0, np.nan, np.inf, -5.0]), 10.0)
+    assert np.all(np.isfinite(p)) and np.all((p >= 0) & (p <= 1))
+    # Tail: exponential with mean max(e, S) = 100 -> 1 - e^-0.1.
+    assert p[0] == pytest.approx(1 - math.exp(-0.1), abs=1e-6)
+
+
+def test_bad_observations_are_ignored_and_bad_priors_refused():
+    m = DurationModel("x", prior_mean=1.0)
+    for bad in (-1.0, math.nan, math.inf):
+        m.observe(bad)
+    assert m.count == 0
+    with pytest.raises(ValueError, match="prior_mean"):
+        DurationModel("x", prior_mean=0.0)
+    with pytest.raises(ValueError, match="half_life"):
+        DurationModel("x", prior_mean=1.0, half_life=0)
+
+
+def test_forgetting_follows_a_drifting_workload():
+    m = DurationModel("x", prior_mean=1.0, prior_weight=0.0, half_life=50)
+    for _ in range(500):
+        m.observe(100.0)
+    for _ in range(500):
+        m.observe(1.0)
+    # After 10 half-lives the old long durations weigh ~0.1%.
+    assert m.conditional(np.array([0.0]), 5.0)[0] > 0.99

@@ -1,0 +1,132 @@
+"""The window loop: what a forecast may see, and how actuals are measured (EVENTS.md)."""
+
+import dataclasses
+
+import pytest
+
+from prorsa_forecaster.config import ForecastConfig
+from prorsa_forecaster.state import LiveState
+from prorsa_forecaster.windows import WindowLoop, replay
+from prorsa_schemas import EVENT_TYPES
+
+from .synth import rollout
+
+CFG = ForecastConfig(horizon=10.0)
+
+
+class F:
+    def __init__(self):
+        self.n = 0
+
+    def __call__(self, type_, ts, **kw):
+        self.n += 1
+        return EVENT_TYPES[type_](id=f"e{self.n}", ts=ts, run="r", **kw)
+
+
+def test_actuals_follow_the_contract_definition_by_hand():
+    f = F()
+    events = [
+        f("trajectory.dispatched", 3.0, traj="a", prompt_tokens=100),
+        f("request.queued", 4.0, traj="a", req="a0", turn=0, prompt_tokens=1000),  # backlog at 10
+        f("trajectory.dispatched", 5.0, traj="b", prompt_tokens=100),
+        f("request.queued", 6.0, traj="b", req="b0", turn=0, prompt_tokens=300),
+        f("prefill.finished", 9.0, traj="b", req="b0"),  # admitted in window 0
+        f("request.queued", 10.0, traj="c", req="c0", turn=0, prompt_tokens=50),  # ts == t: window 1
+        f("prefill.finished", 12.0, traj="a", req="a0"),  # admitted in window 1
+        f("request.queued", 19.999, traj="b", req="b1", turn=1, prompt_tokens=400),  # re-prefill of b
+        f("request.queued", 20.0, traj="c", req="c1", turn=1, prompt_tokens=7),  # window 2
+    ]
+    ws = list(replay(events, CFG, gate=False))
+    assert [w.t for w in ws] == [0.0, 10.0, 20.0]
+    assert [w.prefill_actual for w in ws] == [1300, 1000 + 50 + 400, 50 + 400 + 7]
+    assert [w.decode_actual for w in ws] == [300, 1000, 0]
+    assert [w.backlog for w in ws] == [0, 1000, 450]
+
+
+def test_windows_start_at_the_first_ts_rounded_down():
+    f = F()
+    ws = list(replay([f("trajectory.dispatched", 1234.5, traj="a", prompt_tokens=1)], CFG, gate=False))
+    assert [w.t for w in ws] == [1230.0]
+
+
+def test_a_forecast_never_reads_the_future():
+    events = rollout(seed=3, concurrency=32, duration=120)
+    cut = 60.0
+    full = [w for w in replay(events, CFG)]
+    # Change everything at or after the cut (drop it): forecasts for windows <= cut stay equal.
+    past = [w for w in replay([e for e in events if e.ts < cut], CFG)]
+    for a, b in zip(full, past):
+        if a.t > cut:
+            break
+        assert a.forecast == b.forecast, a.t
+    # ...and altering future prompt sizes changes no forecast made before them.
+    bumped = [
+        e.model_copy(update={"prompt_tokens": e.prompt_tokens * 3}) if e.ts >= cut and e.type == "request.queued" else e
+        for e in events
+    ]
+    for a, b in zip(full, replay(bumped, CFG)):
+        if a.t > cut:
+            break
+        assert a.forecast == b.forecast
+
+
+def test_backlog_forecast_equals_backlog_actual():
+    for w in replay(rollout(seed=1, concurrency=32, duration=60), CFG):
+        c = w.forecast.components
+        assert c["ready"] + c["inflight"] == pytest.approx(w.backlog)
+
+
+@pytest.mark.parametrize(
+    "drop", [dict(sandbox=False), dict(prefill_started=False), dict(run_started=False), dict(tools=False),
+             dict(sandbox=False, prefill_started=False, run_started=False, tools=False)],
+)
+def test_logs_without_optional_events_still_forecast(drop):
+    ws = list(replay(rollout(seed=2, concurrency=32, duration=60, **drop), CFG))
+    assert len(ws) > 5
+    assert sum(w.forecast.prefill_tokens for w in ws) > 0
+    assert sum(w.forecast.decode_admit_tokens for w in ws) > 0
+
+
+def test_tracker_gate_drops_duplicates_and_illegal_events():
+    f = F()
+    q = f("request.queued", 1.0, traj="a", req="a0", turn=0, prompt_tokens=100)
+    events = [
+        f("trajectory.dispatched", 0.5, traj="a", prompt_tokens=100),
+        q, q,  # the same event id twice
+        f("prefill.finished", 2.0, traj="zz", req="nope"),  # unknown trajectory: anomaly
+    ]
+    loop = WindowLoop(CFG)
+    for e in events:
+        loop.feed(e)
+    w = loop.finish()[0]
+    assert w.prefill_actual == 100 and w.decode_actual == 0
+    assert loop.gate.rejected == 2
+
+
+def test_live_state_grows_past_its_initial_capacity_and_frees_slots():
+    f = F()
+    st = LiveState(CFG)
+    for i in range(3000):
+        st.apply(f("trajectory.dispatched", 1.0, traj=f"t{i}", prompt_tokens=10))
+    assert st.live == 3000
+    for i in range(3000):
+        st.apply(f("trajectory.dropped", 2.0, traj=f"t{i}", reason="error"))
+    assert st.live == 0
+    snap = st.snapshot(10.0)
+    assert len(snap.start_elapsed) == 0
+
+
+def test_tool_growth_ema_uses_alpha():
+    f = F()
+    st = LiveState(dataclasses.replace(CFG, tool_ema_alpha=0.1))
+    st.apply(f("trajectory.dispatched", 0.0, traj="a", prompt_tokens=10))
+    ctx = 100
+    growths = [1000, 0, 0]
+    st.apply(f("request.queued", 0.1, traj="a", req="a0", turn=0, prompt_tokens=ctx))
+    for turn, g in enumerate(growths):
+        st.apply(f("prefill.finished", turn + 0.2, traj="a", req=f"a{turn}"))
+        st.apply(f("decode.finished", turn + 0.3, traj="a", req=f"a{turn}", output_tokens=10, finish="tool"))
+        ctx = ctx + 10 + g
+        st.apply(f("request.queued", turn + 0.9, traj="a", req=f"a{turn + 1}", turn=turn + 1, prompt_tokens=ctx))
+    # First observation seeds the EMA (1000), then 0.9 * 1000 twice.
+    assert st.growth[st._slot["a"]] == pytest.approx(810.0)
