@@ -124,6 +124,8 @@ class Simulator(ClusterSim):
         self.cur = WindowSample(0.0)
         self._cmd = 0
         self.forking = False
+        self.step_pd_ratio: list = []
+        self._step_pf = self._step_dc = 0
 
     # --- events -----------------------------------------------------------------------
 
@@ -408,6 +410,10 @@ class Simulator(ClusterSim):
             rank.waiting_tokens -= req.prompt
 
     def _tick_progress(self) -> None:
+        # Per-step prefill:decode token ratio (paper Fig. 3a).
+        pf, dc = self.prefill_tokens - self._step_pf, self.decode_tokens - self._step_dc
+        self._step_pf, self._step_dc = self.prefill_tokens, self.decode_tokens
+        self.step_pd_ratio.append(round(pf / dc, 4) if dc else None)
         if self.progress is not None:
             self.progress(self.step, self.now)
 

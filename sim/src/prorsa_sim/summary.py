@@ -58,6 +58,7 @@ def build_result(sim) -> Result:
         "prefill_computed_tokens": sum(e.prefill_tokens_done for e in sim.engines),
         "cached_tokens": sim.cached_tokens,
         "decode_tokens": sim.decode_tokens,
+        "step_pd_ratio": sim.step_pd_ratio,
         "switches": sim.switches,
         "preemptions": sim.preemptions,
         "events": sim.n_events,
