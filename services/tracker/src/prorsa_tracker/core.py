@@ -166,7 +166,7 @@ def _transition(
     req: Request | None = None,
 ) -> Transition:
     req = req if req is not None else tr.request
-    return Transition.model_construct(
+    return Transition(
         run=tr.run,
         traj=tr.traj,
         event_id=ev.id,
@@ -213,7 +213,7 @@ def _close_request(tr: Trajectory, finish: str, ts: float, output_tokens: int | 
     r = tr.request
     assert r is not None
     tr.request = None
-    return RequestRecord.model_construct(
+    return RequestRecord(
         run=tr.run,
         traj=tr.traj,
         req=r.req,
@@ -340,7 +340,7 @@ def _sandbox_ready(state: TrackerState, rs: RunState, ev) -> Result:
     back = _backwards(ev, tr)
     d = _dur(tr.sandbox_started_ts, ev.ts)
     rs.samples[f"sandbox_{tr.sandbox_mode}"].append(d)
-    span = Span.model_construct(
+    span = Span(
         run=tr.run, traj=tr.traj, kind="sandbox", start_ts=tr.sandbox_started_ts, end_ts=ev.ts,
         mode=tr.sandbox_mode, ok=None, tokens=None, reward=None,
     )
@@ -456,7 +456,7 @@ def _close_tool(rs: RunState, tr: Trajectory, ts: float, ok: bool | None, tokens
     if tr.tool_started_ts is not None and tokens is not None:
         rs.samples["tool_exec"].append(_dur(tr.tool_started_ts, ts))
     start = tr.tool_started_ts if tr.tool_started_ts is not None else entered
-    return Span.model_construct(
+    return Span(
         run=tr.run, traj=tr.traj, kind="tool", start_ts=start, end_ts=ts, mode=tr.tool_name,
         ok=ok, tokens=tokens, reward=None,
     )
@@ -515,7 +515,7 @@ def _reward_finished(state: TrackerState, rs: RunState, ev) -> Result:
     rs.admitted += 1 if ev.admitted else 0
     rs.done += 1
     start = tr.reward_started_ts if tr.reward_started_ts is not None else tr.state_ts
-    span = Span.model_construct(
+    span = Span(
         run=tr.run, traj=tr.traj, kind="reward", start_ts=start, end_ts=ev.ts, mode=None,
         ok=ev.admitted, tokens=None, reward=ev.reward,
     )

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import TypeAdapter
 
 SAMPLE_CAPACITY = 4096
 """Duration samples kept per kind (a ring buffer: the newest ones, bounded memory)."""
@@ -73,12 +73,39 @@ SAMPLE_KINDS: tuple[str, ...] = SampleKind.__args__  # type: ignore[attr-defined
 
 
 # --- emitted records (frozen: they cross the bus and the SQL projection) ---------------
+# Frozen slotted dataclasses rather than pydantic models: the fold builds one or more per
+# event, and pydantic's model_construct costs ~20 us each. JSON goes through pydantic's
+# TypeAdapter (``to_json`` / ``from_json``), which validates on the way in.
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class _Frozen:
+    __slots__ = ()
+
+    def as_dict(self) -> dict:
+        """A shallow dict of the fields (nested records stay objects)."""
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}  # type: ignore[attr-defined]
+
+    def to_json(self) -> bytes:
+        """Compact JSON, without the fields that are None."""
+        return _adapter(type(self)).dump_json(self, exclude_none=True)
+
+    @classmethod
+    def from_json(cls, data: bytes | str):
+        """Parse and validate JSON made by :meth:`to_json` (e.g. from ``ns.transitions()``)."""
+        return _adapter(cls).validate_json(data)
 
 
+_ADAPTERS: dict[type, TypeAdapter] = {}
+
+
+def _adapter(cls: type) -> TypeAdapter:
+    a = _ADAPTERS.get(cls)
+    if a is None:
+        a = _ADAPTERS[cls] = TypeAdapter(cls)
+    return a
+
+
+@dataclass(frozen=True, slots=True)
 class RequestRecord(_Frozen):
     """One model request, emitted once when it closes (decode.finished, superseded, dropped)."""
 
@@ -88,16 +115,17 @@ class RequestRecord(_Frozen):
     turn: int
     prompt_tokens: int
     queued_ts: float
+    finish: Literal["tool", "stop", "length", "abort", "superseded", "dropped"]
     prefill_started_ts: float | None = None
     prefill_finished_ts: float | None = None
     decode_finished_ts: float | None = None
     output_tokens: int | None = None
     cached_tokens: int | None = None
-    finish: Literal["tool", "stop", "length", "abort", "superseded", "dropped"]
     engine: str | None = None
     decode_engine: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
 class Span(_Frozen):
     """A closed sandbox, tool or reward span of one trajectory."""
 
@@ -112,6 +140,7 @@ class Span(_Frozen):
     reward: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
 class Transition(_Frozen):
     """One applied trajectory event: the canonical output the forecaster consumes.
 
@@ -141,6 +170,7 @@ class Transition(_Frozen):
     seq: int | None = None  # stream sequence, filled in by the service
 
 
+@dataclass(frozen=True, slots=True)
 class Anomaly(_Frozen):
     """A valid event the state machine refused (or an invalid one, with ``event_id`` None)."""
 

@@ -1,0 +1,30 @@
+"""The tracker's settings (environment prefix ``PRORSA_TRACKER_``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, SecretStr
+
+from prorsa_runtime.settings import ServiceSettings, settings_for
+
+from .db import DEFAULT_DB_URL
+
+
+class _TrackerFields(ServiceSettings):
+    db_url: str = Field(default=DEFAULT_DB_URL, description="SQLAlchemy URL: sqlite:///file.db or postgresql://...")
+    batch_max: int = Field(default=5000, ge=1, le=100_000, description="most messages written per transaction")
+    clock: Literal["wall", "event"] = Field(
+        default="wall",
+        description="'wall': production, a heartbeat advances the watermark to wall time when the bus is quiet; "
+        "'event': replay/simulation, the watermark is only ever the largest event ts",
+    )
+    heartbeat_s: float = Field(default=1.0, gt=0, le=3600, description="watermark heartbeat period when idle")
+    publish_transitions: bool = Field(default=True, description="publish canonical transitions for the forecaster")
+    http_host: str = Field(default="127.0.0.1", description="query API bind address")
+    http_port: int | None = Field(default=None, ge=0, le=65535, description="query API port (None: no API)")
+    api_token: SecretStr | None = Field(default=None, description="bearer token the query API requires")
+    db_retry_s: float = Field(default=0.5, gt=0, le=60, description="first back-off when the database is down")
+
+
+TrackerSettings = settings_for("PRORSA_TRACKER_", _TrackerFields)
