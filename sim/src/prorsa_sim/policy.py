@@ -48,6 +48,8 @@ class FutureDemand:
     """prompt_tokens of requests queued in the window plus backlog at ``t`` (EVENTS.md)."""
     decode_admit_tokens: int
     """prompt_tokens of requests whose prefill finished in the window."""
+    arrival_tokens: int = 0
+    """prompt_tokens of requests queued in the window only (no backlog)."""
 
 
 @dataclass

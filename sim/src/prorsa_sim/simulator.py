@@ -489,7 +489,9 @@ class Simulator(ClusterSim):
         twin.cur = WindowSample(t0)
         twin._heap = [x for x in twin._heap if x[2].__name__ != "_window"]
         twin.run_until(lambda: twin._heap[0][0] >= t0 + horizon_s if twin._heap else True)
-        return FutureDemand(t0, horizon_s, backlog + twin.cur.prefill_demand, twin.cur.decode_admit)
+        return FutureDemand(
+            t0, horizon_s, backlog + twin.cur.prefill_demand, twin.cur.decode_admit, twin.cur.prefill_demand
+        )
 
     def _close_empty_time(self) -> None:
         self.end_time = self.now
