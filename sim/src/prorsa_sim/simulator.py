@@ -39,8 +39,10 @@ class SimConfig:
     """CHOICE: training time of one step on the trainer GPUs (not rollout GPUs)."""
     weight_sync_s: float = 5.0
     """CHOICE: rollout engines paused while new weights load."""
-    over_dispatch: float = 2.0
-    """CHOICE: async keeps up to over_dispatch x batch_size trajectories live."""
+    over_dispatch: float | None = None
+    """CHOICE: async keeps up to over_dispatch x batch_size trajectories live; default
+    1 + staleness / 4 (1.5x at staleness 2, 3x at 8): a looser bound lets the sampler run
+    further ahead, within the AReaL-style launch budget below."""
     run: str = "sim"
     max_sim_s: float = 200_000.0
     """Safety stop (simulated seconds)."""
@@ -179,7 +181,8 @@ class Simulator(ClusterSim):
 
     def _fill_async(self) -> None:
         cfg = self.cfg
-        cap = int(cfg.batch_size * cfg.over_dispatch)
+        over = cfg.over_dispatch if cfg.over_dispatch is not None else 1 + cfg.staleness / 4
+        cap = int(cfg.batch_size * over)
         # AReaL-style budget: never more than (version + staleness + 1) batches launched,
         # over-dispatched by 1/admission_rate so that enough samples are admitted.
         budget = math.ceil((self.version + cfg.staleness + 1) * cfg.batch_size / self.spec.admission_rate)
