@@ -86,8 +86,8 @@ class _Frozen:
         return {f: getattr(self, f) for f in self.__dataclass_fields__}  # type: ignore[attr-defined]
 
     def to_json(self) -> bytes:
-        """Compact JSON, without the fields that are None."""
-        return _adapter(type(self)).dump_json(self, exclude_none=True)
+        """Compact JSON of every field (None included: ``from_state`` None is meaningful)."""
+        return _adapter(type(self)).dump_json(self)
 
     @classmethod
     def from_json(cls, data: bytes | str):
