@@ -25,6 +25,8 @@ def run_agent(config_path: Path, nats_url: str | None = None, stop_engines: bool
         print(f"error: {exc}")
         return 2
     setup_logging(config.settings.log_level, config.settings.log_json, service="engine-agent")
+    for noisy in ("httpx", "httpcore"):  # one line per poll otherwise
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         agent = EngineAgent(config)
     except ValueError as exc:  # a corrupt journal

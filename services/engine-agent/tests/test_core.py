@@ -1,0 +1,112 @@
+"""The pure parts: the switch state machine, command decisions, config and launch command."""
+
+from __future__ import annotations
+
+import pytest
+
+from prorsa_engine_agent.config import ConfigError, InstanceConfig, load_config
+from prorsa_engine_agent.core import Phase, Verdict, advance, begin, decide, event_id, resume
+from prorsa_engine_agent.launch import launch_command
+from prorsa_schemas import EngineCommand
+
+
+def _cmd(to: str = "decode", deadline: float = 100.0) -> EngineCommand:
+    return EngineCommand(id="i", ts=0.0, run="r", cmd="c1", engine="e0", action="switch_role",
+                         to_role=to, deadline=deadline)
+
+
+def _walk(sw, outcomes, **kw):
+    phases = [sw.phase]
+    for ok in outcomes:
+        sw = advance(sw, ok, "why", **kw)
+        phases.append(sw.phase)
+    return sw, phases
+
+
+def test_happy_paths_in_place_and_restart():
+    sw, phases = _walk(begin(_cmd(), "prefill", "in_place", 0.0), [True] * 5)
+    assert phases == [Phase.DEREGISTER, Phase.DRAIN, Phase.SWITCH, Phase.HEALTH, Phase.REGISTER, Phase.DONE]
+    assert sw.role_now == "decode"
+    _, phases = _walk(begin(_cmd(), "prefill", "restart", 0.0), [True] * 5)
+    assert Phase.RESTART in phases and phases[-1] is Phase.DONE
+
+
+def test_drain_timeout_aborts_then_restores_when_still_busy():
+    sw, phases = _walk(begin(_cmd(), "prefill", "in_place", 0.0), [True, False, False, True])
+    assert phases[1:] == [Phase.DRAIN, Phase.ABORT, Phase.RESTORE_REGISTER, Phase.FAILED]
+    assert "timed out draining" in sw.error and sw.role_now == "prefill"
+
+
+def test_unsafe_switch_failure_restarts_in_old_role_or_goes_down():
+    sw = begin(_cmd(), "prefill", "in_place", 0.0)
+    sw = advance(advance(sw, True), True)  # at SWITCH
+    restarted = advance(sw, False, "teardown failed", safe_to_restore=False)
+    assert restarted.phase is Phase.RESTORE_RESTART
+    assert advance(restarted, True).phase is Phase.RESTORE_REGISTER
+    assert advance(sw, False, "x", safe_to_restore=True).phase is Phase.RESTORE_REGISTER
+    assert advance(sw, False, "x", safe_to_restore=False, can_restart=False).phase is Phase.DOWN
+    with pytest.raises(ValueError):
+        advance(advance(advance(sw, False, "x"), True), True)  # FAILED is final
+
+
+def test_resume_abandons_a_drain_but_reruns_later_phases():
+    sw = begin(_cmd(), "prefill", "in_place", 0.0)
+    assert resume(advance(sw, True)).phase is Phase.RESTORE_REGISTER
+    at_switch = advance(advance(sw, True), True)
+    assert resume(at_switch) == at_switch
+
+
+def test_decisions():
+    base = dict(now=0.0, role="prefill", modes=["in_place", "restart"], seen=False, busy_with=None,
+                elsewhere=False, blockers=[])
+    assert decide(_cmd(), **base).verdict is Verdict.EXECUTE
+    assert decide(_cmd(), **{**base, "seen": True}).verdict is Verdict.DUPLICATE
+    assert decide(_cmd(), **{**base, "role": None}).verdict is Verdict.REFUSE
+    assert decide(_cmd(), **{**base, "role": None, "elsewhere": True}).verdict is Verdict.IGNORE
+    assert "deadline" in decide(_cmd(deadline=1.0), **{**base, "now": 2.0}).reason
+    assert "already switching" in decide(_cmd(), **{**base, "busy_with": "c0"}).reason
+    assert decide(_cmd("prefill"), **base).verdict is Verdict.ALREADY
+    assert decide(_cmd(), **{**base, "modes": [], "blockers": ["ep=2"]}).verdict is Verdict.REFUSE
+    assert decide(_cmd(), **{**base, "modes": ["restart"]}).mode == "restart"
+    assert len(event_id("x" * 128, "switched")) <= 128
+
+
+def test_launch_command_and_in_place_rules():
+    inst = InstanceConfig(engine="e", port=30001, model="m", bootstrap_port=9001, tp=2)
+    cmd = launch_command(inst, "prefill", python="py")
+    assert cmd[:3] == ["py", "-m", "sglang.launch_server"]
+    assert cmd[cmd.index("--disaggregation-mode") + 1] == "prefill"
+    assert cmd[cmd.index("--disaggregation-bootstrap-port") + 1] == "9001"
+    assert "--enable-pd-role-switch" in cmd and inst.switch_modes() == ["in_place", "restart"]
+    ep = InstanceConfig(engine="e", port=30001, ep=4)
+    assert "--enable-pd-role-switch" not in launch_command(ep, "decode") and ep.switch_modes() == ["restart"]
+    ext = InstanceConfig(engine="e", port=30001, launch="external", transfer_backend="nixl")
+    assert ext.switch_modes() == []
+    with pytest.raises(ValueError):
+        launch_command(ext, "decode")
+
+
+def test_config_errors_are_clear(tmp_path, monkeypatch):
+    monkeypatch.delenv("PRORSA_AGENT_CONFIG", raising=False)
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.toml")
+    bad = tmp_path / "a.toml"
+    bad.write_text("server = 'x'\n")
+    with pytest.raises(ConfigError, match="at least one"):
+        load_config(bad)
+    bad.write_text("[[instances]]\nengine='a'\nport=1\n[[instances]]\nengine='a'\nport=2\n")
+    with pytest.raises(ConfigError, match="share engine"):
+        load_config(bad)
+    bad.write_text("[[instances]]\nengine='a'\nport=1\ncolour='red'\n")
+    with pytest.raises(ConfigError, match="colour"):
+        load_config(bad)
+    bad.write_text("router_url='ftp://x'\n[[instances]]\nengine='a'\nport=1\n")
+    with pytest.raises(ConfigError, match="router_url"):
+        load_config(bad)
+    bad.write_text("[[instances]\n")
+    with pytest.raises(ConfigError, match="cannot parse"):
+        load_config(bad)
+    good = tmp_path / "g.toml"
+    good.write_text("router_url='http://r:1'\n[[instances]]\nengine='a'\nport=30001\n")
+    monkeypatch.setenv("PRORSA_AGENT_ROUTER_URL", "http://env:2")
+    assert load_config(good).settings.router_url == "http://env:2"  # env overrides the file

@@ -1,0 +1,205 @@
+"""Role switches end to end: emulated SGLang + router over real HTTP, a real nats-server,
+the agent as a real process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import httpx
+
+from prorsa_runtime.testing import async_wait_until
+
+from agent_harness import emulated_instance, engine_role, router_workers, send_command  # type: ignore
+
+
+async def test_in_place_switch_prefill_to_decode_and_back(agent_factory, events, ns, router):
+    e0 = emulated_instance("e0", "prefill")
+    e1 = emulated_instance("e1", "decode")
+    agent = agent_factory([e0, e1]).start()
+    try:
+        await events.wait("engine.registered", engine="e0", timeout=60)
+        await events.wait("engine.registered", engine="e1", timeout=60)
+        await events.wait("engine.stats", engine="e0")
+        url0 = f"http://127.0.0.1:{e0['port']}"
+        assert (await router_workers(router.url))[url0] == "prefill"
+
+        cmd = await send_command(events.js, ns, "e0", "decode")
+        done = await events.wait("engine.switched", cmd=cmd, timeout=60)
+        assert (done.from_role, done.to_role, done.mode) == ("prefill", "decode", "in_place")
+        assert events.of("engine.switching", cmd=cmd)
+        assert await engine_role(url0) == "decode"
+        assert (await router_workers(router.url))[url0] == "decode"
+
+        back = await send_command(events.js, ns, "e0", "prefill")
+        done = await events.wait("engine.switched", cmd=back, timeout=60)
+        assert (done.from_role, done.to_role) == ("decode", "prefill")
+        assert (await router_workers(router.url))[url0] == "prefill"
+        # The router still serves through the pair after the switches.
+        async with httpx.AsyncClient(timeout=30) as c:
+            r = await c.post(f"{router.url}/generate", json={"text": "a b c", "sampling_params": {"max_new_tokens": 4}})
+        assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 4
+    finally:
+        print(agent.tail())
+
+
+async def test_restart_switch_and_back(agent_factory, events, ns, router):
+    # Without mooncake/mori the in-place switch is impossible: the agent restarts the engine.
+    e0 = emulated_instance("r0", "prefill", transfer_backend="nixl")
+    agent = agent_factory([e0]).start()
+    try:
+        await events.wait("engine.registered", engine="r0", timeout=60)
+        reg = events.of("engine.registered", engine="r0")[-1]
+        assert reg.switch_modes == ["restart"]
+        url = f"http://127.0.0.1:{e0['port']}"
+        cmd = await send_command(events.js, ns, "r0", "decode")
+        done = await events.wait("engine.switched", cmd=cmd, timeout=60)
+        assert (done.to_role, done.mode) == ("decode", "restart")
+        assert await engine_role(url) == "decode"
+        assert (await router_workers(router.url))[url] == "decode"
+        cmd = await send_command(events.js, ns, "r0", "prefill")
+        done = await events.wait("engine.switched", cmd=cmd, timeout=60)
+        assert (await router_workers(router.url))[url] == "prefill"
+    finally:
+        print(agent.tail())
+
+
+async def test_drain_aborts_at_deadline_then_switches(agent_factory, events, ns, router):
+    # A long request keeps the engine busy past the command's deadline: the agent aborts it.
+    e0 = emulated_instance("d0", "prefill", speed=1.0, switch_seconds=0.2)
+    agent = agent_factory([e0]).start()
+    url = f"http://127.0.0.1:{e0['port']}"
+    try:
+        await events.wait("engine.registered", engine="d0", timeout=60)
+        async with httpx.AsyncClient(timeout=60) as c:
+            # In prefill role a request takes prefill time; make it long (~40 s emulated = wall).
+            long = asyncio.create_task(c.post(f"{url}/generate", json={"input_ids": [1] * 90_000,
+                                                                       "sampling_params": {"max_new_tokens": 1}}))
+            await async_wait_until(lambda: _running(url), timeout=10)
+            cmd = await send_command(events.js, ns, "d0", "decode", deadline_s=1.0)
+            done = await events.wait("engine.switched", cmd=cmd, timeout=30)
+            assert done.to_role == "decode"
+            resp = await long
+            assert resp.json()["meta_info"]["finish_reason"]["type"] == "abort"
+    finally:
+        print(agent.tail())
+
+
+async def test_stuck_request_fails_the_switch_and_restores_the_role(agent_factory, events, ns, router):
+    e0 = emulated_instance("s0", "prefill", speed=1.0)
+    agent = agent_factory([e0], abort_grace_s=0.5).start()
+    url = f"http://127.0.0.1:{e0['port']}"
+    try:
+        await events.wait("engine.registered", engine="s0", timeout=60)
+        async with httpx.AsyncClient(timeout=120) as c:
+            stuck = asyncio.create_task(c.post(f"{url}/generate", json={
+                "input_ids": [1] * 90_000, "sampling_params": {"max_new_tokens": 1}, "emulated_pinned": True}))
+            await async_wait_until(lambda: _running(url), timeout=10)
+            cmd = await send_command(events.js, ns, "s0", "decode", deadline_s=0.5)
+            failed = await events.wait("engine.switch_failed", cmd=cmd, timeout=30)
+            assert failed.role == "prefill" and "timed out draining" in failed.error
+            assert await engine_role(url) == "prefill"
+            await async_wait_until(lambda: _registered(router.url, url, "prefill"), timeout=10)
+            stuck.cancel()
+    finally:
+        print(agent.tail())
+
+
+async def test_engine_dies_mid_switch_is_relaunched_in_its_old_role(agent_factory, events, ns, router):
+    e0 = emulated_instance("k0", "prefill", switch_seconds=300.0)  # 6 s wall at speed 50
+    agent = agent_factory([e0]).start()
+    url = f"http://127.0.0.1:{e0['port']}"
+    try:
+        await events.wait("engine.registered", engine="k0", timeout=60)
+        first_pid = agent.engine_pids()["k0"]
+        cmd = await send_command(events.js, ns, "k0", "decode")
+        await events.wait("engine.switching", cmd=cmd)
+        await async_wait_until(lambda: _phase(agent, cmd) == "switch", timeout=10)
+        os.killpg(first_pid, signal.SIGKILL)
+        failed = await events.wait("engine.switch_failed", cmd=cmd, timeout=60)
+        assert failed.role == "prefill"
+        assert agent.engine_pids()["k0"] != first_pid
+        assert await engine_role(url) == "prefill"
+        await async_wait_until(lambda: _registered(router.url, url, "prefill"), timeout=20)
+    finally:
+        print(agent.tail())
+
+
+async def test_agent_killed_mid_switch_resumes_and_loses_nothing(agent_factory, events, ns, router):
+    e0 = emulated_instance("m0", "prefill", switch_seconds=150.0)  # 3 s wall
+    e1 = emulated_instance("m1", "decode")
+    agent = agent_factory([e0, e1]).start()
+    url0, url1 = (f"http://127.0.0.1:{e['port']}" for e in (e0, e1))
+    try:
+        await events.wait("engine.registered", engine="m1", timeout=60)
+        await events.wait("engine.registered", engine="m0", timeout=60)
+        pids = agent.engine_pids()
+        cmd = await send_command(events.js, ns, "m0", "decode")
+        await async_wait_until(lambda: _phase(agent, cmd) == "switch", timeout=10)
+        agent.kill()
+        agent.start()  # same config, same journal
+        done = await events.wait("engine.switched", cmd=cmd, timeout=60)
+        assert done.to_role == "decode"
+        assert agent.engine_pids() == pids  # adopted, not relaunched
+        assert await engine_role(url0) == "decode"
+        await async_wait_until(lambda: _registered(router.url, url0, "decode"), timeout=10)
+        await async_wait_until(lambda: _registered(router.url, url1, "decode"), timeout=10)
+        assert len(events.of("engine.switched", cmd=cmd)) == 1
+    finally:
+        print(agent.tail())
+
+
+async def test_duplicates_malformed_unknown_and_late_commands(agent_factory, events, ns, router):
+    e0 = emulated_instance("u0", "prefill")
+    agent = agent_factory([e0]).start()
+    try:
+        await events.wait("engine.registered", engine="u0", timeout=60)
+        cmd = await send_command(events.js, ns, "u0", "decode")
+        await send_command(events.js, ns, "u0", "decode", cmd=cmd)  # the same command again
+        await events.wait("engine.switched", cmd=cmd, timeout=60)
+        await send_command(events.js, ns, "u0", "decode", cmd=cmd)  # and after it finished
+
+        # A malformed command gets a clear refusal; the agent keeps running.
+        bad = b'{"v":1,"id":"bad-1","type":"engine.command","ts":1.0,"run":"t","cmd":"bad-cmd",' \
+              b'"engine":"u0","action":"switch_role","to_role":"sideways","deadline":9e9}'
+        await events.js.publish(ns.commands(), bad)
+        refused = await events.wait("engine.switch_failed", cmd="bad-cmd")
+        assert "malformed" in refused.error and "to_role" in refused.error
+
+        unknown = await send_command(events.js, ns, "nope", "decode")
+        refused = await events.wait("engine.switch_failed", cmd=unknown)
+        assert "unknown engine" in refused.error
+
+        late = await send_command(events.js, ns, "u0", "prefill", deadline_s=-5.0)
+        refused = await events.wait("engine.switch_failed", cmd=late)
+        assert "deadline" in refused.error and refused.role == "decode"
+
+        # Everything above was handled after the duplicates: the switch ran exactly once.
+        assert len(events.of("engine.switching", cmd=cmd)) == 1
+        assert len(events.of("engine.switched", cmd=cmd)) == 1
+        ok = await send_command(events.js, ns, "u0", "prefill")
+        await events.wait("engine.switched", cmd=ok, timeout=60)
+    finally:
+        print(agent.tail())
+
+
+def _running(url: str) -> bool:
+    loads = httpx.get(f"{url}/v1/loads?include=core").json()["loads"]
+    return sum(l["num_running_reqs"] for l in loads) > 0
+
+
+def _registered(router_url: str, url: str, role: str) -> bool:
+    ws = httpx.get(f"{router_url}/workers").json()["workers"]
+    return any(w["url"] == url and w["worker_type"] == role for w in ws)
+
+
+def _phase(agent, cmd: str) -> str | None:
+    import json
+
+    path = agent.dir / "state" / "journal.json"
+    try:
+        sw = json.loads(path.read_text())["inflight"].get(cmd)
+    except (OSError, ValueError):
+        return None
+    return sw["phase"] if sw else None

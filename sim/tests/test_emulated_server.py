@@ -1,0 +1,92 @@
+"""The emulated SGLang server and router over real HTTP: the shapes and refusals the engine
+agent relies on (SGLang 0.5.23, sglang-router 0.3.2)."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from prorsa_sim.emulated import EmulatedCluster
+from prorsa_sim.emulated.cluster import EmulatedProcess, engine_command, free_port
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = EmulatedCluster(["prefill", "decode"], speed=1.0).start(register=True)
+    yield c
+    c.stop()
+
+
+def _wait(cond, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met"
+        time.sleep(0.02)
+
+
+def test_role_switch_refused_while_busy_then_done_when_idle(cluster):
+    p, d = (e.url for e in cluster.engines)
+    with httpx.Client(timeout=30) as c:
+        _wait(lambda: c.get(f"{cluster.router.url}/workers").json()["total"] == 2)
+        assert c.get(f"{p}/v1/loads?include=bogus").status_code == 400
+        # a long prefill keeps the engine busy
+        import threading
+
+        t = threading.Thread(target=lambda: httpx.post(f"{p}/generate", timeout=60, json={
+            "input_ids": [1] * 60_000, "sampling_params": {"max_new_tokens": 1}}))
+        t.start()
+        _wait(lambda: c.get(f"{p}/v1/loads").json()["loads"][0]["num_running_reqs"] == 1)
+        r = c.post(f"{p}/pd_role_switch", json={"new_role": "decode"})
+        assert r.status_code == 400
+        assert r.json()["safe_to_restore"] is True and "not idle" in r.json()["message"]
+        c.post(f"{p}/abort_request", json={"abort_all": True})
+        t.join(30)
+        r = c.post(f"{p}/pd_role_switch", json={"new_role": "decode", "decode_cuda_graph_memory_gb": 1.0})
+        assert r.status_code == 200 and r.json()["old_role"] == "prefill"
+        assert c.get(f"{p}/model_info").json()["disaggregation_mode"] == "decode"
+        r = c.post(f"{p}/pd_role_switch", json={"new_role": "decode"})
+        assert r.json()["message"] == "already in target role"
+        c.post(f"{p}/pd_role_switch", json={"new_role": "prefill"})
+
+
+def test_router_worker_api_shapes(cluster):
+    with httpx.Client(timeout=30) as c:
+        url = cluster.engines[0].url
+        _wait(lambda: c.get(f"{cluster.router.url}/workers").json()["total"] == 2)
+        ws = c.get(f"{cluster.router.url}/workers").json()
+        w = next(w for w in ws["workers"] if w["url"] == url)
+        assert w["worker_type"] == "prefill" and "bootstrap_port" in w
+        r = c.delete(f"{cluster.router.url}/workers/{w['id']}")
+        assert r.status_code == 202 and r.json()["status"] == "accepted"
+        _wait(lambda: all(x["url"] != url for x in c.get(f"{cluster.router.url}/workers").json()["workers"]))
+        r = c.post(f"{cluster.router.url}/workers", json={"url": url, "worker_type": "prefill"})
+        assert r.status_code == 202 and r.headers["location"] == f"/workers/{r.json()['worker_id']}"
+        assert c.post(f"{cluster.router.url}/workers", json={"worker_type": "prefill"}).status_code == 400
+        assert c.post(f"{cluster.router.url}/workers", json={"url": url, "worker_type": "x"}).status_code == 400
+        _wait(lambda: any(x["url"] == url for x in c.get(f"{cluster.router.url}/workers").json()["workers"]))
+        out = c.post(f"{cluster.router.url}/generate", json={"text": "a b", "sampling_params": {"max_new_tokens": 3}})
+        assert out.status_code == 200 and out.json()["meta_info"]["completion_tokens"] == 3
+
+
+def test_health_is_503_while_starting_and_failed_switch_needs_restart():
+    port = free_port()
+    p = EmulatedProcess("e", engine_command(port, "prefill", extra=["--startup-seconds", "1.0", "--fail-switch",
+                                                                    "--switch-seconds", "0"]),
+                        f"http://127.0.0.1:{port}").start()
+    try:
+        _wait(lambda: _status(p.url) == 503, 20)
+        p.wait_healthy(20)
+        r = httpx.post(f"{p.url}/pd_role_switch", json={"new_role": "decode"})
+        assert r.status_code == 400 and r.json()["safe_to_restore"] is False
+        assert _status(p.url) == 503 and "restart required" in r.json()["message"]
+    finally:
+        p.stop()
+
+
+def _status(url: str) -> int:
+    try:
+        return httpx.get(f"{url}/health", timeout=1).status_code
+    except httpx.HTTPError:
+        return 0
