@@ -32,7 +32,7 @@ from .history import History
 from .prefill_queue import simulate_queues
 from .snapshot import START_MODES, Snapshot
 
-COMPONENTS = ("sampler", "sandbox", "ready", "tool", "inflight")
+COMPONENTS = ("sampler", "sandbox", "ready", "tool", "inflight", "reprefill")
 
 
 @dataclass(frozen=True)
@@ -201,6 +201,23 @@ def _next_turn(snap: Snapshot, hist: History, cfg: ForecastConfig) -> tuple[np.n
     return _clean(counts), _clean(tokens)
 
 
+def _reprefill(snap: Snapshot, hist: History, cfg: ForecastConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Beyond the paper's components: a weight update aborts every decoding request and
+    re-queues it with its context (prompt + partial output). Forecast only once the
+    update is triggered (a batch of admitted samples is in), with Pr(update in window)
+    from the learnt trigger -> policy.updated delay; the decoding set at t stands in for
+    the set at the update."""
+    steps = cfg.steps
+    e = snap.update_elapsed
+    # With fewer than two observed trigger -> update delays the prior spreads the update
+    # over many windows and the term does more harm than good: leave it out until then.
+    if not np.isfinite(e) or len(snap.decode_prompt) == 0 or hist.train.count < 2:
+        return np.zeros(steps), np.zeros(steps)
+    p = hist.train.conditional_steps(np.array([max(e, 0.0)]), cfg.horizon, steps)[0]
+    x = _clean(snap.decode_prompt) + 0.5 * max(hist.output.value, 0.0)
+    return p * len(x), p * _finite_sum(x)
+
+
 def _decode_admissions(
     snap: Snapshot, cfg: ForecastConfig, fut_count: np.ndarray, fut_tokens: np.ndarray
 ) -> tuple[float, float]:
@@ -270,6 +287,7 @@ def _forecast(snap: Snapshot, hist: History, cfg: ForecastConfig) -> Forecast:
     n_start, w_start = _startup(snap, hist, cfg)
     n_tool, w_tool = _tool(snap, hist, cfg)
     n_next, w_next = _next_turn(snap, hist, cfg)
+    n_re, w_re = _reprefill(snap, hist, cfg)
     n_tool, w_tool = n_tool + n_next, w_tool + w_next
     comps = {
         "sampler": _finite_sum(w_samp),
@@ -277,15 +295,16 @@ def _forecast(snap: Snapshot, hist: History, cfg: ForecastConfig) -> Forecast:
         "ready": _finite_sum(_clean(snap.ready_prompt)),
         "tool": _finite_sum(w_tool),
         "inflight": _finite_sum(_clean(snap.inflight_prompt)),
+        "reprefill": _finite_sum(w_re),
     }
-    predicted = comps["sampler"] + comps["sandbox"] + comps["tool"]
+    predicted = comps["sampler"] + comps["sandbox"] + comps["tool"] + comps["reprefill"]
     known = comps["ready"] + comps["inflight"]
     factor = hist.bias_prefill.factor
     prefill = known + factor * predicted
     bias = prefill - known - predicted
 
-    fut_count = _clean(n_samp + n_start + n_tool)
-    fut_tokens = _clean(w_samp + w_start + w_tool) * factor
+    fut_count = _clean(n_samp + n_start + n_tool + n_re)
+    fut_tokens = _clean(w_samp + w_start + w_tool + w_re) * factor
     admit, kv = _decode_admissions(snap, cfg, fut_count * factor, fut_tokens)
     dfactor = hist.bias_decode.factor
     decode = admit * dfactor

@@ -69,6 +69,7 @@ class Evaluation:
             "sampler": (f.components["sampler"], w.sources["sampler"]),
             "sandbox": (f.components["sandbox"], w.sources["sandbox"]),
             "tool": (f.components["tool"], w.sources["tool"]),
+            "reprefill": (f.components["reprefill"], w.sources["reprefill"]),
             "backlog": (f.components["ready"] + f.components["inflight"], w.backlog),
             "unmodelled": (0.0, w.sources["other"]),
         }

@@ -105,6 +105,8 @@ class History:
         self.launched = 2.0
         self.admitted_for_launch = 2.0
         self.cohort_size = RunningMean(0.0, alpha=0.3)
+        # Async weight updates: trigger (one batch of admitted samples) -> policy.updated.
+        self.train = DurationModel("train", 30.0, half_life=hl)
         self.first_prompt = RunningMean(float(cfg.prior_prompt_tokens))
         self.first_overhead = RunningMean(0.0)
         self.tool_growth = RunningMean(512.0)

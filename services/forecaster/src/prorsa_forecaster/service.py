@@ -65,7 +65,9 @@ def window_event(w_t: float, f, run: str) -> ForecastWindow:
         decode_kv_tokens=f.decode_kv_tokens,
         decode_kv_now=f.decode_kv_now,
         components=ForecastComponents(
-            sampler=c["sampler"], sandbox=c["sandbox"], ready=c["ready"], tool=c["tool"],
+            # The contract has no field for re-prefill after a weight update: it is part of
+            # the sampler/policy cycle, so it is published inside ``sampler``.
+            sampler=c["sampler"] + c.get("reprefill", 0.0), sandbox=c["sandbox"], ready=c["ready"], tool=c["tool"],
             inflight=c["inflight"], bias=f.bias,
         ),
     )

@@ -98,6 +98,9 @@ class Snapshot:
     decode_growth: np.ndarray = field(default_factory=_f)
     cohort_pending: np.ndarray = field(default_factory=_f)
     decode_kv_now: float = 0.0
+    update_elapsed: float = float("nan")
+    """Seconds since the pending weight update was triggered (one batch of admitted
+    samples since the last update, async only); NaN when none is pending."""
     decode_live: int = 0
     instance_overhead: np.ndarray = field(default_factory=lambda: np.array([0.0165]))
     instance_per_token: np.ndarray = field(default_factory=lambda: np.array([1.86e-5]))

@@ -96,4 +96,5 @@ def build_snapshot(state: "LiveState", t: float) -> Snapshot:
         instance_overhead=np.array([c[0] for c in coefs]),
         instance_per_token=np.array([c[1] for c in coefs]),
         live=state.live,
+        update_elapsed=t - state.update_trigger if state.update_trigger is not None else float("nan"),
     )

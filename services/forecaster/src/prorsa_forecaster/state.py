@@ -77,6 +77,9 @@ class LiveState:
         self._cohort_next = 0
         self._batch = -1
         self._launch_count = 0
+        self.updates = 0
+        self.admitted_total = 0
+        self.update_trigger: float | None = None
         self._launch_caused = False
         self._cause_now = np.nan
 
@@ -331,6 +334,10 @@ class LiveState:
         h.completed += 1
         if ev.admitted:
             h.admitted += 1
+            self.admitted_total += 1
+            B = self.run.batch_size
+            if self.run.mode == "async" and B and self.update_trigger is None and self.admitted_total >= (self.updates + 1) * B:
+                self.update_trigger = ev.ts
         if self.cohort[i] < 0:
             self._seen_completion = True
             h.admitted_for_launch += ev.admitted
@@ -346,6 +353,15 @@ class LiveState:
             self.ignored += 1
             return
         self._release(i, ev.traj, ev.ts)
+
+    def _on_policy_updated(self, ev) -> None:
+        if self.update_trigger is not None:
+            self.history.train.observe(ev.ts - self.update_trigger)
+        self.update_trigger = None
+        self.updates += 1
+        B = self.run.batch_size
+        if self.run.mode == "async" and B and self.admitted_total >= (self.updates + 1) * B:
+            self.update_trigger = ev.ts
 
     def _on_engine_registered(self, ev) -> None:
         self._role[ev.engine] = ev.role

@@ -24,9 +24,9 @@ from prorsa_schemas import Event
 
 from .config import ForecastConfig
 from .core import Forecast, forecast
-from .state import DECODE, PREFILL, QUEUED, START, TOOL, LiveState
+from .state import ABORTED, DECODE, PREFILL, QUEUED, START, TOOL, LiveState
 
-SOURCES = ("sampler", "sandbox", "tool", "other")
+SOURCES = ("sampler", "sandbox", "tool", "reprefill", "other")
 
 
 class ActualsMeter:
@@ -145,6 +145,8 @@ class WindowLoop:
         if st.dispatched_at[i] >= t or i >= len(self._wstate):
             return "sampler"
         was = int(self._wstate[i])
+        if was == DECODE and st.state[i] == ABORTED:
+            return "reprefill"  # aborted (weight update) and re-queued
         return {START: "sandbox", TOOL: "tool", QUEUED: "tool", PREFILL: "tool", DECODE: "tool"}.get(was, "other")
 
     @property
