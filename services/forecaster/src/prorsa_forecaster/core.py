@@ -87,7 +87,6 @@ def _sampler(snap: Snapshot, hist: History, cfg: ForecastConfig) -> tuple[np.nda
     cohort = np.asarray(snap.reward_cohort)
     counts = np.zeros(steps)
     prompt = max(hist.first_prompt.value, 0.0)
-    probs = hist.reward.conditional_steps(elapsed, S, steps)  # (n, steps)
 
     solo = cohort < 0
     # Beyond B.2: decoding trajectories that stop now and finish their reward within S
@@ -95,10 +94,12 @@ def _sampler(snap: Snapshot, hist: History, cfg: ForecastConfig) -> tuple[np.nda
     finishing = np.zeros(steps)
     if len(snap.decode_elapsed) and snap.run.mode != "sync" and snap.run.injection == "replace":
         rew_k = _kernel(hist.reward, S, steps) * (1.0 - hist.tool_fraction)
-        finishing = (hist.decode.conditional_steps(_clean(snap.decode_elapsed), S, steps) @ rew_k).sum(axis=0)
+        n_dec = len(snap.decode_elapsed)
+        finishing = hist.decode.weighted_steps(_clean(snap.decode_elapsed), np.ones(n_dec), S, steps) @ rew_k
     if solo.any() or finishing.any():
         # N_pass per sub-step, through f (replace: linear), then the launch delay.
-        admitted = hist.admit_rate * (probs[solo].sum(axis=0) + finishing)
+        done = hist.reward.weighted_steps(elapsed[solo], np.ones(int(solo.sum())), S, steps)
+        admitted = hist.admit_rate * (done + finishing)
         launches = hist.launches_per_admitted * admitted
         counts += np.convolve(launches, _delay_pmf(hist.launch, S, steps))[:steps]
 
@@ -109,7 +110,7 @@ def _sampler(snap: Snapshot, hist: History, cfg: ForecastConfig) -> tuple[np.nda
         valid = (ids >= 0) & (ids < ncoh)
         ids = ids[valid]
         # Pr(all reward-phase members done by the end of sub-step k) = prod of CDFs.
-        cum = np.cumsum(probs[grouped][valid], axis=1)
+        cum = np.cumsum(hist.reward.bucket_table(elapsed[grouped][valid], S, steps), axis=1)
         logc = np.log(np.clip(cum, 1e-300, 1.0))
         per = np.zeros((ncoh, steps))
         np.add.at(per, ids, logc)
@@ -142,9 +143,10 @@ def _startup(snap: Snapshot, hist: History, cfg: ForecastConfig) -> tuple[np.nda
         sel = mode == m
         if not sel.any():
             continue
-        p = hist.start[m].conditional_steps(elapsed[sel], cfg.horizon, steps)
-        counts += p.sum(axis=0)
-        tokens += prompt[sel] @ p
+        w = np.stack((np.ones(int(sel.sum())), prompt[sel]), axis=1)
+        c, x = hist.start[m].weighted_steps(elapsed[sel], w, cfg.horizon, steps)
+        counts += c
+        tokens += x
     return counts, tokens
 
 
@@ -153,11 +155,11 @@ def _tool(snap: Snapshot, hist: History, cfg: ForecastConfig) -> tuple[np.ndarra
     steps = cfg.steps
     if len(snap.tool_elapsed) == 0:
         return np.zeros(steps), np.zeros(steps)
-    p = hist.tool.conditional_steps(_clean(snap.tool_elapsed), cfg.horizon, steps)
     result = np.nan_to_num(np.asarray(snap.tool_result, dtype=float), nan=-1.0)
     growth = np.where(result >= 0, result + hist.tool_overhead.value, _clean(snap.tool_growth))
-    x = np.clip(_clean(snap.tool_context) + np.clip(growth, 0.0, None), 0.0, None)
-    return p.sum(axis=0), x @ p
+    x = np.clip(_clean(snap.tool_context) + np.clip(growth, 0.0, None), 0.0, _BIG)
+    c, w = hist.tool.weighted_steps(_clean(snap.tool_elapsed), np.stack((np.ones(len(x)), x), axis=1), cfg.horizon, steps)
+    return c, w
 
 
 def _kernel(model, horizon: float, steps: int) -> np.ndarray:
@@ -183,21 +185,23 @@ def _next_turn(snap: Snapshot, hist: History, cfg: ForecastConfig) -> tuple[np.n
     extra = max(hist.output.value, 0.0)
     tool_k = _kernel(hist.tool, S, steps) * hist.tool_fraction
     if len(snap.decode_elapsed):
-        p = hist.decode.conditional_steps(_clean(snap.decode_elapsed), S, steps) @ tool_k
         x = _clean(snap.decode_prompt) + extra + _clean(snap.decode_growth)
-        counts += p.sum(axis=0)
-        tokens += x @ p
+        agg = hist.decode.weighted_steps(_clean(snap.decode_elapsed), np.stack((np.ones(len(x)), x), axis=1), S, steps)
+        c, w = agg @ tool_k
+        counts += c
+        tokens += w
     since = np.concatenate((np.asarray(snap.ready_since, float), np.asarray(snap.inflight_since, float)))
     if len(since):
         chain = _kernel(hist.decode, S, steps) @ tool_k
-        p = hist.prefill_wait.conditional_steps(_clean(snap.t - since), S, steps) @ chain
         x = (
             np.concatenate((_clean(snap.ready_prompt), _clean(snap.inflight_prompt)))
             + extra
             + np.concatenate((_clean(snap.ready_growth), _clean(snap.inflight_growth)))
         )
-        counts += p.sum(axis=0)
-        tokens += x @ p
+        agg = hist.prefill_wait.weighted_steps(_clean(snap.t - since), np.stack((np.ones(len(x)), x), axis=1), S, steps)
+        c, w = agg @ chain
+        counts += c
+        tokens += w
     return _clean(counts), _clean(tokens)
 
 

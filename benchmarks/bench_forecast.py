@@ -1,0 +1,103 @@
+"""One window's forecast over 10k and 100k live trajectories (target: <= 50 ms at 100k).
+
+Builds a LiveState by folding synthetic events (trajectories spread over every state),
+then times ``snapshot(t)`` + ``forecast(...)`` (what the service does once per window),
+next to a baseline measured in the same run: one pass of Python over the trajectories
+(what a non-vectorised forecaster would at least cost).
+
+    .venv/bin/python benchmarks/bench_forecast.py [--sizes 10000 100000] [--repeat 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+from prorsa_forecaster.config import ForecastConfig
+from prorsa_forecaster.core import forecast
+from prorsa_forecaster.state import LiveState
+from prorsa_schemas import EVENT_TYPES
+
+
+def build(n: int, seed: int = 0) -> LiveState:
+    rng = np.random.default_rng(seed)
+    st = LiveState(ForecastConfig())
+    mk = EVENT_TYPES
+    k = 0
+
+    def ev(type_, ts, **f):
+        nonlocal k
+        k += 1
+        return mk[type_](id=f"b{k}", ts=ts, run="bench", **f)
+
+    # Some history so every duration model is non-trivial.
+    for i in range(2000):
+        t = f"h{i}"
+        st.apply(ev("trajectory.dispatched", 0.0, traj=t, prompt_tokens=3000))
+        st.apply(ev("request.queued", 1.0, traj=t, req=f"{t}-0", turn=0, prompt_tokens=3100, engine=f"p{i % 8}"))
+        st.apply(ev("prefill.finished", 1.2, traj=t, req=f"{t}-0", engine=f"p{i % 8}"))
+        st.apply(ev("decode.finished", 5.0, traj=t, req=f"{t}-0", output_tokens=300, finish="tool"))
+        st.apply(ev("request.queued", 5.0 + rng.lognormal(1, 1), traj=t, req=f"{t}-1", turn=1, prompt_tokens=4000))
+        st.apply(ev("prefill.finished", 20.0, traj=t, req=f"{t}-1"))
+        st.apply(ev("decode.finished", 25.0, traj=t, req=f"{t}-1", output_tokens=300, finish="stop"))
+        st.apply(ev("reward.finished", 25.0 + rng.lognormal(1, 0.5), traj=t, admitted=bool(i % 3)))
+    # n live trajectories spread over start-up, queued, prefill, decode, tool and reward.
+    for i in range(n):
+        t = f"t{i}"
+        ts = 30.0 + rng.random() * 60
+        st.apply(ev("trajectory.dispatched", ts, traj=t, prompt_tokens=3000))
+        phase = i % 6
+        if phase == 0:
+            st.apply(ev("sandbox.started", ts, traj=t, mode="prewarm" if i % 4 else "cold"))
+            continue
+        st.apply(ev("request.queued", ts + 1, traj=t, req=f"{t}-0", turn=0, prompt_tokens=3000 + i % 5000, engine=f"p{i % 8}"))
+        if phase == 1:
+            continue
+        st.apply(ev("prefill.started", ts + 1.5, traj=t, req=f"{t}-0", engine=f"p{i % 8}"))
+        if phase == 2:
+            continue
+        st.apply(ev("prefill.finished", ts + 2, traj=t, req=f"{t}-0", engine=f"p{i % 8}"))
+        if phase == 3:
+            continue
+        st.apply(ev("decode.finished", ts + 5, traj=t, req=f"{t}-0", output_tokens=200, finish="tool" if phase == 4 else "stop"))
+    return st
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    ap.add_argument("--repeat", type=int, default=20)
+    args = ap.parse_args()
+    cfg = ForecastConfig()
+    for n in args.sizes:
+        st = build(n)
+        t = 100.0
+        times, snaps = [], []
+        for _ in range(args.repeat):
+            a = time.perf_counter()
+            snap = st.snapshot(t)
+            b = time.perf_counter()
+            f = forecast(snap, st.history, cfg)
+            c = time.perf_counter()
+            times.append(c - a)
+            snaps.append(b - a)
+        # Baseline: a single Python loop touching each live trajectory once.
+        a = time.perf_counter()
+        total = 0.0
+        for i in range(st._n):
+            if st.state[i]:
+                total += float(st.prompt[i])
+        loop_s = time.perf_counter() - a
+        print(
+            f"live={st.live:>7,}  forecast window: median {1e3 * statistics.median(times):6.1f} ms "
+            f"(p90 {1e3 * sorted(times)[int(0.9 * len(times)) - 1]:6.1f} ms; snapshot {1e3 * statistics.median(snaps):5.1f} ms)  "
+            f"| baseline python loop over trajectories: {1e3 * loop_s:6.1f} ms  "
+            f"| W^P={f.prefill_tokens:,.0f} A^D={f.decode_admit_tokens:,.0f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
