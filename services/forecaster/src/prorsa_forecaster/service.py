@@ -108,16 +108,17 @@ class Forecaster:
                 if v is not None:
                     self.m_wape.labels(series).set(v)
 
-    async def _publish_current(self, js) -> None:
-        f = self.loop._current
-        if f is None or f.t <= self._last_published_t:
-            return
-        ev = window_event(f.t, f, self.run_id or "prorsa")
-        await publish_event(js, self.ns, ev)
-        self._last_published_t = f.t
-        self.published += 1
-        self.m_forecast.labels("prefill").set(f.prefill_tokens)
-        self.m_forecast.labels("decode").set(f.decode_admit_tokens)
+    async def _publish_opened(self, js) -> None:
+        """Publish every forecast the loop made since the last call, in window order."""
+        while self.loop.opened:
+            f = self.loop.opened.popleft()
+            if f.t <= self._last_published_t:
+                continue  # published before a restart
+            await publish_event(js, self.ns, window_event(f.t, f, self.run_id or "prorsa"))
+            self._last_published_t = f.t
+            self.published += 1
+            self.m_forecast.labels("prefill").set(f.prefill_tokens)
+            self.m_forecast.labels("decode").set(f.decode_admit_tokens)
 
     def apply_bytes(self, data: bytes) -> list[WindowResult]:
         """Decode and fold one message; a bad one is counted and logged, never fatal."""
@@ -189,16 +190,11 @@ class Forecaster:
         while self._buf and n < 10_000:
             kind, data = self._buf.popleft()
             n += 1
-            if kind == "watermark":
-                closed = self.loop.advance(data)
-            else:
-                had_window = self.loop.window_start is not None
-                closed = self.apply_bytes(data)
-                if not had_window and self.loop.window_start is not None:
-                    await self._publish_current(js)
+            closed = self.loop.advance(data) if kind == "watermark" else self.apply_bytes(data)
             if closed:
                 self._closed(closed)
-                await self._publish_current(js)
+            if self.loop.opened:
+                await self._publish_opened(js)
         await asyncio.sleep(0)  # let the subscription callbacks run between batches
 
     def health(self) -> tuple[bool, dict]:

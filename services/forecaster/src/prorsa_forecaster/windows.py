@@ -17,6 +17,7 @@ that ended at or before t ever influence the forecast for t.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -132,6 +133,8 @@ class WindowLoop:
         self._backlog = 0.0
         self.last_ts = -math.inf
         self.out_of_order = 0
+        # Every forecast made, in order, until a consumer (the service) takes them.
+        self.opened: deque[Forecast] = deque(maxlen=100_000)
         self._wstate = None
         self._sources: dict[str, float] = {}
 
@@ -157,6 +160,7 @@ class WindowLoop:
         t = self.window_start
         assert t is not None
         self._current = forecast(self.state.snapshot(t), self.state.history, self.config)
+        self.opened.append(self._current)
         self._backlog = self.meter.start_window()
         # Each trajectory's state at t, to attribute the window's arrivals to a source.
         self._wstate = self.state.state[: self.state._n].copy()

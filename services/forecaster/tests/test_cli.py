@@ -1,0 +1,72 @@
+"""`prorsa forecast-eval` end to end, through the real `prorsa` app."""
+
+import gzip
+import json
+
+from typer.testing import CliRunner
+
+from prorsa_cli.main import app
+from prorsa_schemas import LogWriter
+
+from .synth import rollout
+
+runner = CliRunner()
+
+
+def write(path, events, junk=False):
+    with LogWriter(path) as w:
+        for e in events:
+            w.write(e)
+    if junk:
+        with gzip.open(path, "ab") as fh:
+            fh.write(b'{"type": "request.queued"}\nnot json\n')
+
+
+def test_json_report_shape_and_baselines(tmp_path):
+    log = tmp_path / "events.jsonl.gz"
+    write(log, rollout(seed=7, concurrency=24, duration=60), junk=True)
+    res = runner.invoke(app, ["forecast-eval", str(log), "--horizon", "10", "--json"])
+    assert res.exit_code == 0, res.output
+    r = json.loads(res.stdout)
+    assert r["horizon"] == 10.0 and r["windows"] > 5
+    for series in ("prefill", "decode"):
+        assert 0 <= r[series]["wape"] < 1
+        assert set(r[series]["baselines"]) == {"last_value", "ema", "kalman"}
+    assert r["prefill"]["components"]["backlog"]["wape"] == 0.0
+    assert r["invalid_lines"] == 2
+
+
+def test_table_output_and_windows_csv(tmp_path):
+    log = tmp_path / "events.jsonl"
+    write(log, rollout(seed=8, concurrency=8, duration=30, sandbox=False, prefill_started=False, run_started=False, tools=False))
+    csv = tmp_path / "w.csv"
+    res = runner.invoke(app, ["forecast-eval", str(log), "--windows", str(csv)])
+    assert res.exit_code == 0, res.output
+    assert "prorsa WAPE" in res.stdout and "kalman" in res.stdout
+    lines = csv.read_text().splitlines()
+    assert lines[0].startswith("t,prefill_forecast") and len(lines) > 3
+
+
+def test_empty_log_and_log_without_requests(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    r = json.loads(runner.invoke(app, ["forecast-eval", str(empty), "--json"]).stdout)
+    assert r["windows"] == 0 and r["prefill"]["wape"] is None
+    only_engines = tmp_path / "eng.jsonl"
+    only_engines.write_text(
+        '{"v":1,"id":"a","type":"engine.registered","ts":5.0,"run":"r","engine":"e0","server":"s",'
+        '"role":"prefill","gpus":8,"kv_capacity_tokens":1000}\n'
+    )
+    r = json.loads(runner.invoke(app, ["forecast-eval", str(only_engines), "--json"]).stdout)
+    assert r["windows"] == 1 and r["decode"]["wape"] is None
+
+
+def test_bad_arguments_get_clear_errors(tmp_path):
+    res = runner.invoke(app, ["forecast-eval", str(tmp_path / "missing.jsonl")])
+    assert res.exit_code == 2 and "no such file" in res.output
+    res = runner.invoke(app, ["forecast-eval", str(tmp_path)])
+    assert res.exit_code == 2 and "directory" in res.output
+    log = tmp_path / "x.jsonl"
+    log.write_text("")
+    res = runner.invoke(app, ["forecast-eval", str(log), "--horizon", "0"])
+    assert res.exit_code == 2 and "horizon" in res.output
