@@ -80,6 +80,7 @@ async def main(n: int) -> None:
             lat.append(got[cid] - t0)
             role = "prefill" if role == "decode" else "decode"
         q = statistics.quantiles(lat, n=20)
+        print("all (ms):", " ".join(f"{x * 1e3:.0f}" for x in lat))
         print(f"switches: {n}")
         print(f"baseline publish->ack p50 {statistics.median(base) * 1e3:.1f} ms")
         print(f"command -> engine.switched (in place, engine switch time 0): "

@@ -361,6 +361,13 @@ class EngineAgent:
         js = nc.jetstream()
         await ensure_stream(js, self.ns)
         await self._watch_registrations(js)
+        # The durable consumer exists before any engine.registered goes out, so a command
+        # sent in reaction to a registration waits for us instead of being missed.
+        sub = await js.pull_subscribe(
+            self.ns.commands(), durable=self.ns.durable("engine-agent", _token(s.server)),
+            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.NEW,
+                                  ack_wait=30.0, max_ack_pending=1000),
+        )
         http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0))
         stack.push_async_callback(http.aclose)
         self.router = RouterClient(http, s.router_url)
@@ -383,11 +390,6 @@ class EngineAgent:
                     log.error("registering %s: %s", st.inst.engine, exc)
         self.journal.save()
         stats = self.spawn(self._stats_loop(stop))
-        sub = await js.pull_subscribe(
-            self.ns.commands(), durable=self.ns.durable("engine-agent", _token(s.server)),
-            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.NEW,
-                                  ack_wait=30.0, max_ack_pending=1000),
-        )
         self.ready.set()
         log.info("engine agent %s ready: %d engines, router %s", s.server, len(self.engines), s.router_url)
         try:
@@ -402,7 +404,12 @@ class EngineAgent:
                     continue
                 for msg in msgs:
                     try:
-                        await self.handle(msg.data)
+                        if self._for_us(msg.data):
+                            await self.handle(msg.data)  # journals before the ack below
+                        else:
+                            # Unknown here: waiting for another agent's registration must
+                            # not hold up the commands behind it.
+                            self.spawn(self._handle_safely(msg.data))
                     except Exception:  # never let one command take the agent down
                         log.exception("handling a command failed")
                     await msg.ack()
@@ -411,6 +418,19 @@ class EngineAgent:
             for t in list(self._tasks):
                 t.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _for_us(self, data: bytes) -> bool:
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            return True
+        return isinstance(obj, dict) and obj.get("engine") in self.engines
+
+    async def _handle_safely(self, data: bytes) -> None:
+        try:
+            await self.handle(data)
+        except Exception:
+            log.exception("handling a command failed")
 
     async def stop_engines(self) -> None:
         """Stop every engine this agent launched (``--stop-engines-on-exit``)."""
