@@ -159,6 +159,7 @@ async def events(nats_url: str, ns: Namespace):
     await js.subscribe(ns.engine_all(), cb=on_msg, ordered_consumer=True,
                        config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
     ev.js = js  # type: ignore[attr-defined]
+    ev.nats_url = nats_url  # type: ignore[attr-defined]
     yield ev
     await nc.close()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 
 import httpx
 
@@ -40,6 +41,20 @@ async def test_in_place_switch_prefill_to_decode_and_back(agent_factory, events,
         async with httpx.AsyncClient(timeout=30) as c:
             r = await c.post(f"{router.url}/generate", json={"text": "a b c", "sampling_params": {"max_new_tokens": 4}})
         assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 4
+
+        # The CLI: publishes a command, prints the outcome, exit code says which.
+        async def cli(*args: str) -> tuple[int, str]:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "prorsa_cli.main", "switch", *args, "--nats", events.nats_url,
+                "--prefix", ns.prefix, "--stream", ns.stream, "--timeout", "60",
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            out, _ = await proc.communicate()
+            return proc.returncode, out.decode()
+
+        code, out = await cli("e0", "--to", "decode")
+        assert code == 0 and '"type":"engine.switched"' in out and '"to_role":"decode"' in out
+        code, out = await cli("nobody", "--to", "decode")
+        assert code == 1 and "unknown engine" in out
     finally:
         print(agent.tail())
 
