@@ -35,6 +35,8 @@ class Req:
     out_done: int = 0
     """Tokens produced before the current decode residency (e.g. before a retraction)."""
     rank: "Rank | None" = None
+    resumed: bool = False
+    """Retracted after its prefill; its next prefill is a recompute, not a new event."""
     announced: bool = False
     """prefill.started was emitted (only once per request, even if prefill restarts)."""
 
@@ -124,7 +126,9 @@ class Rank:
 
     def steps_to_next_finish(self) -> int:
         heap = self.heap
-        while heap and (not heap[0][2].alive or heap[0][2] not in self.running):
+        # Lazy deletion: an entry is live only if its request still runs here with the
+        # same finish count (a retracted and re-admitted request has a newer entry).
+        while heap and (heap[0][2] not in self.running or heap[0][0] != heap[0][2].finish_count):
             heapq.heappop(heap)
         if not heap:
             return 1 << 30
@@ -136,7 +140,7 @@ class Rank:
         heap = self.heap
         while heap:
             fin, _, req = heap[0]
-            if not req.alive or req not in self.running:
+            if req not in self.running or fin != req.finish_count:
                 heapq.heappop(heap)
                 continue
             if fin > self.counter:

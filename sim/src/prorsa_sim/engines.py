@@ -238,6 +238,7 @@ class ClusterSim:
                 self._on_aborted(req, gen_total=req.out_done, requeue=True)
             else:
                 req.started = False
+                req.resumed = True
                 rank.waiting.appendleft(req)
                 rank.waiting_tokens += req.prompt
 
@@ -274,6 +275,11 @@ class ClusterSim:
         self._plan(eng)
 
     def _prefill_done(self, eng: Engine, rank: Rank, req: Req) -> None:
+        if req.resumed:
+            # Recompute after a retraction (mixed engine): back to decoding, no new event.
+            req.resumed = False
+            rank.admit_running(req, req.prompt)
+            return
         req.out_done += 1
         req.out_target -= 1
         if eng.role == "mixed":
@@ -330,6 +336,9 @@ class ClusterSim:
     def abort_engine(self, eng: Engine, reroute_waiting: bool) -> None:
         """Abort every request on ``eng`` (decoding ones re-prefill elsewhere)."""
         self.settle(eng)
+        # Requeued requests may be routed back here: keep this engine from planning a
+        # step until the abort is complete.
+        was_available, eng.available = eng.available, False
         for rank in eng.ranks:
             for req in list(rank.running):
                 gen = rank.generated(req)
@@ -351,6 +360,7 @@ class ClusterSim:
                     rank.waiting.append(req)
                     rank.waiting_tokens += req.prompt
             rank.flush_cache()
+        eng.available = was_available
 
     # --- role switches ------------------------------------------------------------------
 
