@@ -103,8 +103,10 @@ async def connect(
                 url,
                 name=name,
                 connect_timeout=2,
-                allow_reconnect=True,
-                max_reconnect_attempts=-1,
+                # The first attempt must fail fast so that we control the retry loop and
+                # its deadline (nats-py would otherwise retry forever inside connect());
+                # once connected, reconnecting forever is switched on below.
+                allow_reconnect=False,
                 reconnect_time_wait=reconnect_wait,  # type: ignore[arg-type]
                 error_cb=error_cb,
                 disconnected_cb=disconnected_cb,
@@ -112,6 +114,8 @@ async def connect(
                 pending_size=64 * 1024 * 1024,
                 **creds.connect_kwargs(),
             )
+            nc.options["allow_reconnect"] = True
+            nc.options["max_reconnect_attempts"] = -1
             holder.append(nc)
             return nc
         except Exception as exc:  # nats-py raises several unrelated types here

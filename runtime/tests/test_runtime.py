@@ -1,0 +1,121 @@
+"""The runtime against real processes: nats-server resolver/runner, stream set-up, settings."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import nats
+import pytest
+from nats.js.api import StorageType, StreamConfig
+
+from prorsa_runtime import (
+    BusUnavailable,
+    NatsServer,
+    NatsServerError,
+    NatsServerNotFound,
+    connect,
+    ensure_stream,
+    find_nats_server,
+    publish_event,
+)
+from prorsa_runtime.settings import ServiceSettings, settings_for
+from prorsa_schemas import Namespace, PolicyUpdated
+
+
+def test_resolver_finds_the_wheel_binary() -> None:
+    path = find_nats_server()
+    assert path.name == "nats-server" and os.access(path, os.X_OK)
+
+
+def test_resolver_env_var_must_point_at_an_executable(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PRORSA_NATS_SERVER", str(tmp_path / "missing"))
+    with pytest.raises(NatsServerNotFound, match="PRORSA_NATS_SERVER"):
+        find_nats_server()
+    exe = tmp_path / "nats-server"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PRORSA_NATS_SERVER", str(exe))
+    assert find_nats_server() == exe
+
+
+def test_resolver_fails_loudly_when_nothing_is_found(monkeypatch, tmp_path: Path) -> None:
+    import prorsa_runtime.natsserver as mod
+
+    monkeypatch.delenv("PRORSA_NATS_SERVER", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(mod.sysconfig, "get_path", lambda name: str(tmp_path))
+    monkeypatch.setattr(mod.sys, "executable", str(tmp_path / "python"))
+    with pytest.raises(NatsServerNotFound, match="no nats-server binary found"):
+        find_nats_server()
+
+
+def test_port_in_use_is_a_clear_error(nats_server: NatsServer, tmp_path: Path) -> None:
+    with pytest.raises(NatsServerError, match="already in use"):
+        NatsServer(tmp_path / "x", port=nats_server.port).start()
+
+
+def test_server_that_cannot_start_reports_its_output(tmp_path: Path) -> None:
+    with pytest.raises(NatsServerError, match="did not become ready"):
+        NatsServer(tmp_path, extra_args=["--no-such-flag"]).start(timeout=10)
+
+
+async def test_connect_times_out_with_a_clear_message(tmp_path: Path) -> None:
+    from prorsa_runtime.natsserver import free_port
+
+    with pytest.raises(BusUnavailable, match="could not connect"):
+        await connect(f"nats://127.0.0.1:{free_port()}", "t", timeout=0.5)
+
+
+async def test_ensure_stream_creates_verifies_and_repairs(nats_url: str, ns: Namespace) -> None:
+    nc = await connect(nats_url, "t")
+    js = nc.jetstream()
+    try:
+        cfg = await ensure_stream(js, ns)
+        assert cfg.storage == StorageType.FILE and cfg.subjects == ns.stream_subjects()
+        assert (cfg.duplicate_window or 0) >= 600
+        # idempotent
+        assert (await ensure_stream(js, ns)).name == ns.stream
+        # a drifted subject set is repaired in place
+        await js.update_stream(StreamConfig(name=ns.stream, subjects=[f"{ns.prefix}.rollout.>"],
+                                            storage=StorageType.FILE))
+        cfg = await ensure_stream(js, ns)
+        assert cfg.subjects == ns.stream_subjects()
+        # publishing twice with the same event id stores it once
+        ev = PolicyUpdated(id="same", ts=1.0, run="r", version=1)
+        s1 = await publish_event(js, ns, ev)
+        s2 = await publish_event(js, ns, ev)
+        assert s1 == s2
+        assert (await js.stream_info(ns.stream)).state.messages == 1
+    finally:
+        await nc.close()
+
+
+async def test_memory_stream_is_refused(nats_url: str, ns: Namespace) -> None:
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    try:
+        await js.add_stream(StreamConfig(name=ns.stream, subjects=ns.stream_subjects(), storage=StorageType.MEMORY))
+        with pytest.raises(RuntimeError, match="file storage"):
+            await ensure_stream(js, ns)
+    finally:
+        await js.delete_stream(ns.stream)
+        await nc.close()
+
+
+def test_settings_prefixes_and_validation(monkeypatch) -> None:
+    Tracker = settings_for("PRORSA_TRACKER_")
+    monkeypatch.setenv("PRORSA_NATS_URL", "nats://common:4222")
+    assert Tracker().nats_url == "nats://common:4222"
+    monkeypatch.setenv("PRORSA_TRACKER_NATS_URL", "nats://own:4222")
+    assert Tracker().nats_url == "nats://own:4222"
+    monkeypatch.setenv("PRORSA_TRACKER_NATS_URL", "http://wrong")
+    with pytest.raises(Exception, match="nats://"):
+        Tracker()
+    monkeypatch.delenv("PRORSA_TRACKER_NATS_URL")
+    monkeypatch.setenv("PRORSA_LOG_LEVEL", "debug")
+    assert ServiceSettings().log_level == "DEBUG"
+    monkeypatch.setenv("PRORSA_STREAM", "bad stream!")
+    with pytest.raises(ValueError):
+        ServiceSettings().namespace()
