@@ -1,0 +1,53 @@
+"""The rollout driver's settings (validated; every bad value is refused with its name)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class DriverConfig(BaseModel):
+    """What the driver runs and where it sends it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    router_url: str = Field(description="router base URL, e.g. http://127.0.0.1:30080")
+    nats_url: str = Field(default="nats://127.0.0.1:4222", description="the bus")
+    run: str = Field(default="demo", pattern=r"^[A-Za-z0-9_.-]{1,128}$", description="run id of every event")
+    workload: str = Field(default="general", description="simulator workload: math, coding or general")
+    batch_size: int = Field(default=16, ge=1, le=100_000, description="trajectories per step (sync rollout)")
+    steps: int = Field(default=2, ge=1, le=1000, description="rollout steps (policy updates in between)")
+    max_turns: int = Field(default=6, ge=1, le=1000, description="cap on a trajectory's turns (keeps the demo short)")
+    max_output: int = Field(default=512, ge=1, le=1_000_000, description="cap on output tokens per turn")
+    speed: float = Field(default=10.0, gt=0, le=10_000, description="simulated seconds per wall second")
+    train_s: float = Field(default=10.0, ge=0, description="simulated trainer time between steps")
+    seed: int = Field(default=0, ge=0)
+    prefix: str = Field(default="prorsa", description="subject prefix")
+    stream: str = Field(default="PRORSA", description="JetStream stream")
+    out: Path | None = Field(default=None, description="write the result JSON here at the end")
+    progress: Path | None = Field(default=None, description="rewrite a small progress JSON here as it runs")
+    ready_timeout_s: float = Field(default=120.0, gt=0, description="wait this long for router workers")
+    flush_timeout_s: float = Field(default=300.0, gt=0, description="wait this long for the last acks")
+
+    @field_validator("router_url")
+    @classmethod
+    def _http(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"must be an http:// or https:// URL, got {v!r}")
+        return v.rstrip("/")
+
+    @field_validator("nats_url")
+    @classmethod
+    def _nats(cls, v: str) -> str:
+        if not v.startswith(("nats://", "tls://", "ws://", "wss://")):
+            raise ValueError(f"must be a nats:// URL, got {v!r}")
+        return v
+
+    @field_validator("workload")
+    @classmethod
+    def _workload(cls, v: str) -> str:
+        from prorsa_sim.workloads import get_workload
+
+        get_workload(v)  # raises ValueError naming the valid workloads
+        return v

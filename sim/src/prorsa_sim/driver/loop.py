@@ -1,0 +1,271 @@
+"""The driver's agent loop: sync rollout steps of trajectories that really call the router.
+
+Time: every simulated duration (sandbox start, tool, reward, trainer) is divided by
+``speed``, and the emulated engines run at the same speed, so the whole workload runs
+``speed`` times faster than real time while every service runs in real (wall) time. Event
+``ts`` is the wall clock, as in production.
+
+Prefill finish: the router answers only when decoding is done, and SGLang's non-streaming
+answer carries no time-to-first-token. The driver therefore announces ``prefill.finished``
+at the time the emulated engines take for the prefill (the same ``Timing`` they use),
+unless the answer comes back first (an error or abort), in which case nothing is announced.
+A real framework would announce it on the first streamed token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+from prorsa_schemas import Namespace
+from prorsa_sdk import Emitter
+
+from ..emulated.timing import default_timing
+from ..workloads import TrajectoryPlan, WorkloadSpec, get_workload, plan_trajectory
+from .config import DriverConfig
+
+log = logging.getLogger("prorsa.driver")
+
+
+@dataclass
+class DriverResult:
+    """What the driver did; written as JSON at the end (``DriverConfig.out``)."""
+
+    run: str
+    workload: str
+    speed: float
+    trajectories: int = 0
+    completed: int = 0
+    requests: int = 0
+    aborted_requests: int = 0
+    retried_requests: int = 0
+    events: int = 0
+    by_type: dict[str, int] = field(default_factory=dict)
+    step_times_s: list[float] = field(default_factory=list)
+    """Wall seconds from each step's first dispatch to its last reward."""
+    wall_s: float = 0.0
+    started_at: float = 0.0
+    finished_at: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+
+class _Counted:
+    """The SDK emitter, counting every event it accepted (the count the tracker must match)."""
+
+    def __init__(self, em: Emitter):
+        self.em = em
+        self.counts: Counter[str] = Counter()
+
+    def __getattr__(self, name: str):
+        method = getattr(self.em, name)
+
+        async def call(*args, **kwargs):
+            ev = await method(*args, **kwargs)
+            self.counts[ev.type] += 1
+            return ev
+
+        return call
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class Driver:
+    """One run of the driver. ``await Driver(cfg).run()``."""
+
+    def __init__(self, cfg: DriverConfig):
+        self.cfg = cfg
+        self.spec: WorkloadSpec = get_workload(cfg.workload)
+        self.timing = default_timing()
+        self.result = DriverResult(run=cfg.run, workload=cfg.workload, speed=cfg.speed)
+        self.step = 0
+        self.live = 0
+        self._prewarm_free = self.spec.prewarm_pool
+
+    async def sleep_sim(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds) / self.cfg.speed)
+
+    # -- readiness ----------------------------------------------------------------------
+    async def wait_router(self, client: httpx.AsyncClient) -> None:
+        """Wait until the router lists at least one prefill and one decode worker."""
+        deadline = time.monotonic() + self.cfg.ready_timeout_s
+        last = "no answer"
+        while time.monotonic() < deadline:
+            try:
+                stats = (await client.get(f"{self.cfg.router_url}/workers", timeout=2.0)).json()["stats"]
+                if stats["prefill_count"] >= 1 and stats["decode_count"] >= 1:
+                    return
+                last = f"workers {stats}"
+            except (httpx.HTTPError, ValueError, KeyError) as exc:
+                last = repr(exc)
+            await asyncio.sleep(0.1)
+        raise TimeoutError(f"router {self.cfg.router_url} has no prefill+decode workers after "
+                           f"{self.cfg.ready_timeout_s:.0f}s ({last})")
+
+    # -- one model request ------------------------------------------------------------------
+    async def request(self, em: _Counted, client: httpx.AsyncClient, traj: str, turn: int,
+                      context: int, output: int, last: bool) -> int:
+        """Queue, prefill and decode one turn (re-queued after an abort); returns the new context."""
+        while True:
+            req = f"{traj}-r{turn}-{uuid.uuid4().hex[:6]}"
+            await em.request_queued(traj, req, turn, context)
+            self.result.requests += 1
+            body = {"rid": req, "prompt_tokens": context, "sampling_params": {"max_new_tokens": output}}
+            while True:  # router or worker unavailable: the request stays queued and is re-sent
+                sent = time.time()
+                prefill_at = sent + self.timing.prefill_seconds(context) / self.cfg.speed
+                announce = asyncio.create_task(self._announce_prefill(em, traj, req, prefill_at))
+                try:
+                    resp = await client.post(f"{self.cfg.router_url}/generate", json=body)
+                    meta = resp.json()["meta_info"] if resp.status_code == 200 else None
+                except (httpx.HTTPError, ValueError, KeyError):
+                    meta = None
+                if meta is None:
+                    announce.cancel()
+                    self.result.retried_requests += 1
+                    await asyncio.sleep(0.2)
+                    continue
+                break
+            reason = meta.get("finish_reason")
+            finish = reason.get("type") if isinstance(reason, dict) else "length"
+            done = int(meta.get("completion_tokens") or 0)
+            if not announce.done():
+                announce.cancel()
+                # The answer is out, so the prefill is over: announce it now at the latest
+                # (an abort too: decode.finished(abort) follows a prefill in the contract).
+                await em.prefill_finished(traj, req, ts=min(prefill_at, time.time()))
+            else:
+                await announce
+            if finish == "abort":
+                await em.decode_finished(traj, req, done, "abort")
+                self.result.aborted_requests += 1
+                context += done  # re-prefill the context plus the partial output
+                output = max(1, output - done)
+                continue
+            await em.decode_finished(traj, req, done, "stop" if last else "tool")
+            return context + done
+
+    async def _announce_prefill(self, em: _Counted, traj: str, req: str, at: float) -> None:
+        await asyncio.sleep(max(0.0, at - time.time()))
+        await em.prefill_finished(traj, req, ts=at)
+
+    # -- one trajectory -----------------------------------------------------------------------
+    async def trajectory(self, em: _Counted, client: httpx.AsyncClient, traj: str, group: str,
+                         plan: TrajectoryPlan) -> None:
+        turns = min(len(plan.outputs), self.cfg.max_turns)
+        context = min(plan.prompt_tokens, self.spec.max_context)
+        await em.dispatched(traj, context, group=group, policy_version=self.step)
+        if self.spec.sandbox:
+            warm = self._prewarm_free > 0
+            self._prewarm_free -= warm
+            await em.sandbox_started(traj, "prewarm" if warm else "cold")
+            await self.sleep_sim(plan.prewarm_s if warm else plan.cold_start_s)
+            await em.sandbox_ready(traj)
+        for turn in range(turns):
+            out = min(plan.outputs[turn], self.cfg.max_output)
+            last = turn == turns - 1
+            context = await self.request(em, client, traj, turn, context, out, last)
+            if last:
+                break
+            result = plan.results[turn] if turn < len(plan.results) else 0
+            await em.tool_started(traj, tool="sandbox.exec", calls=1)
+            await self.sleep_sim(plan.tool_s[turn] if turn < len(plan.tool_s) else 0.0)
+            await em.tool_finished(traj, result, ok=True)
+            context = min(context + result, self.spec.max_context)
+        await em.reward_started(traj)
+        await self.sleep_sim(plan.reward_s)
+        await em.reward_finished(traj, plan.admitted, reward=plan.reward)
+        if self.spec.sandbox:
+            self._prewarm_free += 1
+        self.result.completed += 1
+        self.live -= 1
+
+    # -- steps ----------------------------------------------------------------------------
+    def _progress(self) -> None:
+        if self.cfg.progress is None:
+            return
+        total = self.cfg.batch_size * self.cfg.steps
+        _write_atomic(self.cfg.progress, json.dumps({
+            "run": self.cfg.run, "step": self.step, "steps": self.cfg.steps, "completed": self.result.completed,
+            "total": total, "live": self.live, "requests": self.result.requests,
+            "aborted": self.result.aborted_requests, "events": sum(self._em.counts.values()) if self._em else 0,
+        }))
+
+    async def _report_progress(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self._progress()
+            try:
+                await asyncio.wait_for(stop.wait(), 0.5)
+            except asyncio.TimeoutError:
+                pass
+
+    _em: _Counted | None = None
+
+    async def run(self) -> DriverResult:
+        cfg = self.cfg
+        ns = Namespace(prefix=cfg.prefix, stream=cfg.stream)
+        limits = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
+        timeout = httpx.Timeout(None, connect=5.0)
+        self.result.started_at = time.time()
+        t0 = time.monotonic()
+        async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+            await self.wait_router(client)
+            raw = Emitter(run=cfg.run, nats_url=cfg.nats_url, namespace=ns, name="prorsa-driver")
+            await raw.start()
+            em = self._em = _Counted(raw)
+            stop = asyncio.Event()
+            reporter = asyncio.create_task(self._report_progress(stop))
+            try:
+                await em.run_started("sync", cfg.batch_size, group_size=self.spec.group_size,
+                                     prompt_tokens_mean=int(self.spec.prompt_median))
+                index = 0
+                for step in range(cfg.steps):
+                    self.step = step
+                    began = time.monotonic()
+                    tasks = []
+                    for k in range(cfg.batch_size):
+                        plan = plan_trajectory(self.spec, cfg.seed, index)
+                        traj = f"s{step}-t{k}"
+                        group = f"s{step}-g{k // self.spec.group_size}"
+                        self.live += 1
+                        self.result.trajectories += 1
+                        tasks.append(asyncio.create_task(self.trajectory(em, client, traj, group, plan)))
+                        index += 1
+                    await asyncio.gather(*tasks)
+                    self.result.step_times_s.append(round(time.monotonic() - began, 3))
+                    log.info("step %d done in %.1fs", step, self.result.step_times_s[-1])
+                    if step + 1 < cfg.steps:
+                        await self.sleep_sim(cfg.train_s)  # the trainer; engines are idle meanwhile
+                        await em.policy_updated(step + 1)
+                await raw.flush(cfg.flush_timeout_s)
+            finally:
+                stop.set()
+                await reporter
+                await raw.close(cfg.flush_timeout_s)
+        self.result.by_type = dict(sorted(em.counts.items()))
+        self.result.events = sum(em.counts.values())
+        self.result.wall_s = round(time.monotonic() - t0, 3)
+        self.result.finished_at = time.time()
+        self._progress()
+        if cfg.out is not None:
+            _write_atomic(cfg.out, self.result.to_json())
+        return self.result
+
+
+async def run_driver(cfg: DriverConfig) -> DriverResult:
+    """Run the configured workload to completion; returns (and writes) the result."""
+    return await Driver(cfg).run()
