@@ -46,15 +46,15 @@ def nats_cmd(
 
     from prorsa_runtime.natsserver import NatsServer, NatsServerError, NatsServerNotFound
 
+    done = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
     try:
         server = NatsServer(data, port=port, host=host).start()
     except (NatsServerError, NatsServerNotFound) as exc:
         fail(str(exc))
     out.print(server.url, highlight=False)
     console.print(f"nats-server with JetStream, store {data.resolve()}; Ctrl-C to stop")
-    done = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: done.set())
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
     while not done.wait(0.5):
         if not server.running():
             fail("nats-server exited unexpectedly", 1)
@@ -123,6 +123,7 @@ def publish_cmd(
     prefix: PrefixOpt = "prorsa",
     stream: StreamOpt = "PRORSA",
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the last acks.")] = 120.0,
+    connect_timeout: Annotated[float, typer.Option(help="Seconds to wait for the bus.")] = 30.0,
 ) -> None:
     """Publish a log's events to the bus, byte for byte, with de-duplication by event id.
 
@@ -140,7 +141,9 @@ def publish_cmd(
         fail(f"no such file: {log}")
     ns = namespace(prefix, stream)
     try:
-        result = asyncio.run(publish_log(log, nats_url, ns, speed=speed, timeout=timeout))
+        result = asyncio.run(
+            publish_log(log, nats_url, ns, speed=speed, timeout=timeout, connect_timeout=connect_timeout)
+        )
     except Exception as exc:  # connection, timeout: say it plainly
         fail(f"publish failed: {exc}", 1)
     console.print(
@@ -148,6 +151,25 @@ def publish_cmd(
         f"{result.invalid} invalid lines skipped; {result.duplicates} already in the stream"
     )
     raise typer.Exit(1 if result.invalid else 0)
+
+
+@app.command("replay")
+def replay_cmd(
+    log: Annotated[Path, typer.Argument(help="Event log (.jsonl or .jsonl.gz), e.g. from `prorsa export`.")],
+    nats_url: NatsOpt = DEFAULT_NATS,
+    speed: Annotated[float, typer.Option(help="X times the event-time pace (1.0: as recorded).")] = 1.0,
+    fast: Annotated[bool, typer.Option("--fast", help="Ignore event time; publish as fast as possible.")] = False,
+    prefix: PrefixOpt = "prorsa",
+    stream: StreamOpt = "PRORSA",
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the last acks.")] = 120.0,
+    connect_timeout: Annotated[float, typer.Option(help="Seconds to wait for the bus.")] = 30.0,
+) -> None:
+    """Re-publish a log at its recorded pace so live services can be debugged against it.
+
+    Point it at a separate namespace (--prefix/--stream) or a fresh bus: re-sent event ids
+    that the stream saw within its duplicate window are dropped by design.
+    """
+    publish_cmd(log, nats_url, None if fast else speed, prefix, stream, timeout, connect_timeout)
 
 
 @app.command("demo")
