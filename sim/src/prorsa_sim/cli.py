@@ -53,7 +53,11 @@ def register(app: typer.Typer) -> None:
         workload: WorkloadOpt = "coding",
         staleness: StaleOpt = 0,
         model: ModelOpt = "deepseek-v3.2",
-        policy: Annotated[str, typer.Option("--policy", help="colocation | static | static:P:D")] = "colocation",
+        policy: Annotated[str, typer.Option(
+            "--policy",
+            help="colocation | static | static:P:D | reactive | prorsa | oracle "
+            "(switching policies take :in_place or :restart, e.g. prorsa:restart)",
+        )] = "colocation",
         steps: StepsOpt = 2,
         seed: SeedOpt = 0,
         batch_size: BatchOpt = 512,
@@ -89,7 +93,11 @@ def register(app: typer.Typer) -> None:
         workload: WorkloadOpt = "coding",
         staleness: StaleOpt = 0,
         model: ModelOpt = "deepseek-v3.2",
-        policies: Annotated[str, typer.Option("--policies", help="Comma-separated; the first is the baseline.")] = "colocation,static",
+        policies: Annotated[str, typer.Option(
+            "--policies",
+            help="Comma-separated; the first is the baseline. 'all' = colocation,static,reactive,"
+            "prorsa,oracle ('all:restart': the switching ones restart instead of switching in place).",
+        )] = "colocation,static",
         steps: StepsOpt = 2,
         seed: SeedOpt = 0,
         batch_size: BatchOpt = 512,
@@ -101,12 +109,12 @@ def register(app: typer.Typer) -> None:
         from rich.progress import Progress
         from rich.table import Table
 
-        from .policy import make_policy
+        from .policy import expand_policies, make_policy
         from .runner import compare
 
         cfg = _config(workload, model, staleness, steps, seed, batch_size, gpus)
         _check(cfg)
-        specs = [p.strip() for p in policies.split(",") if p.strip()]
+        specs = expand_policies(policies)
         if not specs:
             fail("--policies is empty")
         for s in specs:

@@ -138,8 +138,38 @@ def static_sweep_ratios(n_engines: int, max_points: int = 7) -> list[tuple[int, 
 
 
 POLICY_FACTORIES: dict[str, Callable[[str], Policy]] = {}
-"""Extra policies by name (issue #6 registers ``prorsa``, ``reactive``, ``oracle`` here):
+"""Extra policies by name (:mod:`prorsa_sim.policies` registers ``prorsa``, ``reactive``,
+``oracle`` here, loaded by :func:`make_policy` on first use):
 ``POLICY_FACTORIES[name] = lambda spec: MyPolicy(...)``; ``spec`` is the full CLI text."""
+
+ALL_POLICIES = ("colocation", "static", "reactive", "prorsa", "oracle")
+"""What ``--policies all`` runs: the baselines, then the switching policies."""
+
+
+def _load_builtin_policies() -> None:
+    # Imported here, not at module top: the policies import this module.
+    from . import policies  # noqa: F401
+
+
+def policy_names() -> list[str]:
+    """Every name :func:`make_policy` accepts (besides ``static:P:D``)."""
+    _load_builtin_policies()
+    return ["colocation", "static", *sorted(POLICY_FACTORIES)]
+
+
+def expand_policies(text: str) -> list[str]:
+    """The CLI's ``--policies`` list: comma-separated specs; ``all`` is :data:`ALL_POLICIES`
+    (``all:restart`` asks the switching policies for restart switches)."""
+    specs: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if part == "all" or part.startswith("all:"):
+            suffix = part[3:]
+            specs += [p if p in ("colocation", "static") or not suffix else p + suffix for p in ALL_POLICIES]
+        else:
+            specs.append(part)
+    return specs
 
 
 def make_policy(spec: str) -> Policy:
@@ -153,6 +183,8 @@ def make_policy(spec: str) -> Policy:
             raise ValueError(f"bad policy {spec!r}: expected static:P:D with integers, e.g. static:4:4")
         return StaticPD(int(parts[1]), int(parts[2]))
     base = spec.split(":", 1)[0]
+    if base not in POLICY_FACTORIES:
+        _load_builtin_policies()
     if base in POLICY_FACTORIES:
         return POLICY_FACTORIES[base](spec)
     known = ["colocation", "static", "static:P:D", *sorted(POLICY_FACTORIES)]

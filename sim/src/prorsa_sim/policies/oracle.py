@@ -3,7 +3,7 @@ simulator runs a copy of itself ahead). The limit of what forecasting can buy.""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..costmodel import ModelProfile
 from ..policy import Observation, SwitchRequest
@@ -14,7 +14,11 @@ from .prorsa import AllocatorDriver, forecast_event
 class OraclePolicy:
     name: str = "oracle"
     wants_future: bool = True
-    driver: AllocatorDriver = field(default_factory=AllocatorDriver)
+    switch_mode: str | None = None
+    driver: AllocatorDriver | None = None
+
+    def __post_init__(self) -> None:
+        self.driver = self.driver or AllocatorDriver(switch_mode=self.switch_mode)
 
     def initial_roles(self, profile: ModelProfile, n_engines: int) -> list[str]:
         return self.driver.initial_roles(profile, n_engines)

@@ -24,7 +24,11 @@ def prefill_rate_computed(profile: ModelProfile) -> float:
 class AllocatorDriver:
     """Drives :class:`Allocator` from simulator observations (shared by prorsa and oracle)."""
 
-    config: AllocatorConfig = field(default_factory=AllocatorConfig)
+    config: AllocatorConfig | None = None
+    """None: the defaults, with the switch-cost priors an operator would set for this model
+    (the profile's in-place and restart times; both are then learned from engine.switched)."""
+    switch_mode: str | None = None
+    """``in_place`` / ``restart``; None: in place when the profile allows it."""
     allocator: Allocator | None = None
     _prompt: dict[str, int] = field(default_factory=dict)
     _cached: float = 0.0
@@ -38,7 +42,11 @@ class AllocatorDriver:
     def observe(self, obs: Observation) -> None:
         """Fold the window's engine events and the cache-hit ratio in; sync the table."""
         if self.allocator is None:
-            self.allocator = Allocator(self.config)
+            prof = obs.profile
+            cfg = self.config or AllocatorConfig(
+                in_place_switch_s=prof.in_place_switch_s, restart_switch_s=prof.restart_switch_s
+            )
+            self.allocator = Allocator(cfg)
         alloc = self.allocator
         for ev in obs.events:
             kind = ev.type
@@ -56,9 +64,19 @@ class AllocatorDriver:
         hit = min(self._cached / self._prompt_sum, 0.95) if self._prompt_sum else 0.0
         alloc.theta.value = prefill_rate_computed(obs.profile) / (1.0 - hit)
 
+    def mode(self, obs: Observation) -> str:
+        """The switch mode this policy uses (checked against what the profile supports)."""
+        modes = obs.profile.switch_modes
+        mode = self.switch_mode or ("in_place" if "in_place" in modes else "restart")
+        if mode not in modes:
+            raise ValueError(f"{obs.profile.name} does not support {mode!r} switches (only {', '.join(modes)})")
+        return mode
+
     def _sync(self, engines: list[EngineView], obs: Observation) -> None:
         """The simulator's engine table is authoritative: its switch ids are its own."""
         table = self.allocator.table  # type: ignore[union-attr]
+        # What the engines advertise decides the switch cost the allocator prices in.
+        modes = (self.mode(obs),)
         for v in engines:
             view = table.engines.get(v.engine)
             if view is None:
@@ -68,6 +86,7 @@ class AllocatorDriver:
                     switch_modes=list(obs.profile.switch_modes),
                 ))
                 view = table.engines[v.engine]
+            view.switch_modes = modes
             if view.role != v.role:
                 view.role, view.since_ts = v.role, obs.t
             view.running_reqs, view.queued_reqs, view.kv_used_tokens = v.running_reqs, v.queued_reqs, v.kv_used_tokens
@@ -82,7 +101,7 @@ class AllocatorDriver:
     def decide(self, obs: Observation, fc: ForecastWindow) -> list[SwitchRequest]:
         self._window += 1
         out = self.allocator.handle(fc)  # type: ignore[union-attr]
-        mode = "in_place" if "in_place" in obs.profile.switch_modes else "restart"
+        mode = self.mode(obs)
         return [SwitchRequest(e.engine, e.to_role, mode) for e in out if isinstance(e, EngineCommand)]
 
 
@@ -100,8 +119,12 @@ class ProrsaPolicy:
 
     name: str = "prorsa"
     wants_future: bool = False
-    driver: AllocatorDriver = field(default_factory=AllocatorDriver)
+    switch_mode: str | None = None
+    driver: AllocatorDriver | None = None
     _loop: object | None = None
+
+    def __post_init__(self) -> None:
+        self.driver = self.driver or AllocatorDriver(switch_mode=self.switch_mode)
 
     def initial_roles(self, profile: ModelProfile, n_engines: int) -> list[str]:
         return self.driver.initial_roles(profile, n_engines)

@@ -29,6 +29,8 @@ class ReactivePolicy:
     kv_high: float = 0.85
     kv_low: float = 0.5
     cooldown_s: float = 30.0
+    switch_mode: str | None = None
+    """``in_place`` / ``restart``; None: in place when the profile allows it."""
     _last: float = -1e18
 
     def initial_roles(self, profile: ModelProfile, n_engines: int) -> list[str]:
@@ -49,7 +51,7 @@ class ReactivePolicy:
         decode_hot = d_kv > self.kv_high or d_queue > self.queue_high
         prefill_cool = p_queue < self.queue_low
         decode_cool = d_kv < self.kv_low and d_queue < self.queue_low
-        mode = "in_place" if "in_place" in obs.profile.switch_modes else "restart"
+        mode = self.switch_mode or ("in_place" if "in_place" in obs.profile.switch_modes else "restart")
         if prefill_hot and decode_cool and len(dec) > 1:
             donor, to_role = dec, "prefill"
         elif decode_hot and prefill_cool and len(pre) > 1:
