@@ -45,11 +45,14 @@ def run_cmd(
     setup_logging(settings.log_level, settings.log_json, "allocator")
     service = AllocatorService(settings)
     if settings.metrics_port is not None:
-        from prometheus_client import CollectorRegistry
-
         from prorsa_runtime.metrics import serve_metrics
 
-        serve_metrics(CollectorRegistry(), settings.metrics_port, service.state.health)
+        from .metrics import allocator_registry
+
+        try:
+            serve_metrics(allocator_registry(service.state), settings.metrics_port, service.state.health)
+        except OSError as exc:
+            _fail(f"cannot serve metrics on port {settings.metrics_port}: {exc}")
     run_service(service.run, "allocator")
 
 

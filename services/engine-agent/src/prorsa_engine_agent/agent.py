@@ -38,6 +38,7 @@ from .clients import EngineClient, EngineHTTPError, RouterClient
 from .config import AgentConfig, InstanceConfig
 from .core import FINAL, Phase, Switch, Verdict, begin, decide, event_id, resume
 from .journal import Journal
+from .metrics import AgentMetrics
 from .launch import launch_command, launch_env
 from .process import Processes
 from .procedure import run_switch
@@ -73,6 +74,8 @@ class EngineAgent:
         self.pub: ReliablePublisher | None = None
         self.router: RouterClient
         self._tasks: set[asyncio.Task] = set()
+        self.metrics = AgentMetrics()  # Prometheus view (served when metrics_port is set)
+        self.metrics.agent = self
         self.ready = asyncio.Event()
 
     # -- events --------------------------------------------------------------------------
@@ -202,6 +205,7 @@ class EngineAgent:
                              reason=f"down after failed switch {sw.cmd}: {sw.error}"[:4096])
         self.journal.inflight.pop(sw.cmd, None)
         self.journal.done[sw.cmd] = outcome
+        self.metrics.record(outcome, max(0.0, time.time() - sw.started) if outcome == "switched" else None)
         self.journal.save()
         log.info("%s %s: %s %s", sw.engine, sw.cmd, outcome, sw.error)
 

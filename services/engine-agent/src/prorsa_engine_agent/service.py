@@ -33,6 +33,19 @@ def run_agent(config_path: Path, nats_url: str | None = None, stop_engines: bool
         print(f"error: {exc}")
         return 2
 
+    if config.settings.metrics_port is not None:  # PRORSA_AGENT_METRICS_PORT
+        from prorsa_runtime.metrics import serve_metrics
+
+        def health() -> tuple[bool, dict]:
+            up = sum(1 for st in agent.engines.values() if st.up)
+            return up == len(config.instances), {"engines_up": up, "engines": len(config.instances)}
+
+        try:
+            serve_metrics(agent.metrics.registry(), config.settings.metrics_port, health)
+        except OSError as exc:
+            print(f"error: cannot serve metrics on port {config.settings.metrics_port}: {exc}")
+            return 2
+
     async def main(stack, stop) -> None:
         try:
             await agent.run(stack, stop)

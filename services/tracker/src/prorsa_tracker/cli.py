@@ -86,6 +86,15 @@ def register(app: typer.Typer) -> None:
             _fail("the query API needs a token: set PRORSA_TRACKER_API_TOKEN")
         setup_logging(s.log_level, s.log_json, "tracker")
         tr = Tracker(s)
+        if s.metrics_port is not None:  # Prometheus /metrics and /health (PRORSA_TRACKER_METRICS_PORT)
+            from prorsa_runtime.metrics import serve_metrics
+
+            from .metrics import tracker_health, tracker_registry
+
+            try:
+                serve_metrics(tracker_registry(tr), s.metrics_port, tracker_health(tr))
+            except OSError as exc:
+                _fail(f"cannot serve metrics on port {s.metrics_port}: {exc}")
         asyncio.run(run_until_stopped(lambda stack, stop: tr.run(stop), "tracker"))
 
     @tracker.command("load")

@@ -101,13 +101,14 @@ class Driver:
 
     # -- readiness ----------------------------------------------------------------------
     async def wait_router(self, client: httpx.AsyncClient) -> None:
-        """Wait until the router lists at least one prefill and one decode worker."""
+        """Wait until the router lists a prefill and a decode worker (or a regular one)."""
         deadline = time.monotonic() + self.cfg.ready_timeout_s
         last = "no answer"
         while time.monotonic() < deadline:
             try:
                 stats = (await client.get(f"{self.cfg.router_url}/workers", timeout=2.0)).json()["stats"]
-                if stats["prefill_count"] >= 1 and stats["decode_count"] >= 1:
+                pd = stats["prefill_count"] >= 1 and stats["decode_count"] >= 1
+                if pd or stats.get("regular_count", 0) >= 1:  # a PD pair, or colocated workers
                     return
                 last = f"workers {stats}"
             except (httpx.HTTPError, ValueError, KeyError) as exc:

@@ -1,0 +1,204 @@
+"""The run loop of `prorsa up`: start the planned processes, watch them, finish a live run.
+
+With the emulated cluster, the run ends when the rollout driver exits: the loop then waits
+until the tracker holds every event the driver published and the forecaster has closed the
+last window, prints the summary (rollout time per step, switches, forecast WAPE, where the
+durable log is and how to explore it), writes ``summary.json`` and ``timeline.png``, and
+stops every service (unless ``keep_running``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .common import console, is_tty, out
+from .stack import StackPlan, UpError, UpOptions, plan_stack, register_colocated
+from .supervisor import StartError, Supervisor
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _endpoints(plan: StackPlan) -> Table:
+    t = Table(title="prorsa up: endpoints", show_header=True)
+    t.add_column("what")
+    t.add_column("where")
+    t.add_row("bus (NATS JetStream)", plan.nats_url)
+    t.add_row("durable log (tracker)", plan.db_url)
+    t.add_row("tracker query API", f"http://127.0.0.1:{plan.ports.tracker_api}/docs (token in api-token)")
+    for name, url in plan.metrics.items():
+        t.add_row(f"{name} metrics / health", f"{url}/metrics  {url}/health")
+    if plan.router_url:
+        t.add_row("router (emulated)", plan.router_url)
+    return t
+
+
+def _wait(cond, timeout: float, stop: threading.Event) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if stop.is_set() or time.monotonic() > deadline:
+            return False
+        stop.wait(0.25)
+    return True
+
+
+def run_up(opts: UpOptions, keep_running: bool = False, fresh: bool = False) -> int:
+    """Start, supervise and (for a live run) summarise; returns the exit code."""
+    if fresh and opts.workdir.exists():
+        shutil.rmtree(opts.workdir)
+    try:
+        plan = plan_stack(opts)
+    except UpError as exc:
+        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        return 2
+    wd = opts.workdir.resolve()
+    for f in (plan.driver_out, plan.progress):
+        f.unlink(missing_ok=True)
+    sup = Supervisor(wd / "logs", wd / "up-state.json", on_event=lambda m: console.print(f"[yellow]{m}[/]"))
+    stop = threading.Event()
+
+    def on_term(*_):
+        raise KeyboardInterrupt  # SIGTERM to `prorsa up` stops like Ctrl-C
+
+    old_term = signal.signal(signal.SIGTERM, on_term)
+    code = 0
+    try:
+        for spec in plan.specs:
+            console.print(f"starting {spec.name} (log {wd / 'logs' / (spec.name + '.log')})", highlight=False)
+            sup.start(spec)
+            if spec.name.startswith("engine-") and spec.name == f"engine-{opts.engines - 1}" and plan.colocated_engines:
+                register_colocated(plan.router_url, plan.colocated_engines)
+        out.print(_endpoints(plan))
+        if not opts.emulated_cluster:
+            console.print("all services up; Ctrl-C stops them")
+            while not stop.is_set():
+                sup.poll()
+                stop.wait(0.25)
+            return 0
+        code = _follow_run(opts, plan, sup, stop)
+        if keep_running and code == 0:
+            console.print("run finished; services keep running (Ctrl-C stops them)")
+            while not stop.is_set():
+                sup.poll()
+                stop.wait(0.25)
+    except StartError as exc:
+        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        code = 1
+    except UpError as exc:
+        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        code = 2
+    except KeyboardInterrupt:
+        console.print("stopping (Ctrl-C)")
+        code = 130
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        console.print("stopping services")
+        try:
+            sup.stop()
+        except KeyboardInterrupt:  # a second Ctrl-C: kill at once
+            sup.stop(grace_s=0.0)
+        console.print(f"stopped; logs in {wd / 'logs'}", highlight=False)
+    return code
+
+
+def _follow_run(opts: UpOptions, plan: StackPlan, sup: Supervisor, stop: threading.Event) -> int:
+    total = opts.batch_size * opts.steps
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console, disable=not is_tty()) as bar:
+        task = bar.add_task("rollout", total=total)
+        last_print = 0.0
+        while True:
+            ended = sup.poll()
+            p = _read_json(plan.progress) or {}
+            restarts = sum(r for _, r in sup.snapshot().values())
+            desc = (f"step {p.get('step', 0) + 1}/{opts.steps}, {p.get('live', 0)} live, "
+                    f"{p.get('requests', 0)} requests, {restarts} restarts")
+            bar.update(task, completed=p.get("completed", 0), description=desc)
+            if not is_tty() and time.monotonic() - last_print > 10:
+                console.print(f"rollout: {p.get('completed', 0)}/{total} trajectories; {desc}", highlight=False)
+                last_print = time.monotonic()
+            if "driver" in ended:
+                break
+            stop.wait(0.25)
+    rc = sup.returncode("driver")
+    if rc != 0:
+        console.print(f"[bold red]error:[/] the rollout driver failed (exit {rc}); last lines of its log:\n"
+                      + sup.tail("driver"), highlight=False)
+        return 1
+    driver = _read_json(plan.driver_out) or {}
+    return _finish(opts, plan, driver, stop)
+
+
+def _finish(opts: UpOptions, plan: StackPlan, driver: dict, stop: threading.Event) -> int:
+    from .report import count_run, load_events, scrape, summarise, timeline
+
+    want = driver.get("events", 0)
+    console.print(f"driver done: {driver.get('completed')} trajectories, {want} events published; "
+                  "waiting for the tracker to store them", highlight=False)
+    stored = [0, 0]
+
+    def caught_up() -> bool:
+        stored[:] = count_run(plan.db_url, opts.run)
+        return stored[0] >= want
+
+    _wait(caught_up, 120.0, stop)
+    last_ts = driver.get("finished_at", 0.0)
+
+    def last_window() -> bool:  # the forecaster has published the window holding the last event
+        return any(e["type"] == "forecast.window" and e["t"] + opts.horizon >= last_ts - opts.horizon
+                   for e in load_events(plan.db_url)[-200:])
+
+    _wait(last_window, 4 * opts.horizon + 10, stop)
+    metrics = scrape(plan.metrics["forecaster"])
+    events = load_events(plan.db_url)
+    summary = summarise(events, opts.run, driver, metrics, opts.horizon)
+    summary.update(policy=opts.policy, workload=opts.workload, engines=opts.engines, speed=opts.speed,
+                   tracker_events=stored[0], anomalies=stored[1], durable_log=plan.db_url)
+    wd = opts.workdir.resolve()
+    png = timeline(events, opts.run, opts.horizon, wd / "timeline.png",
+                   f"{opts.policy}: {opts.workload}, {opts.engines} engines, speed x{opts.speed:g}")
+    summary["timeline_png"] = str(png) if png else None
+    (wd / "summary.json").write_text(json.dumps(summary, indent=2))
+    _print_summary(summary, plan, opts)
+    ok = stored[0] == want and stored[1] == 0
+    if not ok:
+        console.print(f"[bold red]the tracker holds {stored[0]} of {want} events, {stored[1]} anomalies[/]")
+    return 0 if ok else 1
+
+
+def _print_summary(s: dict, plan: StackPlan, opts: UpOptions) -> None:
+    t = Table(title=f"live run {s['run']} ({s['policy']})")
+    t.add_column("measure")
+    t.add_column("value")
+    steps = ", ".join(f"{w:.1f} s" for w in s["rollout_step_times_s"])
+    sim = ", ".join(f"{w:.0f} s" for w in s["rollout_step_times_simulated_s"])
+    t.add_row("rollout time per step (wall)", steps or "-")
+    t.add_row(f"rollout time per step (simulated, x{opts.speed:g})", sim or "-")
+    t.add_row("trajectories", str(s["trajectories"]))
+    t.add_row("events: published / in the log / anomalies", f"{s['driver_events']} / {s['tracker_events']} / {s['anomalies']}")
+    t.add_row("switches: commanded / executed / failed", f"{s['commands']} / {s['switches']} / {s['switch_failures']}")
+    w = s["forecast_wape"]
+    pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
+    t.add_row(f"forecast windows (S = {opts.horizon:g} s)", str(s["forecast_windows"]))
+    t.add_row("forecast WAPE: prefill / decode", f"{pct(w['prefill'])} / {pct(w['decode'])}")
+    t.add_row("durable log", plan.db_url)
+    t.add_row("timeline", str(s["timeline_png"]))
+    out.print(t)
+    db = plan.db_url
+    out.print("explore the durable log:", highlight=False)
+    out.print(f"  prorsa runs --db {db}", highlight=False, soft_wrap=True)
+    out.print(f"  prorsa trajectories --run {s['run']} --db {db}", highlight=False, soft_wrap=True)
+    out.print(f"  prorsa history s0-t0 --run {s['run']} --db {db}", highlight=False, soft_wrap=True)
+    out.print(f"  prorsa export --run {s['run']} --db {db} -o {s['run']}.jsonl.gz", highlight=False, soft_wrap=True)

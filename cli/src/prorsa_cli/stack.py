@@ -1,0 +1,283 @@
+"""What `prorsa up` starts: the process specs of the embedded single-machine deployment.
+
+Pure planning (ports, environment, command lines, agent config files); the supervisor
+(`supervisor.py`) runs the result and `up.py` is the command line.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import secrets
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import httpx
+
+from .supervisor import ProcSpec
+
+Policy = Literal["prorsa", "static", "colocation"]
+PY = sys.executable
+
+EMULATED_ALLOCATOR_ENV = {
+    "PRORSA_ALLOCATOR_PREFILL_TOKENS_PER_S": "10000",
+    "PRORSA_ALLOCATOR_MIN_DWELL_S": "10",
+}
+
+
+class UpError(RuntimeError):
+    """A clear, user-facing reason why the stack cannot start."""
+
+
+@dataclass
+class UpOptions:
+    """Everything `prorsa up` (and the demo) can be asked for."""
+
+    workdir: Path = Path(".prorsa/up")
+    nats: str | None = None  # an existing server's URL; None: run the embedded one
+    nats_config: Path | None = None  # nats-server -c file (accounts) for the embedded server
+    db: str | None = None  # default: SQLite in the workdir
+    emulated_cluster: bool = False
+    engines: int = 6
+    prefill: int | None = None  # engines that start as prefill (default: a third)
+    agents: int = 2  # engine agents ("servers") the engines are spread over
+    policy: Policy = "prorsa"
+    speed: float = 10.0
+    workload: str = "general"
+    batch_size: int = 24
+    steps: int = 2
+    max_turns: int = 6
+    seed: int = 0
+    run: str = "demo"
+    horizon: float = 5.0
+    port_base: int | None = None  # None: the standard ports; 0: any free block
+    host: str = "127.0.0.1"
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Ports:
+    nats: int
+    router: int
+    tracker_api: int
+    tracker_metrics: int
+    forecaster_metrics: int
+    allocator_metrics: int
+    agent_metrics: list[int]
+    engines: list[tuple[int, int]]  # (http, bootstrap)
+
+    def named(self) -> list[tuple[str, int]]:
+        out = [("nats", self.nats), ("router", self.router), ("tracker API", self.tracker_api),
+               ("tracker metrics", self.tracker_metrics), ("forecaster metrics", self.forecaster_metrics),
+               ("allocator metrics", self.allocator_metrics)]
+        out += [(f"engine agent {i} metrics", p) for i, p in enumerate(self.agent_metrics)]
+        for i, (h, b) in enumerate(self.engines):
+            out += [(f"engine {i}", h), (f"engine {i} bootstrap", b)]
+        return out
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def plan_ports(opts: UpOptions) -> Ports:
+    """Standard ports, or a block from ``port_base`` (0: a random free block)."""
+    n, k = opts.engines, opts.agents
+
+    def layout(b: int | None) -> Ports:
+        if b is None:
+            return Ports(4222, 30080, 8470, 9101, 9102, 9103, [9111 + i for i in range(k)],
+                         [(30001 + i, 31001 + i) for i in range(n)])
+        return Ports(b, b + 1, b + 2, b + 3, b + 4, b + 5, [b + 10 + i for i in range(k)],
+                     [(b + 40 + 2 * i, b + 41 + 2 * i) for i in range(n)])
+
+    if opts.port_base == 0:
+        rng = random.Random()
+        for _ in range(200):
+            ports = layout(rng.randrange(20000, 60000))
+            if all(port_free(p, opts.host) for _, p in ports.named()):
+                return ports
+        raise UpError("found no block of free ports; pass --port-base N")
+    return layout(opts.port_base)
+
+
+def check_ports(ports: Ports, opts: UpOptions) -> None:
+    """Refuse to start when a port we need is taken, naming the port and its use."""
+    needed = ports.named()
+    if opts.nats is not None:
+        needed = [x for x in needed if x[0] != "nats"]
+    if not opts.emulated_cluster:
+        needed = [x for x in needed if not x[0].startswith(("engine ", "router"))]
+    taken = [f"{p} ({what})" for what, p in needed if not port_free(p, opts.host)]
+    if taken:
+        raise UpError(f"port(s) already in use on {opts.host}: {', '.join(taken)}. Stop what holds them "
+                      "(another `prorsa up`?) or choose other ports with --port-base N (0: any free block).")
+
+
+def _http_ok(url: str, any_status: bool = False) -> bool:
+    try:
+        r = httpx.get(url, timeout=1.0)
+    except httpx.HTTPError:
+        return False
+    return any_status or r.status_code == 200
+
+
+def _tcp_ok(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _agent_config(path: Path, server: str, router: str, state_dir: Path, engines: list[dict]) -> None:
+    lines = [f'server = "{server}"', f'router_url = "{router}"', 'run = "engines"',
+             f'state_dir = "{state_dir}"', "stats_interval_s = 1.0", "unknown_engine_grace_s = 5.0", ""]
+    for e in engines:
+        lines += ["[[instances]]"] + [f"{k} = {_toml(v)}" for k, v in e.items()] + [""]
+    path.write_text("\n".join(lines))
+
+
+def _toml(v: object) -> str:
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml(x) for x in v) + "]"
+    return str(v)
+
+
+@dataclass
+class StackPlan:
+    specs: list[ProcSpec]
+    ports: Ports
+    nats_url: str
+    db_url: str
+    router_url: str | None
+    api_token: str
+    driver_out: Path
+    progress: Path
+    metrics: dict[str, str]
+    colocated_engines: list[str] = field(default_factory=list)
+
+
+def plan_stack(opts: UpOptions) -> StackPlan:
+    """The processes to start, in order, with their readiness checks."""
+    from prorsa_runtime.natsserver import NatsServer, NatsServerNotFound
+
+    wd = opts.workdir.resolve()
+    wd.mkdir(parents=True, exist_ok=True)
+    ports = plan_ports(opts)
+    check_ports(ports, opts)
+    h = opts.host
+    specs: list[ProcSpec] = []
+    base_env = {"PRORSA_LOG_LEVEL": "INFO", **opts.extra_env}
+    if opts.nats is None:
+        try:
+            server = NatsServer(wd / "nats", port=ports.nats, host=h, config_file=opts.nats_config)
+        except NatsServerNotFound as exc:
+            raise UpError(str(exc)) from None
+        nats_url = server.url
+        specs.append(ProcSpec("nats-server", server.command(), ready=lambda: _tcp_ok(h, ports.nats)))
+    else:
+        nats_url = opts.nats
+    base_env["PRORSA_NATS_URL"] = nats_url
+    db_url = opts.db or f"sqlite:///{wd / 'tracker.db'}"
+    token_file = wd / "api-token"
+    token = token_file.read_text().strip() if token_file.exists() else secrets.token_urlsafe(18)
+    token_file.write_text(token)
+    token_file.chmod(0o600)
+    cli = [PY, "-m", "prorsa_cli.main"]
+    m = {"tracker": f"http://{h}:{ports.tracker_metrics}", "forecaster": f"http://{h}:{ports.forecaster_metrics}",
+         "allocator": f"http://{h}:{ports.allocator_metrics}"}
+    specs.append(ProcSpec("tracker", cli + ["tracker", "run"], env={
+        **base_env, "PRORSA_TRACKER_DB_URL": db_url, "PRORSA_TRACKER_METRICS_PORT": str(ports.tracker_metrics),
+        "PRORSA_TRACKER_HTTP_PORT": str(ports.tracker_api), "PRORSA_TRACKER_HTTP_HOST": h,
+        "PRORSA_TRACKER_API_TOKEN": token, "PRORSA_TRACKER_CLOCK": "wall"},
+        ready=lambda: _http_ok(m["tracker"] + "/health")))
+    specs.append(ProcSpec("forecaster", cli + ["forecaster", "run"], env={
+        **base_env, "PRORSA_FORECASTER_HORIZON": str(opts.horizon),
+        "PRORSA_FORECASTER_METRICS_PORT": str(ports.forecaster_metrics)},
+        ready=lambda: _http_ok(m["forecaster"] + "/metrics")))
+    if opts.policy == "prorsa":
+        alloc_env = {"PRORSA_ALLOCATOR_METRICS_PORT": str(ports.allocator_metrics)}
+        if opts.emulated_cluster:
+            # Emulated engines serve requests concurrently with no batch limit, so they have
+            # no prefill capacity to measure: the demo declares one (θᴾ) for the allocator to
+            # plan against, and a dwell that fits a run of a few minutes. Env vars win.
+            alloc_env.update({k: v for k, v in EMULATED_ALLOCATOR_ENV.items() if k not in os.environ})
+        specs.append(ProcSpec("allocator", cli + ["allocator", "run"], env={**base_env, **alloc_env},
+            ready=lambda: _http_ok(m["allocator"] + "/metrics")))
+    else:
+        m.pop("allocator")
+    router_url = None
+    colocated: list[str] = []
+    if opts.emulated_cluster:
+        try:
+            import prorsa_sim.emulated  # noqa: F401
+        except ImportError:
+            raise UpError("--emulated-cluster needs the prorsa-sim package, which is not installed here") from None
+        router_url = f"http://{h}:{ports.router}"
+        specs.append(ProcSpec("router", [PY, "-m", "prorsa_sim.emulated", "router", "--host", h, "--port",
+                                         str(ports.router), "--health-interval", "0.5"],
+                              ready=lambda: _http_ok(router_url + "/health")))
+        emu = ["--speed", str(opts.speed), "--switch-seconds", "2"]
+        if opts.policy == "colocation":
+            for i, (port, _b) in enumerate(ports.engines):
+                url = f"http://{h}:{port}"
+                specs.append(ProcSpec(f"engine-{i}", [PY, "-m", "prorsa_sim.emulated", "engine", "--host", h,
+                                                      "--port", str(port), "--disaggregation-mode", "null", *emu],
+                                      ready=lambda u=url: _http_ok(u + "/health")))
+                colocated.append(url)
+        else:
+            # Default: start short of prefill (1 in 3), so the allocator has something to fix.
+            k = max(1, opts.engines // 3) if opts.prefill is None else opts.prefill
+            if not 1 <= k < opts.engines:
+                raise UpError(f"--prefill must leave at least one engine per role (got {k} of {opts.engines})")
+            roles = ["prefill"] * k + ["decode"] * (opts.engines - k)
+            # Interleave so that every agent holds both roles.
+            for a in range(opts.agents):
+                mine = [i for i in range(opts.engines) if i % opts.agents == a]
+                if not mine:
+                    continue
+                server = f"node{a}"
+                insts = [{"engine": f"{server}-e{i}", "model": "emulated/model", "host": h,
+                          "port": ports.engines[i][0], "bootstrap_port": ports.engines[i][1],
+                          "role": roles[i], "launch": "emulated", "extra_args": emu} for i in mine]
+                cfg = wd / f"agent-{server}.toml"
+                _agent_config(cfg, server, router_url, wd / "agents" / server, insts)
+                url = f"http://{h}:{ports.agent_metrics[a]}"
+                m[f"agent-{server}"] = url
+                specs.append(ProcSpec(f"agent-{server}", cli + ["engine-agent", "run", "--config", str(cfg),
+                                                               "--stop-engines-on-exit"],
+                                      env={**base_env, "PRORSA_AGENT_METRICS_PORT": str(ports.agent_metrics[a])},
+                                      ready=lambda u=url: _http_ok(u + "/health"), ready_timeout_s=120.0))
+    driver_out, progress = wd / "driver.json", wd / "progress.json"
+    if opts.emulated_cluster:
+        assert router_url is not None
+        specs.append(ProcSpec("driver", [
+            PY, "-m", "prorsa_sim.driver", "--router", router_url, "--nats", nats_url, "--run", opts.run,
+            "--workload", opts.workload, "--batch-size", str(opts.batch_size), "--steps", str(opts.steps),
+            "--max-turns", str(opts.max_turns), "--speed", str(opts.speed), "--seed", str(opts.seed),
+            "--out", str(driver_out), "--progress", str(progress)], env=base_env, restart=False))
+    for s in specs:
+        s.env = {**base_env, **s.env}
+    return StackPlan(specs, ports, nats_url, db_url, router_url, token, driver_out, progress, m, colocated)
+
+
+def register_colocated(router_url: str, urls: list[str]) -> None:
+    """Colocation has no engine agents: register the mixed engines with the router directly."""
+    for url in urls:
+        r = httpx.post(f"{router_url}/workers", json={"url": url, "worker_type": "regular"}, timeout=5.0)
+        if r.status_code not in (200, 202, 409):
+            raise UpError(f"router refused worker {url}: {r.status_code} {r.text}")

@@ -1,0 +1,104 @@
+"""`prorsa up` (the whole system on one machine) and `prorsa demo-live` (the live demo).
+
+`prorsa up` supervises each service as its own process: a nats-server with JetStream (from
+the wheel; or `--nats URL`), the tracker (SQLite by default, `--db URL`), the forecaster, the
+allocator and, with `--emulated-cluster`, an emulated SGLang router, engine agents that
+launch emulated engines, and the rollout driver. Logs go to `<workdir>/logs/`; crashed
+services are restarted with back-off; Ctrl-C stops everything (SIGTERM, then SIGKILL).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .common import console, fail, out
+
+WorkdirOpt = Annotated[Path, typer.Option(help="Where the bus store, the SQLite log, process logs and results go.")]
+
+
+def register(app: typer.Typer) -> None:
+    """Add `prorsa up` and `prorsa demo-live`."""
+
+    @app.command("up")
+    def up_cmd(
+        workdir: WorkdirOpt = Path(".prorsa/up"),
+        nats: Annotated[Optional[str], typer.Option("--nats", help="Use this NATS server instead of starting one.")] = None,
+        nats_config: Annotated[Optional[Path], typer.Option(help="nats-server config file (e.g. deploy/nats/accounts.conf).")] = None,
+        db: Annotated[Optional[str], typer.Option("--db", help="Tracker database URL (default: SQLite in the workdir).")] = None,
+        emulated_cluster: Annotated[bool, typer.Option("--emulated-cluster", help="Also run emulated engines, router and the rollout driver.")] = False,
+        engines: Annotated[int, typer.Option(help="Emulated engines.")] = 6,
+        prefill: Annotated[Optional[int], typer.Option(help="Engines that start as prefill (default: a third).")] = None,
+        agents: Annotated[int, typer.Option(help="Engine agents the engines are spread over.")] = 2,
+        policy: Annotated[str, typer.Option(help="prorsa (switching), static (PD, no switching) or colocation.")] = "prorsa",
+        speed: Annotated[float, typer.Option(help="Simulated seconds per wall second (workload and engines).")] = 10.0,
+        workload: Annotated[str, typer.Option(help="math, coding or general.")] = "general",
+        batch_size: Annotated[int, typer.Option(help="Trajectories per rollout step.")] = 24,
+        steps: Annotated[int, typer.Option(help="Rollout steps.")] = 2,
+        max_turns: Annotated[int, typer.Option(help="Cap on turns per trajectory.")] = 6,
+        seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
+        run: Annotated[str, typer.Option(help="Run id of the driver's events.")] = "demo",
+        horizon: Annotated[float, typer.Option(help="Forecast window S in seconds.")] = 5.0,
+        port_base: Annotated[Optional[int], typer.Option(help="Put every port in a block from N (0: any free block).")] = None,
+        keep_running: Annotated[bool, typer.Option("--keep-running", help="With --emulated-cluster: keep the services up after the run.")] = False,
+        fresh: Annotated[bool, typer.Option("--fresh", help="Delete the workdir first.")] = False,
+    ) -> None:
+        """Start the whole system on this machine (Ctrl-C stops it)."""
+        from .livedemo import run_up
+        from .stack import UpOptions
+
+        opts = _options(UpOptions, locals())
+        raise typer.Exit(run_up(opts, keep_running=keep_running, fresh=fresh))
+
+    @app.command("demo-live")
+    def demo_live_cmd(
+        workdir: WorkdirOpt = Path(".prorsa/demo"),
+        policy: Annotated[str, typer.Option(help="prorsa (switching), static or colocation (for comparison).")] = "prorsa",
+        speed: Annotated[float, typer.Option(help="Simulated seconds per wall second.")] = 10.0,
+        engines: Annotated[int, typer.Option(help="Emulated engines.")] = 6,
+        batch_size: Annotated[int, typer.Option(help="Trajectories per rollout step.")] = 24,
+        steps: Annotated[int, typer.Option(help="Rollout steps.")] = 2,
+        port_base: Annotated[Optional[int], typer.Option(help="Put every port in a block from N (0: any free block).")] = 0,
+    ) -> None:
+        """The live demo: `prorsa up --emulated-cluster` on a small scenario, then a summary and a PNG."""
+        from .livedemo import run_up
+        from .stack import UpOptions
+
+        opts = _options(UpOptions, {**locals(), "emulated_cluster": True, "run": f"demo-{policy}"})
+        raise typer.Exit(run_up(opts, keep_running=False, fresh=True))
+
+
+def _options(cls, given: dict):
+    policy = given.get("policy", "prorsa")
+    if policy not in ("prorsa", "static", "colocation"):
+        fail(f"--policy must be prorsa, static or colocation, got {policy!r}")
+    for name in ("speed", "horizon"):
+        if name in given and given[name] <= 0:
+            fail(f"--{name} must be > 0")
+    for name in ("engines", "agents", "batch_size", "steps", "max_turns"):
+        if name in given and given[name] < 1:
+            fail(f"--{name.replace('_', '-')} must be >= 1")
+    if given.get("engines", 2) < 2 and policy != "colocation":
+        fail("PD needs at least 2 engines (one per role)")
+    if given.get("port_base") is not None and not (given["port_base"] == 0 or 1024 <= given["port_base"] <= 65000):
+        fail("--port-base must be 0 (any free block) or between 1024 and 65000")
+    if given.get("nats") and not given["nats"].startswith(("nats://", "tls://", "ws://", "wss://")):
+        fail(f"--nats must be a nats:// URL, got {given['nats']!r}")
+    if given.get("nats_config") is not None and not Path(given["nats_config"]).is_file():
+        fail(f"--nats-config: no such file: {given['nats_config']}")
+    fields = {k: v for k, v in given.items() if k in cls.__dataclass_fields__}
+    try:
+        from prorsa_sim.workloads import get_workload
+
+        if "workload" in fields:
+            get_workload(fields["workload"])
+    except ImportError:
+        pass
+    except ValueError as exc:
+        fail(str(exc))
+    return cls(**fields)
+
+
+__all__ = ["register", "console", "out"]

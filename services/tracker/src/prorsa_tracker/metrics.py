@@ -1,0 +1,51 @@
+"""Prometheus metrics of a running tracker (read from the service object at scrape time).
+
+Exposed on ``PRORSA_TRACKER_METRICS_PORT`` (``/metrics`` and ``/health``):
+``prorsa_tracker_events_written_total`` (ingest: rate() of it is the ingest rate),
+``prorsa_tracker_stream_position`` (last committed stream sequence),
+``prorsa_tracker_buffered_messages`` (received, not yet committed: the ingest lag in messages),
+``prorsa_tracker_lag_seconds`` (wall time minus the newest applied event time),
+``prorsa_tracker_anomalies_total``, ``prorsa_tracker_live_trajectories``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+
+class _TrackerCollector:
+    def __init__(self, tracker) -> None:
+        self.tr = tracker
+
+    def collect(self):
+        tr = self.tr
+        st = tr.state
+        yield CounterMetricFamily("prorsa_tracker_events_written", "messages committed to SQL by this process",
+                                  value=tr.written)
+        yield GaugeMetricFamily("prorsa_tracker_stream_position", "last committed stream sequence", value=tr.position)
+        yield GaugeMetricFamily("prorsa_tracker_buffered_messages", "received but not yet committed",
+                                value=len(getattr(tr, "_buf", ())))
+        wm = getattr(st, "watermark", None)
+        yield GaugeMetricFamily("prorsa_tracker_lag_seconds", "wall time minus the newest applied event ts",
+                                value=max(0.0, time.time() - wm) if wm else 0.0)
+        yield CounterMetricFamily("prorsa_tracker_anomalies", "anomalies recorded", value=getattr(st, "anomalies", 0))
+        runs = getattr(st, "runs", {}) or {}
+        live = sum(len(getattr(r, "live", ()) or ()) for r in runs.values()) if isinstance(runs, dict) else 0
+        yield GaugeMetricFamily("prorsa_tracker_live_trajectories", "trajectories not yet ended", value=live)
+
+
+def tracker_registry(tracker) -> CollectorRegistry:
+    """A registry whose metrics are read from ``tracker`` at every scrape."""
+    reg = CollectorRegistry()
+    reg.register(_TrackerCollector(tracker))
+    return reg
+
+
+def tracker_health(tracker):
+    """``/health``: healthy once the tracker consumes."""
+    def health() -> tuple[bool, dict]:
+        return tracker.ready.is_set(), {"position": tracker.position, "written": tracker.written}
+    return health
