@@ -14,6 +14,7 @@ from prorsa_allocator.testing import THETA, forecast, registered, stats, switche
 from prorsa_runtime import connect, ensure_stream, publish_event
 from prorsa_runtime.testing import async_wait_until
 from prorsa_schemas import AllocationPlan, EngineCommand, Namespace, decode_event
+from prorsa_tracker.service import Watermark
 
 
 class Harness:
@@ -160,3 +161,29 @@ def test_bad_settings_are_refused_with_the_variable_named(monkeypatch, bad) -> N
     with pytest.raises(ValidationError) as err:
         AllocatorSettings()
     assert list(bad)[0].removeprefix("PRORSA_ALLOCATOR_").lower() in str(err.value).lower()
+
+
+async def test_deadlines_expire_on_the_tracker_watermark_alone(nats_url: str, ns: Namespace) -> None:
+    async with Harness(nats_url, ns, max_switch_fraction=0.125, ack_grace_s=5.0, max_attempts=2) as h:
+        svc = await h.start_service()
+        await cluster(h)
+        await h.publish(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0))
+        await async_wait_until(lambda: h.of(EngineCommand), 10, what="command")
+        (cmd,) = h.of(EngineCommand)
+        # The bus goes quiet: no engine event; only the tracker's watermark moves event time.
+        await h.nc.publish(ns.watermark(), b'{"ts": null, "seq": 0}')  # no event yet: ignored
+        await h.nc.publish(ns.watermark(), b"garbage")
+        await h.nc.publish(ns.watermark(), b'{"ts": "soon"}')
+        await h.nc.publish(ns.watermark(), Watermark(ts=cmd.deadline + 1.0, seq=20).model_dump_json().encode())
+        await async_wait_until(lambda: svc.state.watermarks == 1, 10, what="watermark applied")
+        assert len(h.of(EngineCommand)) == 1  # inside the grace period: nothing yet
+        assert svc.state.invalid == 2 and "watermark" in svc.state.last_invalid
+        await h.nc.publish(ns.watermark(), Watermark(ts=cmd.deadline + 6.0, seq=21).model_dump_json().encode())
+        await async_wait_until(lambda: len(h.of(EngineCommand)) == 2, 10, what="retry on the watermark")
+        retry = h.of(EngineCommand)[1]
+        assert retry.cmd == cmd.cmd and retry.ts == cmd.deadline + 6.0 and retry.deadline > cmd.deadline
+        await h.nc.publish(ns.watermark(), Watermark(ts=retry.deadline + 6.0, seq=22).model_dump_json().encode())
+        await async_wait_until(lambda: svc.state.allocator.counters.abandoned == 1, 10, what="abandon")
+        assert len(h.of(EngineCommand)) == 2 and not svc.state.allocator.table.commands
+        ok, health = svc.state.health()
+        assert ok and health["watermarks"] == 3 and health["event_time"] == retry.deadline + 6.0

@@ -98,6 +98,14 @@ class Allocator:
             out.extend(self.expire(self.now))
         return out
 
+    def advance(self, ts: float) -> list[Event]:
+        """Event time reached ``ts`` with no event (the tracker's watermark): expire the
+        deadlines that passed; return the retries to publish. Never moves time backwards."""
+        if not math.isfinite(ts):
+            raise ValueError(f"watermark time must be finite, got {ts!r}")
+        self.now = max(self.now, ts)
+        return self.expire(self.now)
+
     def _observe(self, event: Event) -> None:
         note = self.table.apply(event)
         if note:

@@ -7,13 +7,19 @@
 * Live, each engine event, forecast and command echo goes through ``Allocator.handle``; the
   plans and commands it returns are published through a :class:`ReliablePublisher` (one
   ordering lane, event ids derived from the forecast id, so a re-send is de-duplicated).
+* Deadlines expire on event time: every event advances it, and so does the tracker's
+  watermark (``ns.watermark()``, core NATS, ``{"ts": ...}``), so a command whose engine went
+  silent is retried or abandoned even when no other event arrives. Watermarks are ignored
+  until the replay has caught up (the table is not complete before).
 * A malformed message is counted and logged with its reason; it never stops the service.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import math
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
@@ -42,6 +48,9 @@ class ServiceState:
     published: int = 0
     last_invalid: str = ""
     plans: list[AllocationPlan] = field(default_factory=list)
+    watermarks: int = 0
+    """Tracker watermarks applied (event time advanced without an event)."""
+    watermark_ts: float | None = None
 
     def health(self) -> tuple[bool, dict]:
         a = self.allocator
@@ -51,8 +60,15 @@ class ServiceState:
             "commands_in_flight": len(a.table.commands),
             "processed": self.processed,
             "invalid": self.invalid,
+            "event_time": a.now,
+            "watermarks": self.watermarks,
             **a.counters.__dict__,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class _Watermark:
+    data: bytes
 
 
 class AllocatorService:
@@ -82,6 +98,10 @@ class AllocatorService:
         async def on_msg(msg) -> None:
             self._queue.put_nowait(msg)
 
+        async def on_watermark(msg) -> None:
+            # Through the same queue: a watermark is applied in order with the events.
+            self._queue.put_nowait(_Watermark(msg.data))
+
         # One ordered consumer over both subject trees keeps their relative stream order
         # (a command is always folded in before the engine.switched that answers it).
         sub = await js.subscribe(
@@ -93,6 +113,8 @@ class AllocatorService:
             config=ConsumerConfig(filter_subjects=[self.ns.engine_all(), self.ns.control_all()]),
         )
         stack.push_async_callback(sub.unsubscribe)
+        wm_sub = await nc.subscribe(self.ns.watermark(), cb=on_watermark)
+        stack.push_async_callback(wm_sub.unsubscribe)
         log.info(
             "allocator on %s (stream %s): replaying %d stream messages, then acting",
             s.nats_url, self.ns.stream, self.state.replay_until,
@@ -106,9 +128,35 @@ class AllocatorService:
                     getter.cancel()
                     break
                 msg = getter.result()
-                self._process(msg.data, msg.metadata.sequence.stream, pub)
+                if isinstance(msg, _Watermark):
+                    self._watermark(msg.data, pub)
+                else:
+                    self._process(msg.data, msg.metadata.sequence.stream, pub)
         finally:
             stopper.cancel()
+
+    def _watermark(self, data: bytes, pub: ReliablePublisher) -> None:
+        """Apply one tracker watermark: advance event time, publish the retries it causes."""
+        st = self.state
+        try:
+            ts = json.loads(data)["ts"]
+            if ts is not None and (isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts)):
+                raise ValueError(f"ts must be a finite number or null, got {ts!r}")
+        except (ValueError, KeyError, TypeError) as exc:  # JSONDecodeError is a ValueError
+            st.invalid += 1
+            st.last_invalid = f"watermark: {exc}"
+            log.warning("invalid watermark ignored: %s", exc)
+            return
+        if ts is None or not st.caught_up.is_set():
+            return  # no event yet, or the replay is not complete: nothing to expire against
+        st.watermarks += 1
+        st.watermark_ts = float(ts)
+        try:
+            out = st.allocator.advance(float(ts))
+        except Exception:  # a bug must not stop the control loop
+            log.exception("allocator failed on watermark %s", ts)
+            return
+        self._publish(out, pub)
 
     def _process(self, data: bytes, seq: int, pub: ReliablePublisher) -> None:
         st = self.state
@@ -127,7 +175,10 @@ class AllocatorService:
         st.processed += 1
         if seq == st.replay_until:
             st.caught_up.set()
-        out = self._handle(event, act)
+        self._publish(self._handle(event, act), pub)
+
+    def _publish(self, out: list[Event], pub: ReliablePublisher) -> None:
+        st = self.state
         for ev in out:
             pub.submit(ev, key=_LANE)
             st.published += 1
