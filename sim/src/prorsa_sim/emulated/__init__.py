@@ -3,15 +3,20 @@ agent and the whole stack without GPUs. See docs/engine-agent.md."""
 
 from .cluster import EmulatedCluster, EmulatedProcess, engine_command, router_command
 from .engine import EmulatedEngine, EngineOptions
-from .timing import Timing, default_timing
+from .profiles import DEFAULT_MODEL, EMULATED_PROFILES, emulated_profile
+from .timing import ProfileTiming, Timing, default_timing
 
 __all__ = [
     "EmulatedCluster",
     "EmulatedEngine",
     "EmulatedProcess",
     "EngineOptions",
+    "DEFAULT_MODEL",
+    "EMULATED_PROFILES",
+    "ProfileTiming",
     "Timing",
     "default_timing",
+    "emulated_profile",
     "engine_command",
     "router_command",
 ]

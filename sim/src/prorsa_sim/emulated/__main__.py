@@ -8,6 +8,7 @@ import argparse
 import sys
 
 from .engine import EngineOptions
+from .profiles import DEFAULT_MODEL, EMULATED_PROFILES
 
 
 def engine_parser() -> argparse.ArgumentParser:
@@ -23,12 +24,19 @@ def engine_parser() -> argparse.ArgumentParser:
     p.add_argument("--dp-size", type=int, default=1)
     p.add_argument("--ep-size", type=int, default=1)
     p.add_argument("--pp-size", type=int, default=1)
-    p.add_argument("--max-total-tokens", dest="max_total_num_tokens", type=int, default=200_000)
+    p.add_argument("--max-total-tokens", dest="max_total_num_tokens", type=int, default=None,
+                   help="KV tokens (default: the emulated model's capacity)")
     p.add_argument("--max-running-requests", type=int, default=256)
+    p.add_argument("--chunked-prefill-size", type=int, default=None,
+                   help="default: the emulated model's chunk size")
     g = p.add_argument_group("emulation (not SGLang flags)")
+    g.add_argument("--emulated-model", default=DEFAULT_MODEL,
+                   help=f"cost-model profile: {', '.join(sorted(EMULATED_PROFILES))} (default "
+                        f"{DEFAULT_MODEL}); not --model, which SGLang reads as --model-path")
     g.add_argument("--speed", type=float, default=1.0, help="emulated seconds per wall second")
     g.add_argument("--startup-seconds", type=float, default=0.0, help="emulated model load time")
-    g.add_argument("--switch-seconds", type=float, default=2.0, help="emulated in-place switch time")
+    g.add_argument("--switch-seconds", type=float, default=None,
+                   help="emulated in-place switch time (default: the profile's)")
     g.add_argument("--fail-switch", action="store_true", help="every in-place switch fails")
     return p
 
@@ -38,6 +46,15 @@ def engine_options(argv: list[str]) -> EngineOptions:
     args, _unknown = engine_parser().parse_known_args(argv)
     if args.speed <= 0:
         raise SystemExit("--speed must be > 0")
+    if args.emulated_model not in EMULATED_PROFILES:
+        raise SystemExit(f"--emulated-model {args.emulated_model!r} unknown; choose one of: "
+                         f"{', '.join(sorted(EMULATED_PROFILES))}")
+    for flag in ("max_total_num_tokens", "chunked_prefill_size", "switch_seconds"):
+        v = getattr(args, flag)
+        if v is not None and v < (0 if flag == "switch_seconds" else 1):
+            raise SystemExit(f"--{flag.replace('_', '-')} must be positive, got {v}")
+    if args.max_running_requests < 1:
+        raise SystemExit("--max-running-requests must be >= 1")
     return EngineOptions(**vars(args))
 
 

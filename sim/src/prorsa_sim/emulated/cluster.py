@@ -128,6 +128,8 @@ class EmulatedCluster:
         if register:
             for p, role in zip(self.engines, self.roles):
                 body = {"url": p.url, "worker_type": role if role != "null" else "regular"}
+                if role == "prefill":
+                    body["bootstrap_port"] = int(p.cmd[p.cmd.index("--disaggregation-bootstrap-port") + 1])
                 httpx.post(f"{self.router.url}/workers", json=body, timeout=5.0).raise_for_status()
         return self
 

@@ -1,4 +1,4 @@
-"""The state of one emulated SGLang instance: role, requests, KV, switch and health.
+"""The state of one emulated SGLang instance: role, scheduler, KV, switch and health.
 
 It mirrors the behaviour the engine agent depends on (SGLang 0.5.23):
 
@@ -9,10 +9,10 @@ It mirrors the behaviour the engine agent depends on (SGLang 0.5.23):
 * a failed teardown/rebuild leaves the instance unhealthy ("restart required").
 * ``/health`` answers 503 while starting.
 
-Time: every duration is in *emulated* seconds and is divided by ``speed`` before the
-server sleeps, so a test can run an engine 100x faster than real time. Requests run as
-independent tasks (not a batched scheduler); a decode step's time depends on the KV
-utilisation when it runs, which is what the cost model needs.
+Requests are served by a batched scheduler (``scheduler.py``) whose step times come from
+the cost-model profile named by ``--emulated-model`` (``profiles.py``). Time: every
+duration is in *emulated* seconds and is divided by ``speed`` before the server sleeps, so
+a test can run an engine 100x faster than real time.
 """
 
 from __future__ import annotations
@@ -20,13 +20,19 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
-from .timing import Timing, default_timing
+import httpx
+
+from .pd import PdLink, RoomBoard
+from .profiles import DEFAULT_MODEL, emulated_profile, prefill_seconds
+from .scheduler import Plan, Rank, Req
 
 Mode = Literal["null", "prefill", "decode"]
 SWITCH_BACKENDS = ("mooncake", "mori")
+QUANTUM_WALL_S = 0.005
+"""Longest wall time a run of decode steps may hide a new arrival for."""
 
 
 @dataclass
@@ -44,27 +50,19 @@ class EngineOptions:
     dp_size: int = 1
     ep_size: int = 1
     pp_size: int = 1
-    max_total_num_tokens: int = 200_000
+    max_total_num_tokens: int | None = None
+    """KV tokens of the whole engine; default: the profile's capacity."""
     max_running_requests: int = 256
+    chunked_prefill_size: int | None = None
+    """Default: the profile's chunk size."""
     # emulation knobs (not SGLang flags)
+    emulated_model: str = DEFAULT_MODEL
     speed: float = 1.0
     startup_seconds: float = 0.0
-    switch_seconds: float = 2.0
+    switch_seconds: float | None = None
+    """In-place switch time; default: the profile's ``in_place_switch_s``."""
     decode_cuda_graph_memory_gb: float = 1.5
     fail_switch: bool = False
-
-
-@dataclass
-class Request:
-    rid: str
-    prompt_tokens: int
-    max_new_tokens: int
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-    pinned: bool = False  # ignores abort (a stuck request)
-    task: asyncio.Task | None = None
-    aborted: bool = False
-    created: float = field(default_factory=time.monotonic)
 
 
 class NotAccepted(Exception):
@@ -74,20 +72,27 @@ class NotAccepted(Exception):
 class EmulatedEngine:
     """One emulated instance. All methods run on the server's event loop."""
 
-    def __init__(self, options: EngineOptions, timing: Timing | None = None):
+    def __init__(self, options: EngineOptions):
         self.opt = options
-        self.timing = timing or default_timing()
+        self.profile = emulated_profile(options.emulated_model)
+        if options.switch_seconds is None:
+            options.switch_seconds = self.profile.in_place_switch_s
         self.mode: Mode = options.disaggregation_mode
         self.started_at = time.time()
-        self._ready_at = time.monotonic() + options.startup_seconds / options.speed
+        self._t0 = time.monotonic()
+        self._ready_at = self._t0 + options.startup_seconds / options.speed
         self.switch_in_progress = False
         self.unhealthy = False
-        self.running: dict[str, Request] = {}
-        self.waiting: list[Request] = []
-        self.generated_tokens = 0
-        self.prefill_tokens_total = 0
         self.switches = 0
-        self._slot = asyncio.Condition()
+        n = self.profile.attn_dp
+        total = options.max_total_num_tokens or self.profile.kv_capacity_tokens
+        self.chunk = options.chunked_prefill_size or self.profile.chunk_size
+        self.ranks = [Rank(i, total // n, options.max_running_requests // n) for i in range(n)]
+        self.generated_tokens = 0
+        self.rooms = RoomBoard()
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task | None = None
+        self._client: httpx.AsyncClient | None = None
 
     # -- status ------------------------------------------------------------------
     @property
@@ -97,105 +102,209 @@ class EmulatedEngine:
     def healthy(self) -> bool:
         return not self.starting and not self.unhealthy
 
-    def kv_used(self) -> int:
-        return sum(r.prompt_tokens + r.completion_tokens for r in self.running.values())
+    def now(self) -> float:
+        """Emulated seconds since start."""
+        return (time.monotonic() - self._t0) * self.opt.speed
 
-    def token_usage(self) -> float:
-        return self.kv_used() / max(1, self.opt.max_total_num_tokens)
+    @property
+    def capacity_tokens(self) -> int:
+        return sum(r.capacity for r in self.ranks)
+
+    def kv_used(self) -> int:
+        return sum(r.used_tokens() for r in self.ranks)
 
     def is_fully_idle(self) -> bool:
-        return not self.running and not self.waiting
+        return all(r.idle() for r in self.ranks)
 
     async def sleep(self, emulated_seconds: float) -> None:
         await asyncio.sleep(max(0.0, emulated_seconds) / self.opt.speed)
 
     # -- generate -----------------------------------------------------------------
-    async def generate(
-        self, rid: str | None, prompt_tokens: int, max_new_tokens: int, *, pinned: bool = False,
-        prefill_wait_tokens: int | None = None,
-    ) -> dict:
-        """Serve one request in the current role; returns SGLang's non-streaming shape."""
+    async def generate(self, rid: str | None, keys: list[int], out_keys, prompt_tokens: int,
+                       max_new_tokens: int, *, pinned: bool = False, pd: PdLink | None = None) -> dict:
+        """Serve one request in the current role; returns SGLang's non-streaming shape.
+        ``keys``/``out_keys``: page keys of the prompt, and of prompt + n outputs."""
         if not self.healthy() or self.switch_in_progress:
             raise NotAccepted("server is not ready" if self.starting else "server is unavailable")
-        req = Request(rid or uuid.uuid4().hex, prompt_tokens, max_new_tokens, pinned=pinned)
-        self.waiting.append(req)
-        t0 = time.monotonic()
-        # The work runs in its own task so that an abort cancels it, not the HTTP handler.
-        req.task = asyncio.create_task(self._run(req, prefill_wait_tokens))
-        try:
-            await asyncio.wait({req.task})
-        except asyncio.CancelledError:  # the client went away
-            req.task.cancel()
-            raise
-        if req.task.cancelled():
-            finish = {"type": "abort", "message": "Abort request"}
-        else:
-            req.task.result()
-            finish = {"type": "length", "length": req.completion_tokens}
-        return self._response(req, finish, time.monotonic() - t0)
-
-    async def _run(self, req: Request, prefill_wait_tokens: int | None) -> None:
-        try:
-            async with self._slot:
-                await self._slot.wait_for(lambda: len(self.running) < self.opt.max_running_requests)
-                self.waiting.remove(req)
-                self.running[req.rid] = req
-            await self._serve(req, prefill_wait_tokens)
-        finally:
-            if req in self.waiting:
-                self.waiting.remove(req)
-            self.running.pop(req.rid, None)
-            async with self._slot:
-                self._slot.notify_all()
-
-    async def _serve(self, req: Request, prefill_wait_tokens: int | None) -> None:
-        if self.mode == "prefill":
-            # A prefill instance emits the first token; the decode peer does the rest.
-            await self.sleep(self.timing.prefill_seconds(req.prompt_tokens))
-            self.prefill_tokens_total += req.prompt_tokens
-            req.completion_tokens = 1
-            return
+        if self._loop_task is None or self._loop_task.done():
+            self._loop_task = asyncio.create_task(self._loop())
+        fut = asyncio.get_running_loop().create_future()
+        req = Req(rid or uuid.uuid4().hex, keys, out_keys, prompt_tokens, max_new_tokens, fut,
+                  pinned=pinned, queued_at=self.now())
+        # Attention DP: the rank that has most of the prompt cached, then the least loaded.
+        rank = max(self.ranks, key=lambda r: (r.cache.match_len(keys), -r.load()))
+        req.rank = rank.index
         if self.mode == "decode":
-            # Wait for the peer's prefill and the KV transfer, then decode.
-            waited = prefill_wait_tokens if prefill_wait_tokens is not None else req.prompt_tokens
-            await self.sleep(self.timing.prefill_seconds(waited) + self.timing.kv_transfer_seconds(waited))
+            req.phase = "prealloc"
+            rank.prealloc.append(req)
+            req.pd = pd
         else:
-            await self.sleep(self.timing.prefill_seconds(req.prompt_tokens))
-            self.prefill_tokens_total += req.prompt_tokens
-        while req.completion_tokens < req.max_new_tokens:
-            await self.sleep(self.timing.decode_step_seconds(self.token_usage()))
-            req.completion_tokens += 1
-            self.generated_tokens += 1
+            rank.waiting.append(req)
+            if self.mode == "prefill" and pd is not None:
+                req.room = pd.room
+        self._wake.set()
+        try:
+            finish = await asyncio.shield(fut)
+        except asyncio.CancelledError:  # the client went away: SGLang aborts the request
+            self._abort_req(req)
+            raise
+        return self._response(req, finish)
 
-    def _response(self, req: Request, finish: dict, seconds: float) -> dict:
+    def _response(self, req: Req, finish: dict) -> dict:
+        now = self.now()
+        started = req.started_at if req.started_at is not None else now
         return {
-            "text": " tok" * req.completion_tokens,
-            "output_ids": list(range(req.completion_tokens)),
+            "text": " tok" * req.completion,
+            "output_ids": list(range(req.completion)),
             "meta_info": {
                 "id": req.rid,
                 "finish_reason": finish,
                 "prompt_tokens": req.prompt_tokens,
-                "completion_tokens": req.completion_tokens,
+                "completion_tokens": req.completion,
                 "cached_tokens": req.cached_tokens,
-                "e2e_latency": seconds * self.opt.speed,
+                "queue_time": max(0.0, started - req.queued_at),
+                "e2e_latency": now - req.queued_at,
             },
         }
 
+    # -- the scheduler loop ------------------------------------------------------------
+    async def _loop(self) -> None:
+        while True:
+            plans: list[tuple[Rank, Plan]] = []
+            quantum = QUANTUM_WALL_S * self.opt.speed
+            for rank in self.ranks:
+                plan = rank.plan(self.profile, self.chunk, self.mode, self.now(), quantum)
+                for req in rank.transfer:
+                    if req.task is None:
+                        req.task = asyncio.create_task(self._receive_kv(rank, req))
+                if plan is not None:
+                    plans.append((rank, plan))
+            if not plans:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            secs = max(p.seconds for _, p in plans)
+            await self.sleep(secs)
+            for rank, plan in plans:
+                self._apply(rank, plan, secs)
+
+    def _apply(self, rank: Rank, plan: Plan, secs: float) -> None:
+        for req, n in plan.prefill:
+            if req.phase != "prefill":
+                continue  # aborted during the step
+            req.prefilled += n
+            rank.prefill_tokens_total += n
+            if req.remaining_prefill == 0:
+                if rank.chunked is req:
+                    rank.chunked = None
+                self._prefill_done(rank, req)
+        done = 0
+        for req in plan.decode:
+            if req.phase != "running":
+                rank.private -= plan.steps  # its reserved tokens go back
+                continue
+            req.private += plan.steps
+            req.completion += plan.steps
+            done += plan.steps
+            if req.completion >= req.max_new:
+                self._finish(rank, req)
+        self.generated_tokens += done
+        rank.last_gen_throughput = done / secs if plan.decode and secs > 0 else 0.0
+
+    def _prefill_done(self, rank: Rank, req: Req) -> None:
+        if self.mode == "prefill":
+            req.completion, req.phase = 1, "inflight"
+            rank.inflight.append(req)
+            if req.room is not None:
+                self.rooms.done(req.room, {"ok": True, "cached_tokens": req.cached_tokens})
+            req.task = asyncio.create_task(self._send_kv(rank, req))
+            return
+        if req.completion == 0:  # the prefill forward samples the first token
+            req.completion = 1
+            rank.private += 1
+            req.private += 1
+        if req.completion >= req.max_new:
+            self._finish(rank, req)
+        else:
+            req.phase = "running"
+            rank.running.append(req)
+
+    def _finish(self, rank: Rank, req: Req, finish: dict | None = None) -> None:
+        if finish is None and self.mode != "decode":
+            rank.cache.insert(req.out_keys(req.completion))
+        req.phase = "done"
+        rank.remove(req)
+        if not req.future.done():
+            req.future.set_result(finish or {"type": "length", "length": req.completion})
+        self._wake.set()
+
+    async def _send_kv(self, rank: Rank, req: Req) -> None:
+        """Prefill side: hold the KV while it is sent, then cache the prompt."""
+        await self.sleep(self.profile.kv_transfer_time(req.prompt_tokens))
+        if req.phase == "inflight":
+            self._finish(rank, req)
+
+    async def _receive_kv(self, rank: Rank, req: Req) -> None:
+        """Decode side: wait for the peer's prefill, then the transfer, then decode."""
+        link: PdLink | None = req.pd  # type: ignore[assignment]
+        try:
+            if link is not None and link.prefill_url:
+                if self._client is None:
+                    self._client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
+                r = await self._client.get(f"{link.prefill_url}/_emu/kv/{link.room}")
+                got = r.json() if r.status_code == 200 else {"ok": False}
+            else:  # no peer to ask: assume its prefill ran alone
+                await self.sleep(prefill_seconds(self.profile, req.prompt_tokens))
+                got = {"ok": True, "cached_tokens": 0}
+        except (httpx.HTTPError, ValueError):
+            got = {"ok": False}
+        if req.phase != "transfer":
+            return
+        if not got.get("ok"):
+            self._finish(rank, req, {"type": "abort", "message": "KV transfer failed: prefill peer aborted"})
+            return
+        req.cached_tokens = int(got.get("cached_tokens") or 0)
+        await self.sleep(self.profile.kv_transfer_time(req.prompt_tokens))
+        if req.phase != "transfer":
+            return
+        rank.transfer.remove(req)
+        req.completion = max(req.completion, 1)
+        req.started_at = self.now()
+        if req.completion >= req.max_new:
+            self._finish(rank, req)
+        else:
+            req.phase = "running"
+            rank.running.append(req)
+            self._wake.set()
+
     # -- control ----------------------------------------------------------------------
+    def _abort_req(self, req: Req) -> None:
+        if req.phase == "done":
+            return
+        rank = self.ranks[req.rank]
+        if req.room is not None:
+            self.rooms.done(req.room, {"ok": False})
+        if req.task is not None and not req.task.done():
+            req.task.cancel()
+        self._finish(rank, req, {"type": "abort", "message": "Abort request"})
+
     def abort(self, rid: str | None, abort_all: bool) -> int:
         """Abort one request or all; pinned (stuck) requests ignore it. Returns how many."""
         n = 0
-        for req in list(self.running.values()) + list(self.waiting):
-            if req.pinned or not (abort_all or req.rid == rid):
-                continue
-            if req.task is not None and not req.task.done():
-                req.aborted = True
-                req.task.cancel()
+        for rank in self.ranks:
+            for req in rank.requests():
+                if req.pinned or not (abort_all or req.rid == rid):
+                    continue
+                self._abort_req(req)
                 n += 1
         return n
 
     def flush_cache(self) -> bool:
-        return self.is_fully_idle()
+        if not self.is_fully_idle():
+            return False
+        for r in self.ranks:
+            r.cache.clear()
+        return True
 
     async def role_switch(self, new_role: str, graph_gb: float | None) -> tuple[int, dict]:
         """``POST /pd_role_switch``: (HTTP status, body) as SGLang 0.5.23 answers."""
@@ -235,6 +344,8 @@ class EmulatedEngine:
                 return out(False, "role switch failed; instance unhealthy, restart required: "
                            "emulated teardown failure")
             self.mode = new_role  # type: ignore[assignment]
+            for r in self.ranks:  # the KV pool is rebuilt for the new role
+                r.cache.clear()
             self.switches += 1
             return out(True, "ok")
         finally:

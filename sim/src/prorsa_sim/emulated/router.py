@@ -194,8 +194,10 @@ def create_router_app(health_timeout_s: float = 30.0, health_interval_s: float =
         try:
             if prefill is not None and decode is not None:
                 host = urlparse(prefill.url).hostname
+                # emulated_prefill_url lets the emulated decode engine wait for this
+                # prefill (SGLang's decode side learns it through the bootstrap server).
                 pd_body = dict(body, bootstrap_host=host, bootstrap_port=prefill.bootstrap_port,
-                               bootstrap_room=random.getrandbits(63))
+                               bootstrap_room=random.getrandbits(63), emulated_prefill_url=prefill.url)
                 p_resp, d_resp = await asyncio.gather(forward(prefill, pd_body), forward(decode, pd_body))
                 if p_resp.status_code != 200:
                     return Response(p_resp.content, p_resp.status_code, media_type="application/json")

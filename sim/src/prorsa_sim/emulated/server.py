@@ -7,6 +7,7 @@ Endpoints under ``/_emu/`` are test controls that SGLang does not have.
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime, timezone
 from typing import Any, Literal, Optional
 
@@ -15,6 +16,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict
 
 from .engine import EmulatedEngine, EngineOptions, NotAccepted
+from .pd import PdLink
+from .prefix_cache import page_keys, synthetic_keys
 
 VERSION = "0.5.23"
 VALID_SECTIONS = {"core", "memory", "spec", "lora", "disagg", "queues", "all"}
@@ -45,22 +48,29 @@ class AbortReq(BaseModel):
     abort_all: bool = False
 
 
-def _prompt_tokens(req: GenerateReq) -> int:
-    if req.input_ids is not None:
-        return len(req.input_ids)
-    if isinstance(req.text, str):
-        return max(1, len(req.text.split()))
-    # Emulation convenience: an explicit length without real text.
+def _prompt(req: GenerateReq) -> tuple[int, list[int], object]:
+    """(prompt tokens, page keys, keys of prompt + n outputs) of a generate request.
+
+    Tokens are ``input_ids``, or the words of ``text``; a request that gives only
+    ``prompt_tokens`` (emulation convenience) has synthetic tokens named by
+    ``emulated_prefix_id`` (turns of one conversation share it; without it, by ``rid``)."""
     extra = req.model_extra or {}
+    if req.input_ids is not None or isinstance(req.text, str):
+        tokens: list = list(req.input_ids) if req.input_ids is not None else req.text.split()
+        if not tokens:
+            tokens = [""]
+        return len(tokens), page_keys(tokens), lambda n: page_keys(tokens + list(range(n)))
     n = extra.get("prompt_tokens")
-    if isinstance(n, int) and n >= 0:
-        return n
+    if isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+        pid = str(extra.get("emulated_prefix_id") or req.rid or uuid.uuid4().hex)
+        return n, synthetic_keys(pid, n), lambda k: synthetic_keys(pid, n + k)
     raise HTTPException(400, "Either text or input_ids should be provided.")
 
 
 def create_engine_app(options: EngineOptions, engine: EmulatedEngine | None = None) -> FastAPI:
     """The FastAPI app of one emulated SGLang instance."""
     eng = engine or EmulatedEngine(options)
+    capacity = eng.capacity_tokens
     app = FastAPI(title="emulated sglang", version=VERSION)
     app.state.engine = eng
 
@@ -103,7 +113,9 @@ def create_engine_app(options: EngineOptions, engine: EmulatedEngine | None = No
             "disaggregation_transfer_backend": options.disaggregation_transfer_backend,
             "disaggregation_bootstrap_port": options.disaggregation_bootstrap_port,
             "enable_pd_role_switch": options.enable_pd_role_switch,
-            "max_total_num_tokens": options.max_total_num_tokens,
+            "max_total_num_tokens": capacity,
+            "chunked_prefill_size": eng.chunk,
+            "emulated_model": eng.profile.name,
             "max_running_requests": options.max_running_requests,
             "startup_time": eng.started_at,
             "internal_states": [
@@ -112,7 +124,7 @@ def create_engine_app(options: EngineOptions, engine: EmulatedEngine | None = No
                     "last_gen_throughput": 0.0,
                     "memory_usage": {
                         "weight": 10.0, "kvcache": 20.0, "startup_available": 40.0,
-                        "token_capacity": options.max_total_num_tokens,
+                        "token_capacity": capacity,
                         "token_capacity_swa": None, "graph": graph,
                     },
                     "disaggregation_mode": eng.mode,
@@ -135,56 +147,34 @@ def create_engine_app(options: EngineOptions, engine: EmulatedEngine | None = No
                 f"Invalid include sections: {sections - VALID_SECTIONS}. "
                 f"Valid options: {sorted(VALID_SECTIONS)}",
             )
-        load = {
-            "timestamp": datetime.now(timezone.utc).timestamp(),
-            "dp_rank": 0,
-            "num_running_reqs": len(eng.running),
-            "num_waiting_reqs": len(eng.waiting),
-            "num_waiting_uncached_tokens": sum(r.prompt_tokens for r in eng.waiting),
-            "num_used_tokens": eng.kv_used(),
-            "num_total_tokens": eng.kv_used(),
-            "num_active_tokens": eng.kv_used(),
-            "num_prealloc_ready_tokens": 0,
-            "max_total_num_tokens": options.max_total_num_tokens,
-            "max_running_requests": options.max_running_requests,
-            "token_usage": round(eng.token_usage(), 4),
-            "gen_throughput": 0.0,
-            "cache_hit_rate": 0.0,
-            "utilization": min(1.0, len(eng.running) / max(1, options.max_running_requests)),
-            "total_prefill_uncached_tokens": eng.prefill_tokens_total,
-            "total_prefill_busy_us": 0,
-            "decode_moments": None,
-        }
-        if sections is None or "all" in sections or "disagg" in sections:
-            load["disaggregation"] = {
-                "mode": eng.mode, "prefill_bootstrap_queue_reqs": 0,
-                "prefill_inflight_queue_reqs": 0, "decode_prealloc_queue_reqs": 0,
-                "decode_transfer_queue_reqs": 0, "decode_retracted_queue_reqs": 0,
-                "kv_transfer_speed_gb_s": 0.0, "kv_transfer_latency_ms": 0.0,
-            }
-        if dp_rank not in (None, 0):
+        if dp_rank is not None and not 0 <= dp_rank < len(eng.ranks):
             raise HTTPException(400, f"dp_rank {dp_rank} out of range")
+        disagg = sections is None or "all" in sections or "disagg" in sections
+        loads = [_rank_load(eng, r, disagg) for r in eng.ranks if dp_rank in (None, r.index)]
         return {
             "timestamp": datetime.now(timezone.utc).isoformat(),
             "version": VERSION,
             "accelerator": "Emulated GPU",
             "num_accelerators": options.tp_size * options.pp_size,
-            "loads": [load],
+            "loads": loads,
         }
 
     @app.post("/generate")
     @app.put("/generate")
     async def generate(req: GenerateReq) -> Any:
-        n_prompt = _prompt_tokens(req)
+        n_prompt, keys, out_keys = _prompt(req)
         params = req.sampling_params or {}
         max_new = params.get("max_new_tokens", 128)
-        if not isinstance(max_new, int) or max_new < 0:
+        if not isinstance(max_new, int) or isinstance(max_new, bool) or max_new < 0:
             return JSONResponse({"error": {"message": "max_new_tokens must be a non-negative int"}}, 400)
         extra = req.model_extra or {}
+        pd = None
+        if req.bootstrap_room is not None:
+            url = extra.get("emulated_prefill_url")
+            pd = PdLink(req.bootstrap_room, url if isinstance(url, str) else None)
         try:
-            return await eng.generate(
-                req.rid, n_prompt, max_new, pinned=bool(extra.get("emulated_pinned", False))
-            )
+            return await eng.generate(req.rid, keys, out_keys, n_prompt, max_new,
+                                      pinned=bool(extra.get("emulated_pinned", False)), pd=pd)
         except NotAccepted as exc:
             return JSONResponse({"error": {"message": str(exc)}}, 503)
 
@@ -206,7 +196,12 @@ def create_engine_app(options: EngineOptions, engine: EmulatedEngine | None = No
         status, body = await eng.role_switch(obj.new_role, obj.decode_cuda_graph_memory_gb)
         return JSONResponse(body, status)
 
-    # -- test controls (not SGLang) --------------------------------------------------
+    # -- test controls and PD pairing (not SGLang) ------------------------------------------
+    @app.get("/_emu/kv/{room}")
+    async def emu_kv(room: int, timeout: float = Query(600.0, gt=0.0)) -> dict:
+        """Answers when this prefill engine's request of ``room`` is prefilled (see pd.py)."""
+        return await eng.rooms.wait(room, timeout)
+
     @app.post("/_emu/config")
     async def emu_config(body: dict = Body(...)) -> dict:
         """Change emulation knobs at run time: switch_seconds, fail_switch, speed."""
@@ -217,3 +212,39 @@ def create_engine_app(options: EngineOptions, engine: EmulatedEngine | None = No
                 "speed": options.speed}
 
     return app
+
+
+def _rank_load(eng: EmulatedEngine, r, disagg: bool) -> dict:
+    """One DP rank's entry of ``/v1/loads`` (SGLang's LoadSnapshot keys)."""
+    running = len(r.running) + len(r.inflight) + (1 if r.chunked else 0)
+    load = {
+        "timestamp": datetime.now(timezone.utc).timestamp(),
+        "dp_rank": r.index,
+        "num_running_reqs": running,
+        "num_waiting_reqs": len(r.waiting),
+        "num_waiting_uncached_tokens": sum(q.prompt_tokens + q.completion for q in r.waiting),
+        "num_used_tokens": r.used_tokens(),
+        "num_total_tokens": r.private + r.cache.tokens,
+        "num_active_tokens": sum(q.prompt_tokens + q.completion for q in r.running),
+        "num_prealloc_ready_tokens": 0,
+        "max_total_num_tokens": r.capacity,
+        "max_running_requests": r.max_running,
+        "token_usage": round(r.used_tokens() / max(1, r.capacity), 4),
+        "gen_throughput": round(r.last_gen_throughput, 3),
+        "cache_hit_rate": round(r.cached_tokens_total / r.prompt_tokens_total, 4)
+        if r.prompt_tokens_total else 0.0,
+        "utilization": min(1.0, running / max(1, r.max_running)),
+        "total_prefill_uncached_tokens": r.prefill_tokens_total,
+        "total_prefill_busy_us": 0,
+        "decode_moments": None,
+    }
+    if disagg:
+        load["disaggregation"] = {
+            "mode": eng.mode, "prefill_bootstrap_queue_reqs": 0,
+            "prefill_inflight_queue_reqs": len(r.inflight),
+            "decode_prealloc_queue_reqs": len(r.prealloc),
+            "decode_transfer_queue_reqs": len(r.transfer),
+            "decode_retracted_queue_reqs": len(r.retracted),
+            "kv_transfer_speed_gb_s": 0.0, "kv_transfer_latency_ms": 0.0,
+        }
+    return load

@@ -1,10 +1,9 @@
-"""Engine timing behind the emulated SGLang server.
+"""Engine timing for clients of the emulated server (the rollout driver estimates when a
+prefill finishes with it).
 
-The emulated server needs two numbers: how long a prefill of ``T`` new tokens takes, and
-how long one decode step takes at KV utilisation ``u``. When the simulator's cost model
-(``prorsa_sim.costmodel``) provides a ``ModelProfile`` with ``prefill_seconds`` /
-``decode_step_seconds``, it is used; otherwise the constants of NVIDIA Dynamo's mocker
-(documented in shared/DESIGN.md) are:
+:func:`default_timing` answers from the same cost-model profile the emulated engines run
+(``profiles.py``; default ``qwen3-8b``). :class:`Timing` keeps NVIDIA Dynamo's mocker
+constants (shared/DESIGN.md) for comparison:
 
 * prefill ms = 4.209989e-7 * T^2 + 0.01518344 * T + 16.50142   (T new tokens)
 * decode step ms = -25.74 * u^2 + 54.01 * u + 5.74, floor 1 ms  (u = used KV / total KV)
@@ -14,10 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..costmodel import ModelProfile
+from .profiles import DEFAULT_MODEL, emulated_profile, prefill_seconds
+
 
 @dataclass(frozen=True)
 class Timing:
-    """Emulated engine costs, in emulated seconds (divide by the speed factor for wall time)."""
+    """Dynamo mocker costs, in emulated seconds (divide by the speed factor for wall time)."""
 
     prefill_a: float = 4.209989e-7
     prefill_b: float = 0.01518344
@@ -44,32 +46,24 @@ class Timing:
         return tokens * self.kv_bytes_per_token / (self.kv_transfer_gb_s * 1e9)
 
 
-def default_timing() -> Timing:
-    """The simulator's cost model when it is available, else Dynamo's mocker constants."""
-    try:  # the cost model is owned by the simulator; adapt to it when it is there
-        from prorsa_sim import costmodel  # type: ignore[attr-defined]
-    except ImportError:
-        return Timing()
-    profile_cls = getattr(costmodel, "ModelProfile", None)
-    if profile_cls is None:
-        return Timing()
-    try:
-        profile = profile_cls()
-    except TypeError:
-        return Timing()
-    if hasattr(profile, "prefill_seconds") and hasattr(profile, "decode_step_seconds"):
-        return _ProfileTiming(profile)  # type: ignore[return-value]
-    return Timing()
+@dataclass(frozen=True)
+class ProfileTiming:
+    """The same three questions answered by a cost-model profile, for one request alone on
+    an idle rank (the emulated engine adds batching, queueing and chunk sharing)."""
 
-
-class _ProfileTiming(Timing):
-    """A :class:`Timing` that delegates to a cost-model profile."""
-
-    def __init__(self, profile: object):
-        object.__setattr__(self, "_profile", profile)
+    profile: ModelProfile
 
     def prefill_seconds(self, new_tokens: int) -> float:
-        return float(self._profile.prefill_seconds(new_tokens))  # type: ignore[attr-defined]
+        return prefill_seconds(self.profile, new_tokens)
 
     def decode_step_seconds(self, kv_utilisation: float) -> float:
-        return float(self._profile.decode_step_seconds(kv_utilisation))  # type: ignore[attr-defined]
+        u = min(1.0, max(0.0, kv_utilisation))
+        return self.profile.decode_step_time(1, int(u * self.profile.kv_capacity_per_rank))
+
+    def kv_transfer_seconds(self, tokens: int) -> float:
+        return self.profile.kv_transfer_time(tokens)
+
+
+def default_timing(model: str = DEFAULT_MODEL) -> ProfileTiming:
+    """Timing of the emulated engines' profile ``model``."""
+    return ProfileTiming(emulated_profile(model))
