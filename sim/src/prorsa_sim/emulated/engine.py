@@ -18,6 +18,7 @@ a test can run an engine 100x faster than real time.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -63,6 +64,15 @@ class EngineOptions:
     """In-place switch time; default: the profile's ``in_place_switch_s``."""
     decode_cuda_graph_memory_gb: float = 1.5
     fail_switch: bool = False
+
+
+log = logging.getLogger("prorsa.emulated")
+
+
+def _log_crash(task: asyncio.Task) -> None:
+    # A scheduler bug must be loud: the next request restarts the loop.
+    if not task.cancelled() and task.exception() is not None:
+        log.error("emulated scheduler loop crashed", exc_info=task.exception())
 
 
 class NotAccepted(Exception):
@@ -128,6 +138,7 @@ class EmulatedEngine:
             raise NotAccepted("server is not ready" if self.starting else "server is unavailable")
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.create_task(self._loop())
+            self._loop_task.add_done_callback(_log_crash)
         fut = asyncio.get_running_loop().create_future()
         req = Req(rid or uuid.uuid4().hex, keys, out_keys, prompt_tokens, max_new_tokens, fut,
                   pinned=pinned, queued_at=self.now())
