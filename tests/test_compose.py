@@ -1,0 +1,145 @@
+"""docker-compose.yml and the Dockerfiles, checked by parsing (docker cannot run here).
+
+The compose file must describe the deployment the issue asks for (JetStream with file
+storage on a volume, PostgreSQL, the four services, an emulated profile, credentials from
+the environment or secrets), and every Dockerfile must be well formed, copy only paths that
+exist, and install only what its deployable needs.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+SERVICES = COMPOSE["services"]
+INSTRUCTIONS = {"FROM", "RUN", "CMD", "LABEL", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT", "VOLUME",
+                "USER", "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL"}
+
+
+def parse_dockerfile(path: Path) -> list[tuple[str, str]]:
+    """(instruction, arguments) per logical line; raises on an unknown instruction."""
+    out, buf = [], ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not buf and (not line or line.startswith("#")):
+            continue
+        if line.endswith("\\"):
+            buf += line[:-1] + " "
+            continue
+        buf += line
+        word, _, args = buf.partition(" ")
+        if word.upper() not in INSTRUCTIONS:
+            raise ValueError(f"{path.name}: unknown instruction {word!r}")
+        out.append((word.upper(), args.strip()))
+        buf = ""
+    if buf:
+        raise ValueError(f"{path.name}: dangling line continuation")
+    return out
+
+
+def dockerfiles() -> list[Path]:
+    return sorted((ROOT / "docker").glob("*.Dockerfile"))
+
+
+def test_every_built_service_has_a_dockerfile_that_exists():
+    for name, svc in SERVICES.items():
+        if "build" in svc:
+            assert (ROOT / svc["build"]["context"] / svc["build"]["dockerfile"]).is_file(), name
+
+
+def test_the_four_services_nats_and_postgres_are_there():
+    assert {"nats", "postgres", "tracker", "forecaster", "allocator", "engine-agent"} <= set(SERVICES)
+    assert {"router", "emulated-agent", "driver"} <= {n for n, s in SERVICES.items() if "emulated" in s.get("profiles", [])}
+
+
+def test_nats_runs_jetstream_on_file_storage_in_a_volume_with_accounts():
+    nats = SERVICES["nats"]
+    conf_mount = next(v for v in nats["volumes"] if v.endswith("server.conf:ro"))
+    conf = (ROOT / conf_mount.split(":")[0]).read_text()
+    store = re.search(r'store_dir:\s*"([^"]+)"', conf).group(1)
+    assert "jetstream" in conf and "include ./accounts.conf" in conf
+    volumes = {v.split(":")[1]: v.split(":")[0] for v in nats["volumes"]}
+    assert volumes[store] in COMPOSE["volumes"], "the JetStream store must be a named volume"
+    assert "/etc/nats/accounts.conf" in volumes
+
+
+def test_credentials_come_from_environment_or_secrets_never_literals():
+    for name, svc in SERVICES.items():
+        for key, value in (svc.get("environment") or {}).items():
+            if re.search(r"PASSWORD|TOKEN", key) and not key.endswith("_FILE"):
+                assert str(value).startswith("${"), f"{name}.{key} must come from the environment"
+    assert SERVICES["postgres"]["environment"]["POSTGRES_PASSWORD_FILE"].startswith("/run/secrets/")
+    # Every service logs in as its own NATS user.
+    users = {n: s["environment"].get("PRORSA_NATS_USER") for n, s in SERVICES.items() if "environment" in s}
+    assert users["tracker"] == "tracker" and users["allocator"] == "allocator"
+    assert users["forecaster"] == "forecaster" and users["engine-agent"] == "engine-agent"
+
+
+def test_service_commands_exist_in_the_cli():
+    from typer.main import get_command
+
+    from prorsa_cli.main import app
+
+    cli = get_command(app)
+    for name in ("tracker", "forecaster", "allocator"):
+        cmd = parse_dockerfile(ROOT / "docker" / f"{name}.Dockerfile")[-1]
+        assert cmd[0] == "CMD"
+        argv = yaml.safe_load(cmd[1])
+        assert argv[0] == "prorsa" and argv[1] in cli.commands and argv[2] in cli.commands[argv[1]].commands
+
+
+@pytest.mark.parametrize("path", dockerfiles(), ids=lambda p: p.name)
+def test_dockerfile_is_well_formed_and_copies_existing_paths(path: Path):
+    steps = parse_dockerfile(path)
+    assert steps[0][0] == "FROM", "a Dockerfile starts with FROM"
+    assert steps[-1][0] in ("CMD", "ENTRYPOINT")
+    assert any(k == "USER" for k, _ in steps), "services must not run as root"
+    for kind, args in steps:
+        if kind == "COPY" and not args.startswith("--from"):
+            *sources, _dest = shlex.split(args)
+            for src in sources:
+                assert (ROOT / src).exists(), f"{path.name}: COPY {src}: no such path"
+        if kind == "RUN" and "uv sync" in args:
+            assert "--frozen" in args and "--no-dev" in args, "images install from the lock file, no dev deps"
+
+
+def _deps(package: str) -> set[str]:
+    """The workspace packages a package pulls in, transitively (from the pyproject files)."""
+    files = {tomllib.loads(p.read_text())["project"]["name"]: p for p in ROOT.glob("**/pyproject.toml")
+             if ".venv" not in p.parts and p.parent != ROOT}
+    seen, todo = set(), [package]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in files:
+            continue
+        seen.add(name)
+        for dep in tomllib.loads(files[name].read_text())["project"]["dependencies"]:
+            todo.append(re.split(r"[<>=\[ ;]", dep, maxsplit=1)[0])
+    return seen
+
+
+def test_engine_agent_image_carries_no_tracker_dependencies():
+    steps = parse_dockerfile(ROOT / "docker" / "engine-agent.Dockerfile")
+    sync = next(a for k, a in steps if k == "RUN" and "uv sync" in a)
+    package = re.search(r"--package\s+(\S+)", sync).group(1)
+    pulled = _deps(package)
+    assert package == "prorsa-engine-agent"
+    assert "prorsa-tracker" not in pulled and "prorsa-sim" not in pulled and "prorsa" not in pulled
+    cmd = yaml.safe_load(steps[-1][1])
+    assert cmd[:3] == ["python", "-m", "prorsa_engine_agent"]
+    assert (ROOT / "services/engine-agent/src/prorsa_engine_agent/__main__.py").is_file()
+
+
+def test_emulated_agent_config_is_valid():
+    from prorsa_engine_agent.config import load_config
+
+    cfg = load_config(ROOT / "docker" / "agent-emulated.toml")
+    assert {i.role for i in cfg.instances} == {"prefill", "decode"}
+    assert all(i.launch == "emulated" for i in cfg.instances)
