@@ -1,0 +1,94 @@
+"""`prorsa up` refuses clearly (port taken, nats-server missing, bad options), and its
+supervisor restarts crashed processes and escalates SIGTERM to SIGKILL, on real processes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from prorsa_cli.supervisor import ProcSpec, Supervisor
+from prorsa_runtime.testing import wait_until
+
+CLI = [sys.executable, "-m", "prorsa_cli.main"]
+
+
+def _run(args: list[str], tmp_path: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(CLI + args, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, **(env or {})})
+
+
+def test_a_taken_port_is_named(tmp_path: Path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = _run(["up", "--workdir", str(tmp_path / "w"), "--port-base", str(port)], tmp_path)
+    assert r.returncode == 2
+    assert f"{port} (nats)" in r.stderr and "already in use" in r.stderr and "--port-base" in r.stderr
+
+
+def test_a_missing_nats_server_is_explained(tmp_path: Path):
+    r = _run(["up", "--workdir", str(tmp_path / "w"), "--port-base", "0"], tmp_path,
+             env={"PRORSA_NATS_SERVER": str(tmp_path / "no-such-nats-server")})
+    assert r.returncode == 2
+    assert "PRORSA_NATS_SERVER" in r.stderr and "not an executable file" in r.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--policy", "magic"], "--policy must be"),
+    (["--speed", "0"], "--speed must be > 0"),
+    (["--engines", "1"], "at least 2 engines"),
+    (["--nats", "http://x"], "nats:// URL"),
+    (["--workload", "chess"], "unknown workload"),
+])
+def test_bad_options_are_refused(tmp_path: Path, args: list[str], needle: str):
+    r = _run(["up", "--workdir", str(tmp_path / "w"), *args], tmp_path)
+    assert r.returncode == 2 and needle in r.stderr, r.stderr
+
+
+def test_supervisor_restarts_a_crashed_process_with_backoff(tmp_path: Path):
+    events: list[str] = []
+    sup = Supervisor(tmp_path / "logs", tmp_path / "state.json", on_event=events.append)
+    marker = tmp_path / "runs"
+    # Crashes on its first two starts, then stays up.
+    code = ("import pathlib,sys,time; p=pathlib.Path(sys.argv[1]); n=len(p.read_text()) if p.exists() else 0; "
+            "p.write_text('x'*(n+1)); sys.exit(3) if n < 2 else time.sleep(60)")
+    sup.start(ProcSpec("flaky", [sys.executable, "-c", code, str(marker)]))
+    try:
+        wait_until(lambda: sup.poll() is not None and sup.children["flaky"].restarts >= 2
+                   and sup.returncode("flaky") is None, timeout=30, interval=0.05, what="two restarts")
+        child = sup.children["flaky"]
+        assert child.exit_codes == [3, 3]
+        assert child.backoff == 2.0  # 0.5 -> 1 -> 2: it doubles per crash
+        assert any("exited with code 3" in e for e in events)
+        assert "flaky" in (tmp_path / "state.json").read_text()
+    finally:
+        sup.stop(grace_s=5)
+    assert sup.returncode("flaky") is not None
+
+
+def test_supervisor_kills_what_ignores_sigterm(tmp_path: Path):
+    sup = Supervisor(tmp_path / "logs")
+    ready = tmp_path / "ready"
+    code = ("import signal,time,pathlib,sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "pathlib.Path(sys.argv[1]).write_text('1'); time.sleep(60)")
+    sup.start(ProcSpec("stubborn", [sys.executable, "-c", code, str(ready)], ready=ready.exists))
+    t0 = time.monotonic()
+    sup.stop(grace_s=1.0)
+    assert sup.returncode("stubborn") == -9
+    assert time.monotonic() - t0 < 10
+
+
+def test_a_one_shot_job_is_reported_once_and_not_restarted(tmp_path: Path):
+    sup = Supervisor(tmp_path / "logs")
+    sup.start(ProcSpec("job", [sys.executable, "-c", "print('done')"], restart=False))
+    ended: list[str] = []
+    wait_until(lambda: ended.extend(sup.poll()) or ended, timeout=20, interval=0.05, what="the job to end")
+    assert ended == ["job"] and sup.poll() == [] and sup.children["job"].restarts == 0
+    assert "done" in (tmp_path / "logs" / "job.log").read_text()

@@ -1,0 +1,110 @@
+"""`prorsa up --emulated-cluster` end to end over real processes: a nats-server, the tracker,
+forecaster, allocator, two engine agents with emulated engines, the router and the driver.
+
+Each run is small (6 engines, 16 trajectories x 2 steps at x10 speed) to stay near a minute
+on two cores.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from prorsa_runtime.testing import wait_until
+
+pytestmark = pytest.mark.slow
+
+UP = [sys.executable, "-m", "prorsa_cli.main", "up", "--emulated-cluster", "--port-base", "0",
+      "--engines", "6", "--prefill", "1", "--batch-size", "16", "--steps", "2", "--max-turns", "5",
+      "--horizon", "3", "--run", "e2e"]
+
+
+def _start(workdir: Path) -> subprocess.Popen:
+    return subprocess.Popen(UP + ["--workdir", str(workdir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 240) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        pytest.fail("prorsa up did not finish in time:\n" + out[-4000:])
+    return out
+
+
+def _check_run(workdir: Path, out: str) -> dict:
+    summary = json.loads((workdir / "summary.json").read_text())
+    driver = json.loads((workdir / "driver.json").read_text())
+    # Every event the driver published is in the tracker's log, and nothing is anomalous.
+    assert driver["completed"] == 32
+    assert summary["tracker_events"] == driver["events"] == summary["run_events_in_log"], out[-3000:]
+    assert summary["anomalies"] == 0
+    # Forecasts every window: consecutive window starts from the first to the last.
+    import sqlite3
+
+    db = sqlite3.connect(workdir / "tracker.db")
+    raws = [json.loads(r) for (r,) in db.execute("select raw from events order by pos")]
+    starts = sorted({e["t"] for e in raws if e["type"] == "forecast.window"})
+    assert len(starts) >= 5
+    assert all(abs((b - a) - 3.0) < 1e-6 for a, b in zip(starts, starts[1:])), starts
+    # At least one switch was commanded, executed and recorded.
+    cmds = {e["cmd"] for e in raws if e["type"] == "engine.command"}
+    done = {e["cmd"] for e in raws if e["type"] == "engine.switched"}
+    assert cmds and done and done <= cmds, (cmds, done)
+    assert summary["switches"] == len({e["id"] for e in raws if e["type"] == "engine.switched"})
+    assert Path(summary["timeline_png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The run exported from the durable log re-validates against the contract.
+    log = workdir / "export.jsonl.gz"
+    cli = [sys.executable, "-m", "prorsa_cli.main"]
+    exp = subprocess.run(cli + ["export", "--run", "e2e", "--db", summary["durable_log"], "-o", str(log)],
+                         capture_output=True, text=True, timeout=120)
+    assert exp.returncode == 0, exp.stderr
+    val = subprocess.run(cli + ["validate", str(log), "--json"], capture_output=True, text=True, timeout=120)
+    assert val.returncode == 0, val.stdout + val.stderr
+    report = json.loads(val.stdout)
+    assert report["invalid"] == 0
+    rollout = sum(1 for line in gzip.open(log, "rt") if json.loads(line)["type"] in driver["by_type"])
+    assert rollout == driver["events"]
+    return summary
+
+
+def test_up_runs_a_workload_to_completion(tmp_path: Path):
+    proc = _start(tmp_path)
+    out = _finish(proc)
+    assert proc.returncode == 0, out[-4000:]
+    _check_run(tmp_path, out)
+    assert "prorsa export --run e2e" in out and "forecast WAPE" in out
+    # Clean shutdown: every supervised process is gone.
+    state = json.loads((tmp_path / "up-state.json").read_text())
+    assert not any(p["running"] for p in state["processes"].values())
+
+
+def test_up_survives_nats_and_engine_agent_kills(tmp_path: Path):
+    proc = _start(tmp_path)
+    progress = tmp_path / "progress.json"
+
+    def mid_run() -> bool:
+        try:
+            return json.loads(progress.read_text())["completed"] >= 4
+        except (OSError, ValueError, KeyError):
+            return False
+
+    wait_until(mid_run, timeout=180, interval=0.1, what="the run to be under way")
+    state = json.loads((tmp_path / "up-state.json").read_text())["processes"]
+    for name in ("nats-server", "agent-node1"):
+        os.kill(state[name]["pid"], signal.SIGKILL)
+    out = _finish(proc)
+    assert proc.returncode == 0, out[-4000:]
+    _check_run(tmp_path, out)
+    state = json.loads((tmp_path / "up-state.json").read_text())["processes"]
+    assert state["nats-server"]["restarts"] >= 1 and state["agent-node1"]["restarts"] >= 1
+    assert -9 in state["nats-server"]["exit_codes"] and -9 in state["agent-node1"]["exit_codes"]
