@@ -189,3 +189,17 @@ def test_learned_switch_cost() -> None:
     (c1, _) = commands(alloc.handle(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0)))
     alloc.handle(switched(c1.engine, c1.cmd, "decode", "prefill", ts=70.0, seconds=12.5))
     assert alloc.switch_cost.in_place_s == pytest.approx(12.5)
+
+
+def test_learned_switch_cost_does_not_count_the_expected_drain_twice() -> None:
+    # engine.switched.seconds runs from the command to the switch, drain included; the gain
+    # test adds its own drain estimate, so the learned switch time is net of it.
+    alloc = cluster(4, 4, config(switch_cost_alpha=1.0, drain_decode_s=20.0))
+    for i in range(4):
+        alloc.handle(stats(f"d{i}", "decode", ts=50.0, running=3, kv_used=1_000))  # all busy
+    (c1, c2) = commands(alloc.handle(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0)))
+    alloc.handle(switched(c1.engine, c1.cmd, "decode", "prefill", ts=95.0, seconds=35.0))
+    assert alloc.switch_cost.in_place_s == pytest.approx(15.0)
+    # A drain that ran shorter than expected never makes the switch time negative.
+    alloc.handle(switched(c2.engine, c2.cmd, "decode", "prefill", ts=96.0, seconds=8.0))
+    assert alloc.switch_cost.in_place_s == pytest.approx(0.0)

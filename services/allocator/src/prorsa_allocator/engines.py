@@ -41,6 +41,10 @@ class Command:
     event_ids: set[str] = field(default_factory=set)
     """Ids of the engine.command events sent for it (the first and each retry): an echo of
     one already applied (our own publish read back from the stream) changes nothing."""
+    expected_drain_s: float = 0.0
+    """The drain the allocator expected when it chose this engine (set by the planner): the
+    agent's ``seconds`` covers command to switched, drain included, so the switch time
+    learned from it is net of this (else the gain test would count the drain twice)."""
 
 
 @dataclass(slots=True)
@@ -87,7 +91,8 @@ class EngineTable:
     closed: set[str] = field(default_factory=set)
     """Ids of commands that ended (switched, failed, abandoned): a late echo cannot reopen one."""
     switch_seconds: list[tuple[str | None, float]] = field(default_factory=list)
-    """(mode, seconds) of every engine.switched seen since the last ``take_switch_times``."""
+    """(mode, seconds net of the expected drain) of every engine.switched seen since the
+    last ``take_switch_times``."""
 
     def apply(self, event: Event) -> str | None:
         """Fold one event in. Returns a short note when the event could not be applied
@@ -116,7 +121,8 @@ class EngineTable:
             view.switching_to = event.to_role
         elif isinstance(event, EngineSwitched):
             view.role, view.since_ts, view.switching_to = event.to_role, event.ts, None
-            self.switch_seconds.append((event.mode, event.seconds))
+            drain = view.command.expected_drain_s if view.command is not None else 0.0
+            self.switch_seconds.append((event.mode, max(0.0, event.seconds - drain)))
             self._close(view, event.cmd)
         elif isinstance(event, EngineSwitchFailed):
             view.role, view.switching_to = event.role, None

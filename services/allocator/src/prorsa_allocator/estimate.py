@@ -57,8 +57,8 @@ class SwitchCost:
         return cls(config.in_place_switch_s, config.restart_switch_s, config.switch_cost_alpha)
 
     def observe(self, mode: str | None, seconds: float) -> None:
-        # The reported time includes the drain; that is a (small) overestimate we accept
-        # rather than guess how the agent split it.
+        # ``seconds`` arrives net of the drain the planner expected (EngineTable); what is
+        # left is the switch itself plus any drain beyond the estimate.
         if mode == "restart":
             self.restart_s = (1 - self.alpha) * self.restart_s + self.alpha * seconds
         elif mode == "in_place":

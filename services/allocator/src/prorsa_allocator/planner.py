@@ -207,6 +207,8 @@ class Allocator:
                 deadline=ts + budget_s,
             )
             self.table.apply(cmd)
+            if cmd.cmd in self.table.commands:
+                self.table.commands[cmd.cmd].expected_drain_s = move.drain_s
             decision.events.append(cmd)
             self.counters.commands += 1
         if sel.moves:
