@@ -127,9 +127,11 @@ def count_events(engine: Engine, run: str | None = None) -> int:
         return int(conn.execute(q).scalar() or 0)
 
 
-def iter_raw_events(engine: Engine, run: str, chunk: int = 10_000):
-    """The run's events, exact bytes, in the order applied (stream order)."""
+def iter_raw_events(engine: Engine, run: str, chunk: int = 10_000, by_ts: bool = False):
+    """The run's events, exact bytes, in the order applied (stream order), or by ``ts``
+    with ties in stream order when ``by_ts`` (the order of a contract log file)."""
+    order = (EventRow.ts, EventRow.pos) if by_ts else (EventRow.pos,)
     with engine.connect() as conn:
-        res = conn.execution_options(yield_per=chunk).execute(select(EventRow.raw).where(EventRow.run == run).order_by(EventRow.pos))
+        res = conn.execution_options(yield_per=chunk).execute(select(EventRow.raw).where(EventRow.run == run).order_by(*order))
         for (raw,) in res:
             yield bytes(raw)

@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 from prorsa_schemas import LogWriter
 from prorsa_schemas.codec import iter_raw_lines, open_log_binary
 
-from . import projection
+from . import projection, snapshots
 from .core import new_state
 from .queries import iter_raw_events
 
@@ -32,7 +32,7 @@ def load(engine: Engine, path: str | os.PathLike, batch_size: int = 5000,
     """
     consumer = load_consumer(path)
     state = new_state()
-    projection.restore(engine, state)
+    snapshots.restore(engine, state)
     done_upto = projection.position(engine, consumer)
     counts = {"lines": 0, "skipped": 0, "events": 0, "anomalies": 0, "duplicates": 0}
     items: list[tuple[int, bytes]] = []
@@ -63,8 +63,7 @@ def load(engine: Engine, path: str | os.PathLike, batch_size: int = 5000,
                 continue
             if raw is None:  # unreadable (too long, truncated): keep the reason
                 reason = error.reason if error is not None else "unreadable line"
-                unreadable.append({"source": consumer, "seq": lineno, "event_id": None, "run": None, "traj": None,
-                                   "type": None, "ts": None, "reason": reason, "raw": None})
+                unreadable.append(projection.anomaly_row(consumer, lineno, reason, None))
                 items.append((lineno, None))  # advances the position only
             else:
                 items.append((lineno, raw))
@@ -75,10 +74,12 @@ def load(engine: Engine, path: str | os.PathLike, batch_size: int = 5000,
 
 
 def export(engine: Engine, run: str, out: str | os.PathLike) -> int:
-    """Write ``run``'s events, byte-identical and in stream order, as a contract log."""
+    """Write ``run``'s events, byte-identical, as a contract log: ordered by ``ts``, ties in
+    stream order (EVENTS.md). On a live bus, producers interleave slightly out of ts order
+    (stream order is not ts order), and a log in stream order would not re-validate."""
     n = 0
     with LogWriter(out) as w:
-        for raw in iter_raw_events(engine, run):
+        for raw in iter_raw_events(engine, run, by_ts=True):
             w.write_raw(raw)
             n += 1
     return n
