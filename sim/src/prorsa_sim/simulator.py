@@ -128,6 +128,13 @@ class Simulator(ClusterSim):
         self.forking = False
         self.step_pd_ratio: list = []
         self._step_pf = self._step_dc = 0
+        # Per engine, for engine.stats rates (what an SGLang server's metrics give an agent):
+        # computed prefill tokens at the last window, and this window's finished prefills'
+        # prompt and cached tokens.
+        self._pf_done_at_window = [0] * len(self.engines)
+        self._win_prompt = [0] * len(self.engines)
+        self._win_cached = [0] * len(self.engines)
+        self._last_hit: list[float | None] = [None] * len(self.engines)
 
     # --- events -----------------------------------------------------------------------
 
@@ -261,6 +268,8 @@ class Simulator(ClusterSim):
 
     def _on_prefill_finished(self, req: Req, eng: Engine, decode_eng: Engine | None) -> None:
         self.cur.decode_admit += req.traj.context
+        self._win_prompt[eng.index] += req.prompt
+        self._win_cached[eng.index] += req.cached
         self.emit(
             E.PrefillFinished, traj=req.traj.tid, req=req.rid, engine=eng.name,
             cached_tokens=req.cached, decode_engine=decode_eng.name if decode_eng else None,
@@ -434,9 +443,22 @@ class Simulator(ClusterSim):
             s.n_prefill += eng.role == "prefill"
             s.n_decode += eng.role == "decode"
             s.n_mixed += eng.role == "mixed"
+            i = eng.index
+            rate = hit = None
+            if eng.role != "decode":
+                # Computed (uncached) prefill tokens per second over the window, and the
+                # prefix-cache hit ratio of the prompts finished in it (EVENTS.md fields).
+                rate = round((eng.prefill_tokens_done - self._pf_done_at_window[i]) / cfg.window_s, 3)
+                if self._win_prompt[i] > 0:
+                    self._last_hit[i] = round(min(1.0, self._win_cached[i] / self._win_prompt[i]), 6)
+                # No prefill finished in this window: the last ratio stands (a gauge).
+                hit = self._last_hit[i]
+            self._pf_done_at_window[i] = eng.prefill_tokens_done
+            self._win_prompt[i] = self._win_cached[i] = 0
             self.emit(
                 E.EngineStats, engine=eng.name, role=eng.role, running_reqs=eng.running_reqs(),
                 queued_reqs=eng.queued_reqs(), kv_used_tokens=eng.kv_used(), kv_capacity_tokens=eng.kv_capacity(),
+                prefill_tokens_per_s=rate, cache_hit_rate=hit,
             )
         self.windows.append(s)
         self.cur = WindowSample(self.now)

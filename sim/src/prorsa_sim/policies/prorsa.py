@@ -30,9 +30,6 @@ class AllocatorDriver:
     switch_mode: str | None = None
     """``in_place`` / ``restart``; None: in place when the profile allows it."""
     allocator: Allocator | None = None
-    _prompt: dict[str, int] = field(default_factory=dict)
-    _cached: float = 0.0
-    _prompt_sum: float = 0.0
     _window: int = 0
 
     def initial_roles(self, profile: ModelProfile, n_engines: int) -> list[str]:
@@ -40,29 +37,24 @@ class AllocatorDriver:
         return ["prefill"] * n_p + ["decode"] * (n_engines - n_p)
 
     def observe(self, obs: Observation) -> None:
-        """Fold the window's engine events and the cache-hit ratio in; sync the table."""
+        """Fold the window's engine events in (θᴾ from engine.stats, switch costs from
+        engine.switched); sync the engine table."""
         if self.allocator is None:
             prof = obs.profile
+            # Priors an operator would configure for this model; θᴾ is then learned from the
+            # backlogged prefill engines' engine.stats, switch costs from engine.switched.
             cfg = self.config or AllocatorConfig(
-                in_place_switch_s=prof.in_place_switch_s, restart_switch_s=prof.restart_switch_s
+                prefill_tokens_per_s=prefill_rate_computed(prof),
+                in_place_switch_s=prof.in_place_switch_s, restart_switch_s=prof.restart_switch_s,
             )
             self.allocator = Allocator(cfg)
         alloc = self.allocator
         for ev in obs.events:
-            kind = ev.type
-            if kind == "request.queued":
-                self._prompt[ev.req] = ev.prompt_tokens
-            elif kind == "prefill.finished":
-                prompt = self._prompt.pop(ev.req, 0)
-                self._prompt_sum += prompt
-                self._cached += min(prompt, ev.cached_tokens or 0)
-            elif kind.startswith("engine.") and kind != "engine.command":
+            # The simulator's switch ids are its own: our commands are tracked by _sync.
+            if ev.type.startswith("engine.") and ev.type != "engine.command":
                 alloc.handle(ev, act=False)
         alloc.now = max(alloc.now, obs.t)
         self._sync(obs.engines, obs)
-        # θᴾ in the full-prompt convention: computed throughput / (1 - prefix-cache hit ratio).
-        hit = min(self._cached / self._prompt_sum, 0.95) if self._prompt_sum else 0.0
-        alloc.theta.value = prefill_rate_computed(obs.profile) / (1.0 - hit)
 
     def mode(self, obs: Observation) -> str:
         """The switch mode this policy uses (checked against what the profile supports)."""

@@ -1,0 +1,73 @@
+"""The switching policies (reactive, prorsa, oracle): found by name without an import,
+``--policies all``, the switch mode, and what they see (engine.stats rates)."""
+
+import subprocess
+import sys
+
+import pytest
+
+from prorsa_schemas import LogWriter, read_log
+from prorsa_sim.policies import ProrsaPolicy, ReactivePolicy
+from prorsa_sim.policy import expand_policies, make_policy
+from prorsa_sim.simulator import SimConfig, Simulator
+
+
+def test_switching_policies_are_found_by_name_in_a_fresh_interpreter():
+    code = "from prorsa_sim.policy import make_policy; print([make_policy(n).name for n in ('prorsa', 'reactive:restart', 'oracle:in_place')])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['prorsa', 'reactive:restart', 'oracle:in_place']"
+
+
+def test_policy_lists_and_modes_are_validated():
+    assert expand_policies("all") == ["colocation", "static", "reactive", "prorsa", "oracle"]
+    assert expand_policies("all:restart, static:2:6") == [
+        "colocation", "static", "reactive:restart", "prorsa:restart", "oracle:restart", "static:2:6"
+    ]
+    assert make_policy("prorsa:restart").switch_mode == "restart"
+    assert make_policy("oracle").wants_future and make_policy("oracle").switch_mode is None
+    with pytest.raises(ValueError, match="prorsa:restart"):
+        make_policy("prorsa:sideways")
+
+
+def test_restart_mode_reaches_the_engines_and_stats_carry_prefill_rates(tmp_path):
+    # A reactive policy that always finds prefill hot and decode cool: it moves decode
+    # engines to prefill, by restart.
+    policy = ReactivePolicy(queue_high=-1.0, queue_low=1e9, kv_low=2.0, cooldown_s=10.0, switch_mode="restart")
+    cfg = SimConfig(workload="general", model="qwen3-235b", staleness=0, steps=1, batch_size=32)
+    with LogWriter(tmp_path / "ev.jsonl") as sink:
+        Simulator(cfg, policy, sink=sink).run()
+    events = [line.event for line in read_log(tmp_path / "ev.jsonl")]
+    modes = [e.mode for e in events if e.type == "engine.switching"]
+    assert modes and set(modes) == {"restart"}
+    assert all(e.seconds >= 390.0 for e in events if e.type == "engine.switched")
+    # engine.stats report computed prefill throughput (prefill engines) and a cache hit ratio,
+    # as an SGLang agent does; decode engines report none.
+    stats = [e for e in events if e.type == "engine.stats"]
+    assert any(e.prefill_tokens_per_s for e in stats if e.role == "prefill")
+    assert all(e.prefill_tokens_per_s is None for e in stats if e.role == "decode")
+    assert any(e.cache_hit_rate is not None for e in stats if e.role == "prefill")
+
+
+def test_prorsa_learns_prefill_throughput_from_engine_stats():
+    policy = ProrsaPolicy()
+    res = Simulator(SimConfig(workload="general", staleness=2, steps=2, batch_size=48), policy).run()
+    assert res.summary["trajectories_done"] > 0
+    theta = policy.driver.allocator.theta
+    assert theta.samples > 0  # backlogged prefill engines reported their rates
+
+
+def test_cli_compare_all_runs_every_policy():
+    import json
+
+    from typer.testing import CliRunner
+
+    from prorsa_cli.main import app
+
+    r = CliRunner().invoke(app, ["sim", "compare", "--workload", "general", "--staleness", "2", "--policies", "all",
+                                 "--steps", "1", "--batch-size", "8", "--gpus", "32", "--json"])
+    assert r.exit_code == 0, r.output
+    names = [row["policy"] for row in json.loads(r.stdout)]
+    assert names[0] == "colocation" and names[1].startswith("static:") and names[2:] == ["reactive", "prorsa", "oracle"]
+    bad = CliRunner().invoke(app, ["sim", "compare", "--policies", "all,prorsa:sideways"])
+    assert bad.exit_code == 2 and "prorsa:restart" in bad.output
