@@ -4,13 +4,20 @@
 ``prorsa_allocator_plan_feasible``, ``prorsa_allocator_commands_in_flight`` (switches in flight),
 ``prorsa_allocator_switch_cost_seconds{mode}`` (the learned switch durations), and the
 decision counters as ``prorsa_allocator_<name>_total`` (forecasts, plans, commands, retries,
-abandoned, failed, switched, ...).
+abandoned, failed, switched, ...). Also, per switch in flight,
+``prorsa_allocator_switch_in_flight_seconds{engine,to_role}`` (event time since its command was
+last sent) and ``prorsa_allocator_switch_attempts{engine,to_role}``; the histogram
+``prorsa_allocator_switch_duration_seconds{mode}`` of completed switches
+(``engine.switched.seconds``); ``prorsa_allocator_prefill_tokens_per_s`` (θᴾ);
+``prorsa_allocator_event_time_seconds`` and ``prorsa_allocator_watermarks_total``.
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from .planner import SWITCH_BUCKETS_S
 
 
 class _AllocatorCollector:
@@ -37,9 +44,36 @@ class _AllocatorCollector:
             if isinstance(est, (int, float)):
                 cost.add_metric([mode], float(est))
         yield cost
+        yield from _switches(a)
+        yield GaugeMetricFamily("prorsa_allocator_prefill_tokens_per_s",
+                                "theta P: full-prompt prefill tokens/s of one prefill instance", value=a.theta.value)
+        yield GaugeMetricFamily("prorsa_allocator_event_time_seconds",
+                                "event time (largest ts seen, or the tracker watermark)", value=a.now if a.now > 0 else 0.0)
+        yield CounterMetricFamily("prorsa_allocator_watermarks", "tracker watermarks applied",
+                                  value=getattr(st, "watermarks", 0))
         for name, value in a.counters.__dict__.items():
             yield CounterMetricFamily(f"prorsa_allocator_{name}", f"allocator {name}", value=value)
         yield CounterMetricFamily("prorsa_allocator_invalid", "messages that were not valid events", value=st.invalid)
+
+
+def _switches(a):
+    """Each switch in flight (age in event time, attempts) and completed switch durations."""
+    age = GaugeMetricFamily("prorsa_allocator_switch_in_flight_seconds",
+                            "event time since the switch command was last sent", labels=["engine", "to_role"])
+    attempts = GaugeMetricFamily("prorsa_allocator_switch_attempts",
+                                 "sends of the command in flight (1 = no retry yet)", labels=["engine", "to_role"])
+    for cmd in a.table.commands.values():
+        age.add_metric([cmd.engine, cmd.to_role], max(0.0, a.now - cmd.issued_ts))
+        attempts.add_metric([cmd.engine, cmd.to_role], cmd.attempts)
+    yield age
+    yield attempts
+    hist = HistogramMetricFamily("prorsa_allocator_switch_duration_seconds",
+                                 "completed switches: command to engine.switched, drain included", labels=["mode"])
+    sd = a.switch_durations
+    for mode, counts in sd.buckets.items():
+        buckets = [(str(b), c) for b, c in zip(SWITCH_BUCKETS_S, counts)] + [("+Inf", sd.count[mode])]
+        hist.add_metric([mode], buckets, sum_value=sd.total_s[mode])
+    yield hist
 
 
 def allocator_registry(state) -> CollectorRegistry:

@@ -56,6 +56,28 @@ class Counters:
     notes: int = 0
 
 
+SWITCH_BUCKETS_S = (5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0)
+"""Histogram bounds of completed switch durations: in place (seconds) to restarts (minutes)."""
+
+
+@dataclass
+class SwitchDurations:
+    """Completed switches' ``engine.switched.seconds`` per mode, as a cumulative histogram."""
+
+    buckets: dict[str, list[int]] = field(default_factory=dict)
+    count: dict[str, int] = field(default_factory=dict)
+    total_s: dict[str, float] = field(default_factory=dict)
+
+    def observe(self, mode: str | None, seconds: float) -> None:
+        m = mode or "unknown"
+        counts = self.buckets.setdefault(m, [0] * len(SWITCH_BUCKETS_S))
+        for i, bound in enumerate(SWITCH_BUCKETS_S):
+            if seconds <= bound:
+                counts[i] += 1
+        self.count[m] = self.count.get(m, 0) + 1
+        self.total_s[m] = self.total_s.get(m, 0.0) + seconds
+
+
 def _base_id(event_id: str) -> str:
     """A short, deterministic id stem derived from the forecast's id (for de-duplication)."""
     return event_id if len(event_id) <= 96 else hashlib.sha1(event_id.encode()).hexdigest()
@@ -74,6 +96,7 @@ class Allocator:
         self.last_direction: str | None = None
         self.last_switch_ts = -math.inf
         self.counters = Counters()
+        self.switch_durations = SwitchDurations()
         self.last_decision: Decision | None = None
         # Smoothed demand rates for the windows after the current one.
         self._prefill_rate: float | None = None  # Ŵᴾ / S, tokens/s
@@ -115,6 +138,7 @@ class Allocator:
             self.theta.observe(event)
         elif isinstance(event, EngineSwitched):
             self.counters.switched += 1
+            self.switch_durations.observe(event.mode, event.seconds)
             for mode, seconds in self.table.take_switch_times():
                 self.switch_cost.observe(mode, seconds)
         elif event.type == "engine.switch_failed":
