@@ -34,7 +34,7 @@ def _example_log(path: Path, n: int = 8) -> int:
 def test_help_lists_the_commands() -> None:
     res = run("--help")
     assert res.returncode == 0
-    for cmd in ("nats", "validate", "publish", "replay", "demo"):
+    for cmd in ("nats", "validate", "publish", "replay", "demo", "up"):
         assert cmd in res.stdout
 
 

@@ -31,6 +31,7 @@ PLUGINS = [
     "prorsa_allocator.cli",
     "prorsa_engine_agent.cli",
     "prorsa_sim.cli",
+    "prorsa_cli.up",
 ]
 
 
@@ -170,17 +171,6 @@ def replay_cmd(
     that the stream saw within its duplicate window are dropped by design.
     """
     publish_cmd(log, nats_url, None if fast else speed, prefix, stream, timeout, connect_timeout)
-
-
-@app.command("demo")
-def demo_cmd(
-    workdir: Annotated[Path, typer.Option(help="Where the demo keeps its bus and logs.")] = Path(".prorsa/demo"),
-    trajectories: Annotated[int, typer.Option(help="Trajectories in the example log.")] = 256,
-) -> None:
-    """Foundation demo: start a local bus, publish an example log through the SDK, read it back."""
-    from .demo import run_demo
-
-    raise typer.Exit(run_demo(workdir, trajectories))
 
 
 def _register_plugins() -> None:

@@ -1,4 +1,4 @@
-"""`prorsa up` (the whole system on one machine) and `prorsa demo-live` (the live demo).
+"""`prorsa up` (the whole system on one machine) and `prorsa demo` (the live demo).
 
 `prorsa up` supervises each service as its own process: a nats-server with JetStream (from
 the wheel; or `--nats URL`), the tracker (SQLite by default, `--db URL`), the forecaster, the
@@ -20,7 +20,7 @@ WorkdirOpt = Annotated[Path, typer.Option(help="Where the bus store, the SQLite 
 
 
 def register(app: typer.Typer) -> None:
-    """Add `prorsa up` and `prorsa demo-live`."""
+    """Add `prorsa up` and `prorsa demo`."""
 
     @app.command("up")
     def up_cmd(
@@ -52,8 +52,8 @@ def register(app: typer.Typer) -> None:
         opts = _options(UpOptions, locals())
         raise typer.Exit(run_up(opts, keep_running=keep_running, fresh=fresh))
 
-    @app.command("demo-live")
-    def demo_live_cmd(
+    @app.command("demo")
+    def demo_cmd(
         workdir: WorkdirOpt = Path(".prorsa/demo"),
         policy: Annotated[str, typer.Option(help="prorsa (switching), static or colocation (for comparison).")] = "prorsa",
         speed: Annotated[float, typer.Option(help="Simulated seconds per wall second.")] = 10.0,
