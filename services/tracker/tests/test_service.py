@@ -22,7 +22,7 @@ from prorsa_tracker.examples import iter_workload
 from prorsa_tracker.models import EventRow, RequestRow, RunRow, SpanRow, TrajectoryRow
 from prorsa_tracker.service import Tracker, Watermark
 from prorsa_tracker.settings import TrackerSettings
-from prorsa_tracker.state import Transition
+from prorsa_tracker.state import Transition, decode_transitions
 from prorsa_tracker.tools import load
 
 PRORSA = str(Path(sys.executable).with_name("prorsa"))
@@ -136,10 +136,12 @@ async def test_nats_restart_loses_nothing_and_publishes_transitions(nats_factory
     seen: list[Transition] = []
     sub = await js.subscribe(ns.transitions(), ordered_consumer=True)
     while len(seen) < 5999:  # every event but run.started is a trajectory event
-        seen.append(Transition.from_json((await sub.next_msg(timeout=10)).data))
+        seen.extend(decode_transitions((await sub.next_msg(timeout=10)).data))
     wm = await js.get_last_msg(ns.stream, ns.watermark())
     await nc.close()
     assert len({t.event_id for t in seen}) == 5999
+    # in stream order, each with its event's stream sequence
+    assert [t.seq for t in seen] == sorted(t.seq for t in seen) and None not in {t.seq for t in seen}
     assert seen[0].event_id == events[1].id and seen[0].to_state.value == "dispatched"
     mark = Watermark.model_validate_json(wm.data)
     assert mark.ts == max(e.ts for e in events) and not mark.heartbeat

@@ -127,3 +127,14 @@ class PositionRow(Base):
     consumer: Mapped[str] = mapped_column(String(512), primary_key=True)
     seq: Mapped[int] = mapped_column(BigInteger)  # last stream sequence (or log line) applied
     watermark: Mapped[float | None] = mapped_column(Float)
+
+
+class SnapshotRow(Base):
+    """The tracker's in-memory state after every event with ``pos <= event_pos`` (a pickle of
+    :class:`~prorsa_tracker.state.TrackerState`), so a restart replays only the events after it."""
+
+    __tablename__ = "snapshots"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    format: Mapped[int] = mapped_column(Integer)  # SNAPSHOT_FORMAT of the code that wrote it
+    event_pos: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[bytes] = mapped_column(LargeBinary)

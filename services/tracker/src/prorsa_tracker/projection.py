@@ -13,67 +13,96 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from sqlalchemy import Engine, select
-from sqlalchemy.dialects import postgresql, sqlite
 
 from prorsa_schemas import EventError, decode_event
 
 from .core import apply
-from .models import AnomalyRow, EventRow, PositionRow, RequestRow, RunRow, SpanRow, TrajectoryRow
-from .state import Anomaly, TrackerState, Transition
+from . import snapshots, writer
+from .models import EventRow, PositionRow
+from .state import Anomaly, RequestRecord, Span, TrackerState, Transition
 
 
 @dataclass
 class Batch:
-    """What one batch of messages produced: rows to write and outputs to publish."""
+    """What one batch of messages produced: rows to write and outputs to publish.
+
+    Rows are plain tuples in the column orders of :mod:`prorsa_tracker.writer`
+    (``EVENT_COLS``, ``ANOMALY_COLS``, ...); ``trajectories`` holds the newest row of each
+    trajectory the batch touched (one upsert per trajectory, not per event).
+    """
 
     consumer: str
     from_stream: bool = True  # positions are stream sequences (else: log lines)
     position: int | None = None
-    events: list[dict] = field(default_factory=list)
-    anomalies: list[dict] = field(default_factory=list)
-    requests: list[dict] = field(default_factory=list)
-    spans: list[dict] = field(default_factory=list)
-    trajectories: dict[tuple[str, str], dict] = field(default_factory=dict)
+    events: list[tuple] = field(default_factory=list)
+    anomalies: list[tuple] = field(default_factory=list)
+    requests: list[tuple] = field(default_factory=list)
+    spans: list[tuple] = field(default_factory=list)
+    trajectories: dict[tuple[str, str], tuple] = field(default_factory=dict)
     runs: set[str] = field(default_factory=set)
     transitions: list[Transition] = field(default_factory=list)
     anomaly_notes: list[Anomaly] = field(default_factory=list)
     duplicates: int = 0
     watermark: float | None = None
+    run_rows: list[tuple] = field(default_factory=list)
+    first_position: int | None = None  # of the first item in the batch
 
     def __len__(self) -> int:
         return len(self.events) + len(self.anomalies) + self.duplicates
 
 
-def _traj_row(state: TrackerState, t: Transition, ev) -> dict:
-    live = t.to_state.live
-    tr = state.trajectory(t.run, t.traj) if live else None
-    return {
-        "run": t.run,
-        "traj": t.traj,
-        "state": t.to_state.value,
-        "state_ts": tr.state_ts if tr is not None else t.ts,
-        "dispatched_ts": t.ts if t.from_state is None else None,
-        "ended_ts": None if live else t.ts,
-        "grp": t.group,
-        "policy_version": t.policy_version,
-        "sandbox_mode": t.sandbox_mode,
-        "turns": t.turn,
-        "context_tokens": t.context_tokens,
-        "admitted": ev.admitted if ev.type == "reward.finished" else None,
-        "reward": ev.reward if ev.type == "reward.finished" else None,
-        "drop_reason": ev.reason if ev.type == "trajectory.dropped" else None,
-    }
+def anomaly_row(source: str, pos: int | None, reason: str, raw: bytes | None, a: Anomaly | None = None) -> tuple:
+    """An ``anomalies`` row (``ANOMALY_COLS`` order)."""
+    if a is None:
+        return (source, pos, None, None, None, None, None, reason, raw)
+    return (source, pos, a.event_id, a.run, a.traj, a.event_type, a.ts, reason, raw)
+
+
+def _request_row(r: RequestRecord) -> tuple:
+    return (r.run, r.traj, r.req, r.turn, r.prompt_tokens, r.cached_tokens, r.output_tokens, r.queued_ts,
+            r.prefill_started_ts, r.prefill_finished_ts, r.decode_finished_ts, r.finish, r.engine, r.decode_engine)
+
+
+def _span_row(s: Span) -> tuple:
+    return (s.run, s.traj, s.kind, s.start_ts, s.end_ts, s.mode, s.ok, s.tokens, s.reward)
+
+
+_ENDED = {"reward.finished", "trajectory.dropped"}
+
+
+def _traj_row(state: TrackerState, t: Transition, ev, dispatched_ts: float | None) -> tuple:
+    # TRAJ_COLS order. The state_ts of a live trajectory is the core's (a transition that
+    # does not move the machine, e.g. tool.started, keeps the time the state was entered).
+    to = t.to_state
+    et = ev.type
+    if et in _ENDED:
+        state_ts, ended = t.ts, t.ts
+        admitted = ev.admitted if et == "reward.finished" else None
+        reward = ev.reward if et == "reward.finished" else None
+        reason = ev.reason if et == "trajectory.dropped" else None
+    else:
+        tr = state.trajectory(t.run, t.traj)
+        state_ts, ended, admitted, reward, reason = (tr.state_ts if tr is not None else t.ts), None, None, None, None
+    return (t.run, t.traj, to.value, state_ts, dispatched_ts, ended, t.group, t.policy_version, t.sandbox_mode,
+            t.turn, t.context_tokens, admitted, reward, reason)
 
 
 def process(state: TrackerState, consumer: str, items: Iterable[tuple[int | None, bytes | None]], batch: Batch | None = None) -> Batch:
     """Decode and apply ``(position, raw)`` items in order; the rows go into ``batch``.
 
     Invalid bytes become anomaly rows (with the raw bytes and the reason); duplicates
-    (by event id) are skipped but still advance the position.
+    (by event id) are skipped but still advance the position. From a stream, each
+    transition's ``seq`` is its event's stream sequence.
     """
     b = batch if batch is not None else Batch(consumer)
+    events, trajs, requests, spans = b.events, b.trajectories, b.requests, b.spans
+    transitions, runs = b.transitions, b.runs
+    from_stream = b.from_stream
+    seen = state.seen_ids
     for pos, raw in items:
         if pos is not None:
+            if b.first_position is None:
+                b.first_position = pos
             b.position = pos
         if raw is None:  # already recorded by the caller (an unreadable log line)
             continue
@@ -82,88 +111,66 @@ def process(state: TrackerState, consumer: str, items: Iterable[tuple[int | None
         except EventError as exc:
             note = Anomaly(run=None, traj=None, event_id=None, event_type=None, ts=None, reason=f"invalid event: {exc.reason}")
             b.anomaly_notes.append(note)
-            b.anomalies.append({"source": consumer, "seq": pos, "event_id": None, "run": None, "traj": None,
-                                "type": None, "ts": None, "reason": note.reason, "raw": raw})
+            b.anomalies.append(anomaly_row(consumer, pos, note.reason, raw))
             continue
-        if state.is_duplicate(ev.id):
+        if ev.id in seen:
             state.duplicates += 1
             b.duplicates += 1
             continue
-        _, transitions, anomalies = apply(state, ev)
-        traj = getattr(ev, "traj", None)
-        b.events.append({"seq": pos if b.from_stream else None, "event_id": ev.id, "run": ev.run,
-                         "traj": traj, "type": ev.type, "ts": ev.ts, "raw": raw})
-        b.runs.add(ev.run)
+        _, trans, anomalies = apply(state, ev)
+        run = ev.run
+        events.append((pos if from_stream else None, ev.id, run, getattr(ev, "traj", None), ev.type, ev.ts, raw))
+        runs.add(run)
         for a in anomalies:
             b.anomaly_notes.append(a)
-            b.anomalies.append({"source": consumer, "seq": pos, "event_id": a.event_id, "run": a.run, "traj": a.traj,
-                                "type": a.event_type, "ts": a.ts, "reason": a.reason, "raw": raw})
-        for t in transitions:
-            b.transitions.append(t)
-            row = _traj_row(state, t, ev)
-            prev = b.trajectories.get((t.run, t.traj))
-            if prev is not None and row["dispatched_ts"] is None:  # keep it for the INSERT
-                row["dispatched_ts"] = prev["dispatched_ts"]
-            b.trajectories[(t.run, t.traj)] = row
+            b.anomalies.append(anomaly_row(consumer, pos, a.reason, raw, a))
+        for t in trans:
+            if from_stream:
+                t.seq = pos
+            transitions.append(t)
+            key = (t.run, t.traj)
+            if t.from_state is None:
+                disp = t.ts
+            else:  # keep the INSERT's dispatched_ts when the batch also dispatched it
+                prev = trajs.get(key)
+                disp = prev[4] if prev is not None else None
+            trajs[key] = _traj_row(state, t, ev, disp)
             if t.request is not None:
-                b.requests.append(t.request.as_dict())
+                requests.append(_request_row(t.request))
             if t.span is not None:
-                b.spans.append(t.span.as_dict())
+                spans.append(_span_row(t.span))
     b.watermark = state.watermark
+    # The run rows as of the end of THIS batch (the service applies the next batch while
+    # this one is written, so they cannot be read from the state later).
+    b.run_rows = [_run_row(state, r) for r in sorted(runs)]
     return b
 
 
-def _insert(engine: Engine):
-    return postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
+def write(engine: Engine, state: TrackerState, b: Batch, snapshot: bytes | None = None) -> None:
+    """Write a batch, the consumer position and (if given) a state snapshot in ONE transaction.
 
-
-def write(engine: Engine, state: TrackerState, b: Batch) -> None:
-    """Write a batch and the consumer position in ONE transaction."""
-    ins = _insert(engine)
+    ``state`` is unused (the batch carries everything); kept for callers' convenience.
+    """
+    st = writer.statements(engine)
     with engine.begin() as conn:
-        if b.events:
-            conn.execute(ins(EventRow.__table__).on_conflict_do_nothing(index_elements=["event_id"]), b.events)
-        if b.anomalies:
-            conn.execute(AnomalyRow.__table__.insert(), b.anomalies)
-        if b.requests:
-            conn.execute(RequestRow.__table__.insert(), b.requests)
-        if b.spans:
-            conn.execute(SpanRow.__table__.insert(), b.spans)
-        if b.trajectories:
-            t = TrajectoryRow.__table__
-            stmt = ins(t)
-            keep = {"run", "traj", "dispatched_ts"}
-            stmt = stmt.on_conflict_do_update(
-                index_elements=["run", "traj"], set_={c.name: stmt.excluded[c.name] for c in t.c if c.name not in keep}
-            )
-            conn.execute(stmt, list(b.trajectories.values()))
-        if b.runs:
-            rows = [_run_row(state, r) for r in sorted(b.runs)]
-            t = RunRow.__table__
-            stmt = ins(t)
-            stmt = stmt.on_conflict_do_update(index_elements=["run"], set_={c.name: stmt.excluded[c.name] for c in t.c if c.name != "run"})
-            conn.execute(stmt, rows)
+        writer.write_rows(conn, st, b)
+        if b.run_rows:
+            conn.exec_driver_sql(st.runs, b.run_rows)
         if b.position is not None:
-            t = PositionRow.__table__
-            stmt = ins(t).values(consumer=b.consumer, seq=b.position, watermark=b.watermark)
-            stmt = stmt.on_conflict_do_update(index_elements=["consumer"], set_={"seq": stmt.excluded.seq, "watermark": stmt.excluded.watermark})
-            conn.execute(stmt)
+            conn.exec_driver_sql(st.position, (b.consumer, b.position, b.watermark))
+        if snapshot is not None:
+            snapshots.save(conn, snapshot)
 
 
-def _run_row(state: TrackerState, run: str) -> dict:
+def _run_row(state: TrackerState, run: str) -> tuple:
     rs = state.runs.get(run)
     if rs is None:  # engine/control events only: a row with the defaults
         from .state import RunState
 
         rs = RunState(run)
     c = rs.config
-    return {
-        "run": run, "mode": c.mode, "batch_size": c.batch_size, "max_staleness": c.max_staleness,
-        "group_size": c.group_size, "injection": c.injection, "declared": c.declared,
-        "policy_version": rs.policy_version, "dispatched": rs.dispatched, "rewarded": rs.rewarded,
-        "admitted": rs.admitted, "done": rs.done, "dropped": rs.dropped, "live": len(rs.live),
-        "first_ts": rs.first_ts, "last_ts": rs.last_ts,
-    }
+    return (run, c.mode, c.batch_size, c.max_staleness, c.group_size, c.injection, c.declared, rs.policy_version,
+            rs.dispatched, rs.rewarded, rs.admitted, rs.done, rs.dropped, len(rs.live), rs.first_ts, rs.last_ts)
 
 
 def position(engine: Engine, consumer: str) -> int:
@@ -174,15 +181,6 @@ def position(engine: Engine, consumer: str) -> int:
 
 
 def restore(engine: Engine, state: TrackerState, chunk: int = 10_000) -> int:
-    """Rebuild the in-memory state by folding the stored events in applied order.
-
-    Deterministic: the fold gives the very state the crashed process had after its last
-    commit. Returns the number of events replayed.
-    """
-    n = 0
-    with engine.connect() as conn:
-        result = conn.execution_options(yield_per=chunk).execute(select(EventRow.raw).order_by(EventRow.pos))
-        for (raw,) in result:
-            apply(state, decode_event(bytes(raw)))
-            n += 1
-    return n
+    """Rebuild the in-memory state by folding EVERY stored event in applied order (no
+    snapshot; :func:`prorsa_tracker.snapshots.restore` starts from one). Returns the count."""
+    return snapshots.restore(engine, state, chunk, use_snapshot=False)

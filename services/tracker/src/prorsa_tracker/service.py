@@ -1,16 +1,21 @@
 """The tracker service: JetStream in, SQL log out, transitions and watermark published.
 
-Consumption: an ordered push consumer (no acks; DESIGN.md measured ~50k msg/s against
-~8k for per-message-acked pull) filtered to the rollout, engine and control subjects,
-starting after the stream sequence stored in SQL. The SQL position is the only position:
-it is committed with the rows it covers, so after a kill -9 the tracker rebuilds its state
-from the ``events`` table and resumes exactly after the last committed message; messages
-at or below the position (a redelivery after a consumer reset) are skipped.
+Consumption: a receiver child process (:mod:`prorsa_tracker.receiver`) runs an ordered
+push consumer (no acks; DESIGN.md measured ~50k msg/s against ~8k for per-message-acked
+pull) filtered to the rollout, engine and control subjects, starting after the stream
+sequence stored in SQL, and forwards raw messages in batches; this process decodes,
+applies, writes and publishes, so receiving and processing use two cores. The SQL
+position is the only position: it is committed with the rows it covers, so after a
+kill -9 the tracker rebuilds its state (snapshot + the events after it) and resumes
+exactly after the last committed message; messages at or below the position are skipped.
 
-Per batch: decode + apply (pure core) -> publish transitions (``Nats-Msg-Id =
-tr-<event id>``, so a batch re-published after a crash is de-duplicated by the stream)
--> write rows + position in one transaction (retried while the database is down) ->
-publish the watermark. In ``clock="wall"`` mode an idle tracker publishes a heartbeat
+Per batch: decode + apply (pure core) -> publish the batch's transitions as JSON arrays
+of up to 1000 (``Nats-Msg-Id = tr-<first seq>-<last seq>``; each transition carries the
+stream ``seq`` of its event) -> write rows + position in one transaction (retried while
+the database is down) -> publish the watermark. Transitions go out before the commit, so
+they are at-least-once: after a crash the uncommitted tail is published again (the same
+ids when the batch boundaries repeat, else overlapping ranges); a reader skips any
+transition whose ``seq`` is not above the last one it applied. In ``clock="wall"`` mode an idle tracker publishes a heartbeat
 watermark at wall time; in ``clock="event"`` mode (replay, simulation) never.
 """
 
@@ -22,7 +27,6 @@ import time
 from collections import deque
 from contextlib import AsyncExitStack
 
-from nats.js.api import ConsumerConfig, DeliverPolicy
 from pydantic import BaseModel
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
@@ -31,7 +35,10 @@ from prorsa_runtime.bus import MSG_ID
 
 from . import projection
 from .core import new_state
+from . import snapshots
 from .db import make_engine, migrate
+from .receiver import ReceiverProcess
+from .state import encode_transitions
 
 log = logging.getLogger("prorsa.tracker")
 
@@ -46,11 +53,25 @@ class Watermark(BaseModel):
     applied: int = 0
 
 
-def _stream_seq(reply: str) -> int:
-    # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending> (v1), or the v2
-    # form with <domain>.<account hash> after $JS.ACK and a trailing token.
-    parts = reply.split(".")
-    return int(parts[5] if len(parts) == 9 else parts[7])
+TRANSITIONS_PER_MESSAGE = 1000
+"""Transitions per message on ``ns.transitions()`` (~0.4 MB; split further to fit the
+server's max_payload). One message per event cost more than the rest of ingest."""
+
+
+def _chunks(items: list, n: int):
+    for i in range(0, len(items), n):
+        yield items[i : i + n]
+
+
+def _payloads(chunk: list, max_payload: int):
+    """``(json, first seq, last seq)`` for ``chunk``, halved until each fits in a message."""
+    data = encode_transitions(chunk)
+    if len(data) > max_payload and len(chunk) > 1:
+        half = len(chunk) // 2
+        yield from _payloads(chunk[:half], max_payload)
+        yield from _payloads(chunk[half:], max_payload)
+        return
+    yield data, chunk[0].seq, chunk[-1].seq
 
 
 class Tracker:
@@ -64,12 +85,16 @@ class Tracker:
         self.state = new_state()
         self.position = 0
         self.written = 0  # messages committed by this process
+        self.restored = 0  # events replayed at start (after the snapshot, if any)
         self.ready = asyncio.Event()
-        self._buf: deque[tuple[str, bytes]] = deque()
+        self._buf: deque[tuple[int, bytes]] = deque()
+        self._received = 0  # the last stream sequence the receiver handed over
         self._wake = asyncio.Event()
-        self._resubscribe = False
-        self._sub = None
+        self._subscribed = asyncio.Event()
+        self._receiver: ReceiverProcess | None = None
+        self._receiver_died = False
         self._writing: asyncio.Future | None = None
+        self._last_snapshot = 0
 
     async def run(self, stop: asyncio.Event) -> None:
         s = self.settings
@@ -77,10 +102,12 @@ class Tracker:
             self.engine = make_engine(s.db_url)
             stack.callback(self.engine.dispose)
             await self._until_db(stop, lambda: migrate(self.engine))
-            n = await self._until_db(stop, lambda: projection.restore(self.engine, self.state))
+            self.restored = await self._until_db(stop, lambda: snapshots.restore(self.engine, self.state))
             self.position = await self._until_db(stop, lambda: projection.position(self.engine, self.consumer))
-            log.info("tracker: restored %s events, resuming after stream seq %s", n, self.position)
-            self.nc = await connect(s.nats_url, "prorsa-tracker", credentials=s.credentials(), on_reconnect=self._on_reconnect)
+            self._received = self._last_snapshot = self.position
+            log.info("tracker: restored the state (%s events replayed), resuming after stream seq %s",
+                     self.restored, self.position)
+            self.nc = await connect(s.nats_url, "prorsa-tracker", credentials=s.credentials())
             stack.push_async_callback(self.nc.close)
             self.js = self.nc.jetstream()
             await ensure_stream(self.js, self.ns)
@@ -88,51 +115,72 @@ class Tracker:
                 from .api import serve_api
 
                 stack.enter_context(serve_api(s.db_url, s.api_token, s.http_host, s.http_port))
-            await self._subscribe()
+            self._start_receiver()
+            stack.callback(self._stop_receiver)
+            await self._until_subscribed(stop)
+            if stop.is_set():
+                return
             self.ready.set()
             await self._loop(stop)
 
-    async def _on_reconnect(self) -> None:
-        # nats-py's ordered consumer does not always recover across a server restart:
-        # recreate it from our own committed position instead.
-        self._resubscribe = True
+    # -- the receiver child ----------------------------------------------------------------
+
+    def _start_receiver(self) -> None:
+        s = self.settings
+        cfg = {"url": s.nats_url, "name": "prorsa-tracker-receiver", "credentials": s.credentials(),
+               "prefix": self.ns.prefix, "stream": self.ns.stream, "start_seq": self._received + 1,
+               "max_inflight": s.max_inflight}
+        self._subscribed.clear()
+        self._receiver_died = False
+        self._receiver = ReceiverProcess(cfg, self._on_items, self._on_receiver_exit)
+        self._receiver.start(asyncio.get_running_loop())
+
+    def _stop_receiver(self) -> None:
+        if self._receiver is not None:
+            self._receiver.stop()
+
+    def _on_items(self, items: list) -> None:
+        if not items:  # the child's "subscribed"
+            self._subscribed.set()
+            return
+        self._buf.extend(items)
+        self._received = items[-1][0]
         self._wake.set()
 
-    async def _subscribe(self) -> None:
-        if self._sub is not None:
-            try:
-                await self._sub.unsubscribe()
-            except Exception as exc:  # the old consumer may be gone with the old server
-                log.debug("unsubscribe: %r", exc)
-        self._buf.clear()
-        cfg = ConsumerConfig(
-            filter_subjects=[self.ns.rollout_all(), self.ns.engine_all(), self.ns.control_all()],
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=self.position + 1,
-        )
+    def _on_receiver_exit(self) -> None:
+        self._receiver_died = True
+        self._wake.set()
 
-        async def on_msg(msg) -> None:
-            self._buf.append((msg.reply, msg.data))
-            self._wake.set()
+    async def _until_subscribed(self, stop: asyncio.Event) -> None:
+        while not self._subscribed.is_set() and not stop.is_set():
+            waiter = asyncio.ensure_future(self._subscribed.wait())
+            stopper = asyncio.ensure_future(stop.wait())
+            await asyncio.wait([waiter, stopper], timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            stopper.cancel()
+            if self._receiver_died:
+                await self._restart_receiver(stop)
 
-        self._sub = await self.js.subscribe(
-            self.ns.rollout_all(), stream=self.ns.stream, ordered_consumer=True, config=cfg, cb=on_msg,
-            pending_msgs_limit=200_000, pending_bytes_limit=512 * 1024 * 1024,
-        )
-        self._resubscribe = False
+    async def _restart_receiver(self, stop: asyncio.Event) -> None:
+        log.warning("tracker: the receiver process ended; restarting it after stream seq %s", self._received)
+        self._stop_receiver()
+        try:
+            await asyncio.wait_for(stop.wait(), self.settings.db_retry_s)
+        except TimeoutError:
+            pass
+        if not stop.is_set():
+            self._start_receiver()
+
+    # -- the loop ------------------------------------------------------------------------
 
     async def _loop(self, stop: asyncio.Event) -> None:
         s = self.settings
         stopper = asyncio.ensure_future(stop.wait())
         try:
             while not stop.is_set():
-                if self._resubscribe:
-                    try:
-                        await self._subscribe()
-                    except Exception as exc:  # server still coming back: try again shortly
-                        log.warning("tracker: resubscribe failed (%r); retrying", exc)
-                        await asyncio.wait([stopper], timeout=s.db_retry_s)
-                        continue
+                if self._receiver_died:
+                    await self._restart_receiver(stop)
+                    continue
                 if not self._buf:
                     await self._flush_write()
                     if self._buf:
@@ -149,47 +197,66 @@ class Tracker:
             stopper.cancel()
             await self._flush_write()
 
-    def _take(self) -> list[tuple[int, bytes]]:
+    def _take(self) -> tuple[list[tuple[int, bytes]], int]:
+        """Up to batch_max new messages, and how many were taken off the buffer."""
         items = []
         buf = self._buf
-        while buf and len(items) < self.settings.batch_max:
-            reply, data = buf.popleft()
-            seq = _stream_seq(reply)
-            if seq > self.position:  # at or below: already committed (a redelivery)
-                items.append((seq, data))
-        return items
+        pos = self.position
+        n = min(len(buf), self.settings.batch_max)
+        for _ in range(n):
+            item = buf.popleft()
+            if item[0] > pos:  # at or below: already committed (a redelivery)
+                items.append(item)
+        return items, n
 
     async def _one_batch(self, stop: asyncio.Event) -> None:
-        items = self._take()
+        items, taken = self._take()
         if not items:
+            self._credit(taken)
             return
         batch = projection.process(self.state, self.consumer, items)
         if self.settings.publish_transitions:
             await self._publish_outputs(batch)
         # Pipelining: batch k is written (in a thread) while batch k+1 is decoded and
         # applied here; writes stay in order because each waits for the previous one.
+        snap = self._snapshot_due(batch)  # now: the next batch is applied while this one is written
         await self._flush_write()
-        self._writing = asyncio.ensure_future(self._write(stop, batch, len(items)))
+        self._writing = asyncio.ensure_future(self._write(stop, batch, len(items), taken, snap))
+
+    def _credit(self, n: int) -> None:
+        if self._receiver is not None:
+            self._receiver.credit(n)
 
     async def _flush_write(self) -> None:
         if self._writing is not None:
             w, self._writing = self._writing, None
             await w
 
-    async def _write(self, stop: asyncio.Event, batch, n: int) -> None:
+    async def _write(self, stop: asyncio.Event, batch, n: int, taken: int, snap: bytes | None) -> None:
         try:
-            await self._until_db(stop, lambda: projection.write(self.engine, self.state, batch))
+            await self._until_db(stop, lambda: projection.write(self.engine, self.state, batch, snap))
         except (OperationalError, InterfaceError):  # stopping during an outage: restart restores
             return
         self.position = batch.position or self.position
+        if snap is not None:
+            self._last_snapshot = self.position
         self.written += n
+        self._credit(taken)
         await self._publish_watermark()
+
+    def _snapshot_due(self, batch) -> bytes | None:
+        # The state after THIS batch, committed in the same transaction as its rows.
+        every = self.settings.snapshot_every
+        if not every or batch.position is None or batch.position - self._last_snapshot < every:
+            return None
+        return snapshots.dump(self.state)
 
     async def _publish_outputs(self, batch) -> None:
         pub = self.nc.publish
         subj = self.ns.transitions()
-        for t in batch.transitions:
-            await pub(subj, t.to_json(), headers={MSG_ID: f"tr-{t.event_id}"})
+        for chunk in _chunks(batch.transitions, TRANSITIONS_PER_MESSAGE):
+            for payload, first, last in _payloads(chunk, self.nc.max_payload):
+                await pub(subj, payload, headers={MSG_ID: f"tr-{first}-{last}"})
         asubj = self.ns.anomalies()
         for a in batch.anomaly_notes:
             await pub(asubj, a.to_json())

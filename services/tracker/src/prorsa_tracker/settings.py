@@ -24,6 +24,16 @@ class _TrackerFields(ServiceSettings):
     http_host: str = Field(default="127.0.0.1", description="query API bind address")
     http_port: int | None = Field(default=None, ge=0, le=65535, description="query API port (None: no API)")
     api_token: SecretStr | None = Field(default=None, description="bearer token the query API requires")
+    max_inflight: int = Field(
+        default=100_000, ge=1000, le=10_000_000,
+        description="most messages received but not yet committed; the receiver pauses beyond it (bounded memory "
+        "while the database is down)",
+    )
+    snapshot_every: int = Field(
+        default=200_000, ge=0,
+        description="commit a state snapshot every this many stream messages, so a restart replays only the "
+        "events after it (0: never; restart replays every event)",
+    )
     db_retry_s: float = Field(default=0.5, gt=0, le=60, description="first back-off when the database is down")
 
 
