@@ -107,6 +107,7 @@ async def connect(
                 # its deadline (nats-py would otherwise retry forever inside connect());
                 # once connected, reconnecting forever is switched on below.
                 allow_reconnect=False,
+                max_reconnect_attempts=1,  # nats-py's own server loop: one try, then raise
                 reconnect_time_wait=reconnect_wait,  # type: ignore[arg-type]
                 error_cb=error_cb,
                 disconnected_cb=disconnected_cb,
@@ -127,7 +128,7 @@ async def connect(
                 ) from exc
             if loop.time() >= deadline:
                 raise BusUnavailable(
-                    f"could not connect to NATS at {url} within {timeout:.0f}s: {exc!r}. "
+                    f"could not connect to NATS at {url} within {timeout:g}s: {exc!r}. "
                     "Is the server running? (`prorsa nats` starts a local one.)"
                 ) from exc
             await asyncio.sleep(min(reconnect_wait, max(0.0, deadline - loop.time())))
