@@ -50,6 +50,15 @@ class AllocatorConfig(BaseModel):
         description="Windows over which a switch must pay back its cost (6 x 10 s: an in-place "
         "switch of seconds pays off, a restart of minutes only on a long, large imbalance).",
     )
+    restart_lookahead_s: float = Field(
+        default=1200.0,
+        ge=0,
+        description="Horizon over which a RESTART switch must pay back (when longer than the "
+        "lookahead). A restart takes minutes, so over 60 s it never pays and a restart-only "
+        "cluster (stock SGLang with EP > 1) would keep its initial ratio forever; 1200 s is about "
+        "one agentic rollout step. The demand after the current window is the smoothed forecast, "
+        "so only a persistent imbalance justifies one. 0: restarts are judged like in-place switches.",
+    )
     hysteresis: float = Field(
         default=0.05,
         ge=0,

@@ -11,7 +11,7 @@ moved only when p leaves the band, and only as many as the gain test accepts:
 * no reversal of the last switch's direction within ``min_dwell_s`` (a forecast oscillating
   around a threshold cannot bounce engines back and forth);
 * the gain test: over the lookahead H (the current window at the forecast, the windows after
-  it at a smoothed forecast), moving k engines changes the bottleneck capacity-to-demand
+  it at a smoothed forecast; at least ``restart_lookahead_s`` when a move is a restart), moving k engines changes the bottleneck capacity-to-demand
   ratio f = min(nᴾ/aᴾ, nᴰ/aᴰ) (each capped). During the switch cost c (drain + switch) the
   moving engines serve nobody. net(k) = c·(f(mid) − f(old)) + (H − c)·(f(new) − f(old));
   the best k is taken only if net(k)/(H·f(old)), the relative gain, exceeds the hysteresis.
@@ -63,9 +63,8 @@ def _ratio(n: np.ndarray, a: float, cap: float) -> np.ndarray:
     return np.full(n.shape, cap) if a <= 0 else np.minimum(n / a, cap)
 
 
-def _bottleneck(p: np.ndarray, d: np.ndarray, dv: DemandView, cfg: AllocatorConfig) -> np.ndarray:
-    """Time-weighted bottleneck ratio over the lookahead, for arrays of counts."""
-    horizon = cfg.lookahead_windows * dv.horizon_s
+def _bottleneck(p: np.ndarray, d: np.ndarray, dv: DemandView, cfg: AllocatorConfig, horizon: float) -> np.ndarray:
+    """Time-weighted bottleneck ratio over the lookahead ``horizon``, for arrays of counts."""
     cap = cfg.ratio_cap
     now = np.minimum(_ratio(p, dv.prefill_now, cap), _ratio(d, dv.decode_now, cap))
     later = np.minimum(_ratio(p, dv.prefill_later, cap), _ratio(d, dv.decode_later, cap))
@@ -133,16 +132,19 @@ def select_switches(
         return Selection(reason=f"{wanted} engine(s) should become {to_role} but none can move now")
     horizon = cfg.lookahead_windows * demand.horizon_s
     moves = [Move(v, to_role, drain_estimate(v, cfg), cost.for_engine(v)) for v in candidates]
+    if any("in_place" not in m.engine.switch_modes for m in moves):
+        # A restart takes minutes: judge it over a longer horizon (see the config).
+        horizon = max(horizon, cfg.restart_lookahead_s)
     # The moves run in parallel: the slowest of the first k sets the cost of moving k.
     c = np.minimum(
         np.maximum.accumulate(np.array([cfg.drain_weight * m.drain_s + m.switch_s for m in moves])), horizon
     )
     k = np.arange(1, k_max + 1, dtype=float)
     step = 1.0 if to_role == "prefill" else -1.0
-    f_old = float(_bottleneck(np.array([p], float), np.array([d], float), demand, cfg)[0])
-    f_new = _bottleneck(p + step * k, d - step * k, demand, cfg)
+    f_old = float(_bottleneck(np.array([p], float), np.array([d], float), demand, cfg, horizon)[0])
+    f_new = _bottleneck(p + step * k, d - step * k, demand, cfg, horizon)
     # While switching, the moving engines serve in neither role.
-    f_mid = _bottleneck(p - (step < 0) * k, d - (step > 0) * k, demand, cfg)
+    f_mid = _bottleneck(p - (step < 0) * k, d - (step > 0) * k, demand, cfg, horizon)
     net = c * (f_mid - f_old) + (horizon - c) * (f_new - f_old)
     best = int(np.argmax(net))
     # Relative gain: +5% of bottleneck throughput matters as much at 40% of demand as at 90%.
