@@ -1,5 +1,5 @@
 """The live tracker on a real nats-server and real databases: exactly once across a kill -9
-of the tracker, a nats-server restart and a PostgreSQL outage."""
+of the tracker and a nats-server restart (the PostgreSQL outage: test_pg_outage.py)."""
 
 from __future__ import annotations
 
@@ -10,78 +10,40 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-from sqlalchemy import func, select
+from sqlalchemy import select
 
-from prorsa_runtime import connect, ensure_stream
+from prorsa_runtime import connect
 from prorsa_runtime.testing import async_wait_until
-from prorsa_schemas import LogWriter, encode_event
 from prorsa_tracker import projection
 from prorsa_tracker.db import make_engine, migrate
 from prorsa_tracker.examples import iter_workload
-from prorsa_tracker.models import EventRow, RequestRow, RunRow, SpanRow, TrajectoryRow
 from prorsa_tracker.service import Tracker, Watermark
 from prorsa_tracker.settings import TrackerSettings
 from prorsa_tracker.state import Transition, decode_transitions
-from prorsa_tracker.tools import load
+from prorsa_tracker.testing import clean, committed, publish, snapshot
 
 PRORSA = str(Path(sys.executable).with_name("prorsa"))
 
 
-async def publish(url, ns, events) -> None:
-    nc = await connect(url, "test-pub")
-    js = nc.jetstream()
-    await ensure_stream(js, ns)
-    for e in events:
-        await nc.publish(ns.subject_for(e), encode_event(e), headers={"Nats-Msg-Id": e.id})
-    await nc.publish(ns.invalid(), b"not json at all")
-    await nc.flush()
-    await nc.close()
-
-
-def snapshot(url: str) -> dict:
-    """What a user can see in the database, minus row ids."""
-    eng = make_engine(url)
-    with eng.connect() as c:
-        snap = {
-            "events": c.execute(select(EventRow.event_id, EventRow.raw).order_by(EventRow.pos)).all(),
-            "dup_ids": c.execute(select(func.count()).select_from(EventRow)).scalar()
-            - c.execute(select(func.count(func.distinct(EventRow.event_id)))).scalar(),
-            "trajectories": sorted(c.execute(select(*TrajectoryRow.__table__.c)).all()),
-            "requests": sorted(tuple(r)[1:] for r in c.execute(select(*RequestRow.__table__.c)).all()),
-            "spans": sorted(tuple(r)[1:] for r in c.execute(select(*SpanRow.__table__.c)).all()),
-            "runs": c.execute(select(*RunRow.__table__.c)).all(),
-        }
-    eng.dispose()
-    return snap
-
-
-def clean(tmp_path: Path, events) -> dict:
-    log = tmp_path / "clean.jsonl"
-    with LogWriter(log) as w:
-        for e in events:
-            w.write(e)
-    url = f"sqlite:///{tmp_path}/clean.db"
-    eng = make_engine(url)
-    migrate(eng)
-    load(eng, log)
-    return snapshot(url)
-
-
-def committed(url: str, ns) -> int:
-    eng = make_engine(url)
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie does not count)."""
     try:
-        return projection.position(eng, ns.durable("tracker"))
-    except Exception:
-        return 0
-    finally:
-        eng.dispose()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
-def last_seq(url: str) -> int:
-    eng = make_engine(url)
-    with eng.connect() as c:
-        return int(c.execute(select(func.max(EventRow.seq))).scalar() or 0)
+def children(pid: int) -> list[int]:
+    """Live child processes of ``pid`` (Linux /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
 
 
 async def test_kill_minus_9_mid_ingest_applies_every_event_exactly_once(nats_url, ns, tmp_path) -> None:
@@ -90,12 +52,18 @@ async def test_kill_minus_9_mid_ingest_applies_every_event_exactly_once(nats_url
     db = f"sqlite:///{tmp_path}/live.db"
     env = {**os.environ, "PRORSA_NATS_URL": nats_url, "PRORSA_SUBJECT_PREFIX": ns.prefix, "PRORSA_STREAM": ns.stream,
            "PRORSA_TRACKER_DB_URL": db, "PRORSA_TRACKER_CLOCK": "event", "PRORSA_TRACKER_BATCH_MAX": "500"}
+    env["PRORSA_TRACKER_SNAPSHOT_EVERY"] = "4000"  # restarts load a snapshot, then the events after it
     for _ in range(2):  # kill it twice, at different points
         proc = subprocess.Popen([PRORSA, "tracker", "run"], env=env, stderr=subprocess.DEVNULL)
         start = committed(db, ns)
-        await async_wait_until(lambda: committed(db, ns) > start + 3000, timeout=60, what="ingest progress")
+        await async_wait_until(lambda: committed(db, ns) > start + 6000, timeout=60, what="ingest progress")
+        receivers = children(proc.pid)
+        assert receivers  # the receiver process
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        # the receiver dies with its parent
+        await async_wait_until(lambda: not any(alive(pid) for pid in receivers), timeout=20,
+                               what="the orphaned receiver to exit")
     assert committed(db, ns) < 30_001  # it really died mid-ingest
     proc = subprocess.Popen([PRORSA, "tracker", "run"], env=env, stderr=subprocess.DEVNULL)
     try:

@@ -95,6 +95,7 @@ class Tracker:
         self._receiver_died = False
         self._writing: asyncio.Future | None = None
         self._last_snapshot = 0
+        self.db_retries = 0  # database calls retried because the database was unavailable
 
     async def run(self, stop: asyncio.Event) -> None:
         s = self.settings
@@ -281,6 +282,7 @@ class Tracker:
                 transient = isinstance(exc, (OperationalError, InterfaceError)) or exc.connection_invalidated
                 if not transient or stop.is_set():
                     raise
+                self.db_retries += 1
                 log.warning("tracker: database unavailable (%s); retrying in %.1fs", str(exc).splitlines()[0], delay)
                 try:
                     await asyncio.wait_for(stop.wait(), delay)
