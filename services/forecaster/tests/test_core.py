@@ -158,8 +158,20 @@ def test_bias_factor_is_clipped_and_neutral_without_history():
     b = BiasCorrector(half_life=4, clip=2.0)
     assert b.factor == 1.0
     for _ in range(5):
-        b.update(predicted=10.0, realised=1000.0)
+        b.update(predicted=10.0, realised=30.0)
     assert b.factor == 2.0
+
+
+def test_bias_factor_ignores_misses_and_weights_windows_by_volume():
+    b = BiasCorrector(half_life=1e9, clip=2.0)
+    # A window nothing predicted (a sync step's first wave) or a 100x miss is no bias.
+    b.update(predicted=0.0, realised=1000.0)
+    b.update(predicted=10.0, realised=1000.0)
+    assert b.windows == 0 and b.factor == 1.0
+    # Ratios 1.5 on 100 tokens and 1.0 on 300 tokens: (150 + 300) / 400.
+    b.update(predicted=100.0, realised=150.0)
+    b.update(predicted=300.0, realised=300.0)
+    assert b.factor == pytest.approx(450 / 400)
 
 
 def test_snapshot_refuses_ragged_sources():

@@ -16,9 +16,11 @@ Sources of prefill demand over [t, t+S) (B.2-B.6):
 * tool: Pr(T_tool < e + S | T_tool > e) times the prompt after the result is appended
   (context + the trajectory's EMA of prompt growth, alpha 0.1).
 
-Decode admissions (B.7): every in-flight and queued request, and the predicted arrivals
-(aggregated per sub-step), go through per-instance FIFO prefill queues; the prompt tokens
-of those whose predicted completion b_j falls before t+S are A^D; kappa^D of them is K^D.
+Decode admissions (B.7, :mod:`prorsa_forecaster.decode_admit`): every in-flight and
+queued request, and the predicted arrivals (aggregated per sub-step), go through the
+instances' FIFO prefill queues; the prompt tokens of those whose predicted completion b_j
+falls before t+S are A^D; kappa^D of them is K^D. Each source therefore predicts a
+request's load, not only its prompt: [count, prompt, computed tokens, attention pairs].
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import numpy as np
 
 from .config import ForecastConfig
 from .history import History
-from .prefill_queue import simulate_queues
+from .decode_admit import N_CLASSES, class_sums, decode_admissions, pooled_cost, request_rows, service_class
+from .guards import BIG, clean, finite_sum
 from .snapshot import START_MODES, Snapshot
 
 COMPONENTS = ("sampler", "sandbox", "ready", "tool", "inflight", "reprefill")
@@ -60,17 +63,7 @@ class Forecast:
     raw_decode: float = 0.0
 
 
-def _finite_sum(x: np.ndarray) -> float:
-    v = float(np.sum(x))
-    return v if np.isfinite(v) and v > 0 else 0.0
-
-
-_BIG = 1e12  # far beyond any token count or duration; keeps products finite
-
-
-def _clean(x: np.ndarray, fill: float = 0.0) -> np.ndarray:
-    """Non-finite -> ``fill``, then clipped to [0, 1e12]: guards every input array."""
-    return np.clip(np.nan_to_num(np.asarray(x, dtype=float), nan=fill, posinf=fill, neginf=fill), 0.0, _BIG)
+_finite_sum, _clean, _BIG = finite_sum, clean, BIG
 
 
 def _delay_pmf(model, horizon: float, steps: int) -> np.ndarray:
@@ -80,8 +73,23 @@ def _delay_pmf(model, horizon: float, steps: int) -> np.ndarray:
     return np.clip(np.diff(model.cdf(edges)), 0.0, 1.0)
 
 
-def _sampler(snap: Snapshot, hist: History, cfg: ForecastConfig) -> tuple[np.ndarray, np.ndarray]:
-    """Expected first-request arrivals from new launches: (count, tokens) per sub-step."""
+def _rows(snap: Snapshot, x: np.ndarray, prefix=0.0) -> np.ndarray:
+    """Load rows of requests (both cache outcomes stacked: ``(2n, 4)``)."""
+    h, m = request_rows(x, prefix, snap.cache_hit, snap.cache_cold)
+    return np.concatenate((h, m))
+
+
+def _spread(model, elapsed: np.ndarray, x: np.ndarray, prefix, snap: Snapshot, cost: np.ndarray, cfg: ForecastConfig) -> np.ndarray:
+    """Expected arrivals per service class and sub-step, ``(4, N_CLASSES, steps)``, of
+    requests of ``x`` prompt tokens (``prefix`` of them cached on a hit) whose waiting
+    time follows ``model`` (conditioned on the elapsed time)."""
+    load = _rows(snap, x, prefix)
+    e = np.concatenate((elapsed, elapsed))
+    return model.weighted_steps(e, load, cfg.horizon, cfg.steps, service_class(load, cost), N_CLASSES)
+
+
+def _sampler(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray) -> np.ndarray:
+    """Expected first-request arrivals from new launches: loads (4, N_CLASSES, steps)."""
     steps, S = cfg.steps, cfg.horizon
     elapsed = _clean(snap.reward_elapsed)
     cohort = np.asarray(snap.reward_cohort)
@@ -125,16 +133,16 @@ def _sampler(snap: Snapshot, hist: History, cfg: ForecastConfig) -> tuple[np.nda
             launches = size * pmf.sum(axis=0)
             counts += np.convolve(launches, _delay_pmf(hist.cohort_launch, S, steps))[:steps]
     counts = _clean(counts)
-    return counts, counts * prompt
+    one = _rows(snap, np.array([prompt]))
+    return class_sums(one, service_class(one, cost))[:, :, None] * counts[None, None, :]
 
 
-def _startup(snap: Snapshot, hist: History, cfg: ForecastConfig) -> tuple[np.ndarray, np.ndarray]:
-    """Expected first requests of launched trajectories: (count, tokens) per sub-step."""
+def _startup(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray) -> np.ndarray:
+    """Expected first requests of launched trajectories: loads (4, N_CLASSES, steps)."""
     steps = cfg.steps
-    counts = np.zeros(steps)
-    tokens = np.zeros(steps)
+    out = np.zeros((4, N_CLASSES, steps))
     if len(snap.start_elapsed) == 0:
-        return counts, tokens
+        return out
     elapsed = _clean(snap.start_elapsed)
     prompt = _clean(snap.start_prompt) + max(hist.first_overhead.value, -1e12)
     prompt = np.clip(prompt, 0.0, None)
@@ -143,23 +151,20 @@ def _startup(snap: Snapshot, hist: History, cfg: ForecastConfig) -> tuple[np.nda
         sel = mode == m
         if not sel.any():
             continue
-        w = np.stack((np.ones(int(sel.sum())), prompt[sel]), axis=1)
-        c, x = hist.start[m].weighted_steps(elapsed[sel], w, cfg.horizon, steps)
-        counts += c
-        tokens += x
-    return counts, tokens
+        out += _spread(hist.start[m], elapsed[sel], prompt[sel], 0.0, snap, cost, cfg)
+    return out
 
 
-def _tool(snap: Snapshot, hist: History, cfg: ForecastConfig) -> tuple[np.ndarray, np.ndarray]:
-    """Expected next requests of trajectories in Tool: (count, tokens) per sub-step."""
+def _tool(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray) -> np.ndarray:
+    """Expected next requests of trajectories in Tool: loads (4, N_CLASSES, steps)."""
     steps = cfg.steps
     if len(snap.tool_elapsed) == 0:
-        return np.zeros(steps), np.zeros(steps)
+        return np.zeros((4, N_CLASSES, steps))
     result = np.nan_to_num(np.asarray(snap.tool_result, dtype=float), nan=-1.0)
     growth = np.where(result >= 0, result + hist.tool_overhead.value, _clean(snap.tool_growth))
     x = np.clip(_clean(snap.tool_context) + np.clip(growth, 0.0, None), 0.0, _BIG)
-    c, w = hist.tool.weighted_steps(_clean(snap.tool_elapsed), np.stack((np.ones(len(x)), x), axis=1), cfg.horizon, steps)
-    return c, w
+    cached = snap.column("tool_cached", "tool_elapsed")
+    return _spread(hist.tool, _clean(snap.tool_elapsed), x, cached, snap, cost, cfg)
 
 
 def _kernel(model, horizon: float, steps: int) -> np.ndarray:
@@ -171,7 +176,7 @@ def _kernel(model, horizon: float, steps: int) -> np.ndarray:
     return np.where(lag >= 0, pmf[np.clip(lag, 0, steps - 1)], 0.0)
 
 
-def _next_turn(snap: Snapshot, hist: History, cfg: ForecastConfig) -> tuple[np.ndarray, np.ndarray]:
+def _next_turn(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray) -> np.ndarray:
     """Requests after a tool call from trajectories now queued, in prefill or decoding.
 
     Beyond the paper's simplification (B.1: no second pass within a horizon), which
@@ -180,32 +185,24 @@ def _next_turn(snap: Snapshot, hist: History, cfg: ForecastConfig) -> tuple[np.n
     returns after a fresh tool duration; a queued one goes through prefill wait first.
     """
     steps, S = cfg.steps, cfg.horizon
-    counts = np.zeros(steps)
-    tokens = np.zeros(steps)
+    out = np.zeros((4, N_CLASSES, steps))
     extra = max(hist.output.value, 0.0)
+    # The current prompt will be cached by then: it is the next request's prefix.
     tool_k = _kernel(hist.tool, S, steps) * hist.tool_fraction
     if len(snap.decode_elapsed):
-        x = _clean(snap.decode_prompt) + extra + _clean(snap.decode_growth)
-        agg = hist.decode.weighted_steps(_clean(snap.decode_elapsed), np.stack((np.ones(len(x)), x), axis=1), S, steps)
-        c, w = agg @ tool_k
-        counts += c
-        tokens += w
+        p = _clean(snap.decode_prompt)
+        x = p + extra + _clean(snap.decode_growth)
+        out += _spread(hist.decode, _clean(snap.decode_elapsed), x, p, snap, cost, cfg) @ tool_k
     since = np.concatenate((np.asarray(snap.ready_since, float), np.asarray(snap.inflight_since, float)))
     if len(since):
         chain = _kernel(hist.decode, S, steps) @ tool_k
-        x = (
-            np.concatenate((_clean(snap.ready_prompt), _clean(snap.inflight_prompt)))
-            + extra
-            + np.concatenate((_clean(snap.ready_growth), _clean(snap.inflight_growth)))
-        )
-        agg = hist.prefill_wait.weighted_steps(_clean(snap.t - since), np.stack((np.ones(len(x)), x), axis=1), S, steps)
-        c, w = agg @ chain
-        counts += c
-        tokens += w
-    return _clean(counts), _clean(tokens)
+        p = np.concatenate((_clean(snap.ready_prompt), _clean(snap.inflight_prompt)))
+        x = p + extra + np.concatenate((_clean(snap.ready_growth), _clean(snap.inflight_growth)))
+        out += _spread(hist.prefill_wait, _clean(snap.t - since), x, p, snap, cost, cfg) @ chain
+    return _clean(out)
 
 
-def _reprefill(snap: Snapshot, hist: History, cfg: ForecastConfig) -> tuple[np.ndarray, np.ndarray]:
+def _reprefill(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray) -> np.ndarray:
     """Beyond the paper's components: a weight update aborts every decoding request and
     re-queues it with its context (prompt + partial output). Forecast only once the
     update is triggered (a batch of admitted samples is in), with Pr(update in window)
@@ -216,68 +213,12 @@ def _reprefill(snap: Snapshot, hist: History, cfg: ForecastConfig) -> tuple[np.n
     # With fewer than two observed trigger -> update delays the prior spreads the update
     # over many windows and the term does more harm than good: leave it out until then.
     if not np.isfinite(e) or len(snap.decode_prompt) == 0 or hist.train.count < 2:
-        return np.zeros(steps), np.zeros(steps)
+        return np.zeros((4, N_CLASSES, steps))
     p = hist.train.conditional_steps(np.array([max(e, 0.0)]), cfg.horizon, steps)[0]
     x = _clean(snap.decode_prompt) + 0.5 * max(hist.output.value, 0.0)
-    return p * len(x), p * _finite_sum(x)
-
-
-def _decode_admissions(
-    snap: Snapshot, cfg: ForecastConfig, fut_count: np.ndarray, fut_tokens: np.ndarray
-) -> tuple[float, float]:
-    """A-hat^D and K-hat^D by per-instance prefill queue simulation (relative times)."""
-    S, steps = cfg.horizon, cfg.steps
-    # Per-instance g(x) = a + b x, bounded so that no product overflows.
-    a = np.clip(_clean(snap.instance_overhead), 0.0, 1e4)
-    b = np.clip(_clean(snap.instance_per_token), 0.0, 1.0)
-    M = len(a)
-
-    def inst_of(idx: np.ndarray) -> np.ndarray:
-        idx = np.asarray(idx, dtype=np.int64)
-        # Unknown assignment: spread round-robin (the router balances).
-        fallback = np.arange(len(idx)) % M
-        return np.where((idx >= 0) & (idx < M), idx, fallback)
-
-    x_in = _clean(snap.inflight_prompt)
-    i_in = inst_of(snap.inflight_instance)
-    # In flight: its own start time plus g(x) (the runtime progress before t), never
-    # earlier than t; it holds its instance until then.
-    started = np.clip(np.nan_to_num(np.asarray(snap.inflight_started, dtype=float) - snap.t, nan=0.0), -_BIG, 0.0)
-    b_in = np.maximum(np.minimum(started, 0.0) + a[i_in] + b[i_in] * x_in, 0.0)
-    free = np.zeros(M)
-    if len(b_in):
-        np.maximum.at(free, i_in, b_in)
-
-    x_rd = _clean(snap.ready_prompt)
-    i_rd = inst_of(snap.ready_instance)
-    u_rd = np.clip(np.nan_to_num(np.asarray(snap.ready_since, dtype=float) - snap.t, nan=0.0), -_BIG, 0.0)
-
-    # Predicted arrivals: per sub-step, split evenly over the instances, arriving mid-step.
-    h = S / steps
-    k = np.repeat(np.arange(steps), M)
-    i_f = np.tile(np.arange(M), steps)
-    n_f = np.repeat(fut_count, M) / M
-    x_f = np.repeat(fut_tokens, M) / M
-    u_f = (k + 0.5) * h
-
-    inst = np.concatenate((i_rd, i_f))
-    arrival = np.concatenate((u_rd, u_f))
-    service = np.concatenate((a[i_rd] + b[i_rd] * x_rd, a[i_f] * n_f + b[i_f] * x_f))
-    done = simulate_queues(inst, arrival, service, free)
-    b_rd, b_f = done[: len(x_rd)], done[len(x_rd) :]
-
-    admit = _finite_sum(x_in[b_in < S]) + _finite_sum(x_rd[b_rd < S])
-    # An aggregated pseudo-request straddling t+S completes in proportion.
-    svc_f = service[len(x_rd) :]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        frac = np.where(svc_f > 0, (S - (b_f - svc_f)) / svc_f, (b_f < S).astype(float))
-    frac = np.clip(np.nan_to_num(frac, nan=0.0), 0.0, 1.0)
-    admit_f = _finite_sum(x_f * frac)
-    admit += admit_f
-    page = cfg.kv_page_tokens
-    kv = _finite_sum(np.ceil(x_in[b_in < S] / page) * page) + _finite_sum(np.ceil(x_rd[b_rd < S] / page) * page)
-    kv += admit_f  # aggregated tokens: page rounding averages out
-    return admit, kv
+    # The update flushes the prefix caches: the re-prefill is cold.
+    load = _rows(snap, x)  # the update flushed every cache: no prefix
+    return _clean(class_sums(load, service_class(load, cost)))[:, :, None] * p[None, None, :]
 
 
 def forecast(snap: Snapshot, hist: History, cfg: ForecastConfig | None = None) -> Forecast:
@@ -287,19 +228,18 @@ def forecast(snap: Snapshot, hist: History, cfg: ForecastConfig | None = None) -
 
 
 def _forecast(snap: Snapshot, hist: History, cfg: ForecastConfig) -> Forecast:
-    n_samp, w_samp = _sampler(snap, hist, cfg)
-    n_start, w_start = _startup(snap, hist, cfg)
-    n_tool, w_tool = _tool(snap, hist, cfg)
-    n_next, w_next = _next_turn(snap, hist, cfg)
-    n_re, w_re = _reprefill(snap, hist, cfg)
-    n_tool, w_tool = n_tool + n_next, w_tool + w_next
+    cost = pooled_cost(snap)
+    samp = _sampler(snap, hist, cfg, cost)
+    start = _startup(snap, hist, cfg, cost)
+    tool = _tool(snap, hist, cfg, cost) + _next_turn(snap, hist, cfg, cost)
+    re = _reprefill(snap, hist, cfg, cost)
     comps = {
-        "sampler": _finite_sum(w_samp),
-        "sandbox": _finite_sum(w_start),
+        "sampler": _finite_sum(samp[1]),
+        "sandbox": _finite_sum(start[1]),
         "ready": _finite_sum(_clean(snap.ready_prompt)),
-        "tool": _finite_sum(w_tool),
+        "tool": _finite_sum(tool[1]),
         "inflight": _finite_sum(_clean(snap.inflight_prompt)),
-        "reprefill": _finite_sum(w_re),
+        "reprefill": _finite_sum(re[1]),
     }
     predicted = comps["sampler"] + comps["sandbox"] + comps["tool"] + comps["reprefill"]
     known = comps["ready"] + comps["inflight"]
@@ -307,9 +247,9 @@ def _forecast(snap: Snapshot, hist: History, cfg: ForecastConfig) -> Forecast:
     prefill = known + factor * predicted
     bias = prefill - known - predicted
 
-    fut_count = _clean(n_samp + n_start + n_tool + n_re)
-    fut_tokens = _clean(w_samp + w_start + w_tool + w_re) * factor
-    admit, kv = _decode_admissions(snap, cfg, fut_count * factor, fut_tokens)
+    # Predicted arrivals (loads per sub-step), scaled like the prefill forecast.
+    future = _clean(samp + start + tool + re) * factor
+    admit, kv = decode_admissions(snap, cfg, future)
     dfactor = hist.bias_decode.factor
     decode = admit * dfactor
     kv_hat = kv * dfactor

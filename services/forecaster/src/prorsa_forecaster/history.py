@@ -34,6 +34,30 @@ class RunningMean:
         self.value += a * (float(x) - self.value)
 
 
+class Ratio:
+    """A decayed ratio of sums, sum(num) / sum(den), starting from ``prior`` worth
+    ``prior_den`` of denominator (e.g. cached / cacheable prompt tokens)."""
+
+    __slots__ = ("_num", "_den", "_keep", "n")
+
+    def __init__(self, prior: float, prior_den: float, half_life: float = 2000.0) -> None:
+        self._num = prior * prior_den
+        self._den = prior_den
+        self._keep = 0.5 ** (1.0 / half_life)
+        self.n = 0
+
+    def observe(self, num: float, den: float) -> None:
+        if not (math.isfinite(num) and math.isfinite(den) and den > 0 and num >= 0):
+            return
+        self._num = self._num * self._keep + min(num, den)
+        self._den = self._den * self._keep + den
+        self.n += 1
+
+    @property
+    def value(self) -> float:
+        return self._num / self._den if self._den > 0 else 0.0
+
+
 class BiasCorrector:
     """Online multiplicative correction of the predicted (not observed) part of a forecast.
 
@@ -56,11 +80,23 @@ class BiasCorrector:
     def enabled(self) -> bool:
         return self._keep > 0
 
+    # A window whose realised/predicted ratio is beyond this is a miss, not a bias (e.g.
+    # the first wave of a sync step nothing announced): it is left out, so that one such
+    # window cannot drive the factor to its clip for the windows after it.
+    OUTLIER = 4.0
+
     def update(self, predicted: float, realised: float) -> None:
         if not self.enabled or not (math.isfinite(predicted) and math.isfinite(realised)):
             return
-        self._num = self._num * self._keep + max(realised, 0.0)
-        self._den = self._den * self._keep + max(predicted, 0.0)
+        if predicted <= 0 or realised <= 0:
+            return
+        r = realised / predicted
+        if not (1.0 / self.OUTLIER <= r <= self.OUTLIER):
+            return
+        # Each window's ratio counts within the clip, weighted by its predicted volume.
+        r = min(max(r, 1.0 / self.clip), self.clip)
+        self._num = self._num * self._keep + r * predicted
+        self._den = self._den * self._keep + predicted
         self.windows += 1
 
     @property
@@ -112,6 +148,15 @@ class History:
         self.tool_growth = RunningMean(512.0)
         self.tool_overhead = RunningMean(0.0)
         self.pool_prefill = PrefillTimeModel()
+        # Prefix-cache hits, learnt from prefill.finished.cached_tokens: the fraction of a
+        # trajectory's previous prompt found cached when its next request is prefilled
+        # ("warm": no weight update in between) and the fraction of a prompt found cached
+        # otherwise ("cold": a first request, or after the cache was flushed by an update).
+        # Priors 0: without cached_tokens in the log every token counts as computed.
+        self.cache_warm = Ratio(0.0, 1000.0)
+        self.cache_cold = Ratio(0.0, 1000.0)
+        # Seconds from policy.updated until prefill resumes (the weight-sync pause).
+        self.update_pause = RunningMean(0.0, alpha=0.2)
         self.prefill: dict[str, PrefillTimeModel] = {}
         self.bias_prefill = BiasCorrector(cfg.bias_half_life, cfg.bias_clip)
         self.bias_decode = BiasCorrector(cfg.bias_half_life, cfg.bias_clip)

@@ -9,7 +9,7 @@ instance's queue, ``b_j = C_j + max(v0_m - C_0, max_{k<=j} (u_k - C_{k-1}))``.
 
 :class:`PrefillTimeModel` learns ``g(x) = a + b x`` online from observed service times
 (see :meth:`~prorsa_forecaster.state.LiveState` for how they are measured), starting from
-a prior (Dynamo's mocker profile, linearised) so that it answers before any history.
+a prior (Dynamo's mocker profile) so that it answers before any history.
 """
 
 from __future__ import annotations
@@ -18,16 +18,38 @@ import math
 
 import numpy as np
 
-# Dynamo mocker prefill profile: ms = 4.209989e-7 T^2 + 0.01518344 T + 16.50142.
-# Linearised around T = 8k tokens, in seconds: a = 16.5 ms, b ~ 18.6 us/token.
+# Dynamo mocker prefill profile: ms = 4.209989e-7 T^2 + 0.01518344 T + 16.50142, read as
+# g = a + b n + d n ctx with n new tokens and ctx = cached + n/2 their mean attention
+# context (for an uncached prompt n ctx = T^2 / 2): a = 16.5 ms, b = 15.2 us/token,
+# d = 0.84 ns per (new token, context token) pair.
 PRIOR_OVERHEAD_S = 0.0165
-PRIOR_SECONDS_PER_TOKEN = 1.86e-5
+PRIOR_SECONDS_PER_TOKEN = 1.518344e-5
+PRIOR_SECONDS_PER_PAIR = 8.419978e-10
+# Feature scales: keep the normal equations well conditioned (tokens ~1e4, pairs ~1e9).
+_SCALE = np.array([1.0, 1e-4, 1e-9])
+
+
+def cost_features(tokens, cached=0.0) -> np.ndarray:
+    """``(n, 3)`` features ``[1, new, new * mean context]`` of prompts of ``tokens`` tokens
+    of which ``cached`` are a cached prefix (new = tokens - cached)."""
+    x = np.clip(np.nan_to_num(np.asarray(tokens, dtype=float), nan=0.0), 0.0, 1e9)
+    c = np.clip(np.nan_to_num(np.broadcast_to(np.asarray(cached, dtype=float), x.shape), nan=0.0), 0.0, x)
+    new = x - c
+    return np.stack(np.broadcast_arrays(np.ones_like(x), new, new * (c + 0.5 * new)), axis=-1)
 
 
 class PrefillTimeModel:
-    """Online least squares of service time on prompt tokens, with a prior."""
+    """Online least squares of prefill time on ``[1, new tokens, new x context]``.
 
-    __slots__ = ("_sw", "_sx", "_sy", "_sxx", "_sxy", "_decay", "n")
+    ``g(x, cached) = a + b (x - cached) + d (x - cached)(cached + (x - cached)/2)``: a fixed
+    cost per request, a linear (GEMM) cost per computed token and an attention cost per
+    (new token, context token) pair, which is what makes a long warm-cache turn cost far
+    more than its few new tokens suggest. Coefficients stay >= 0 (active-set refit). It
+    starts from a prior (Dynamo's mocker profile) worth ``prior_weight`` observations and
+    forgets old observations with the given half-life.
+    """
+
+    __slots__ = ("_xtx", "_xty", "_decay", "n", "_coef")
 
     def __init__(
         self,
@@ -35,57 +57,64 @@ class PrefillTimeModel:
         seconds_per_token: float = PRIOR_SECONDS_PER_TOKEN,
         prior_weight: float = 4.0,
         half_life: float = 2000.0,
+        seconds_per_pair: float = PRIOR_SECONDS_PER_PAIR,
     ) -> None:
         self._decay = 0.5 ** (1.0 / half_life)
         self.n = 0
-        # Prior pseudo observations at 1k and 16k tokens on the prior line.
-        self._sw = self._sx = self._sy = self._sxx = self._sxy = 0.0
-        for x in (1000.0, 16000.0):
-            self._add(x, overhead_s + seconds_per_token * x, prior_weight / 2)
+        self._xtx = np.zeros((3, 3))
+        self._xty = np.zeros(3)
+        self._coef: np.ndarray | None = None
+        prior = np.array([overhead_s, seconds_per_token, seconds_per_pair])
+        # Prior pseudo observations: uncached prompts of 1k and 16k tokens, and warm turns
+        # (2k new tokens after a 30k prefix) so that every coefficient is pinned.
+        for x, c in ((1000.0, 0.0), (16000.0, 0.0), (32000.0, 30000.0)):
+            f = cost_features(x, c) * _SCALE
+            self._add(f, float(f @ (prior / _SCALE)), prior_weight / 3)
 
-    def _add(self, x: float, y: float, w: float) -> None:
-        self._sw += w
-        self._sx += w * x
-        self._sy += w * y
-        self._sxx += w * x * x
-        self._sxy += w * x * y
+    def _add(self, f: np.ndarray, y: float, w: float) -> None:
+        self._xtx += w * np.outer(f, f)
+        self._xty += w * f * y
+        self._coef = None
 
-    def observe(self, tokens: float, seconds: float) -> None:
-        """One observed prefill service time (ignored when not finite or negative)."""
-        if not (math.isfinite(tokens) and math.isfinite(seconds) and tokens >= 0 and seconds >= 0):
+    def observe(self, tokens: float, seconds: float, cached: float = 0.0) -> None:
+        """One observed prefill time (ignored when not finite or negative)."""
+        vals = (tokens, seconds, cached)
+        if not all(math.isfinite(v) and v >= 0 for v in vals):
             return
-        d = self._decay
-        self._sw *= d
-        self._sx *= d
-        self._sy *= d
-        self._sxx *= d
-        self._sxy *= d
-        self._add(float(tokens), float(seconds), 1.0)
+        self._xtx *= self._decay
+        self._xty *= self._decay
+        self._add(cost_features(float(tokens), min(float(cached), float(tokens))) * _SCALE, float(seconds), 1.0)
         self.n += 1
 
-    def coefficients(self) -> tuple[float, float]:
-        """``(a, b)`` of ``g(x) = a + b x``, both kept >= 0 (a time never shrinks with x)."""
-        var = self._sxx * self._sw - self._sx * self._sx
-        if self._sw <= 0:
-            return PRIOR_OVERHEAD_S, PRIOR_SECONDS_PER_TOKEN
-        if var <= 1e-9 * max(1.0, self._sxx * self._sw):
-            # All observations at one size: a pure rate through the origin.
-            b = self._sxy / self._sxx if self._sxx > 0 else PRIOR_SECONDS_PER_TOKEN
-            return 0.0, max(b, 0.0)
-        b = (self._sxy * self._sw - self._sx * self._sy) / var
-        a = (self._sy - b * self._sx) / self._sw
-        if b < 0:
-            b = 0.0
-            a = self._sy / self._sw
-        if a < 0:
-            a = 0.0
-            b = self._sxy / self._sxx if self._sxx > 0 else PRIOR_SECONDS_PER_TOKEN
-        return float(a), float(b)
+    def coefficients3(self) -> tuple[float, float, float]:
+        """``(a, b, d)``, each >= 0."""
+        if self._coef is None:
+            active = [0, 1, 2]
+            coef = np.zeros(3)
+            ridge = 1e-9 * (np.trace(self._xtx) + 1.0)
+            while active:
+                sub = np.ix_(active, active)
+                try:
+                    sol = np.linalg.solve(self._xtx[sub] + ridge * np.eye(len(active)), self._xty[active])
+                except np.linalg.LinAlgError:
+                    sol = np.zeros(len(active))
+                if np.all(sol >= 0) and np.all(np.isfinite(sol)):
+                    coef[:] = 0.0
+                    coef[active] = sol
+                    break
+                del active[int(np.argmin(np.nan_to_num(sol, nan=-np.inf)))]
+            self._coef = coef * _SCALE
+        a, b, d = (float(v) for v in self._coef)
+        return a, b, d
 
-    def g(self, tokens: np.ndarray) -> np.ndarray:
-        """Predicted prefill seconds for each prompt length."""
-        a, b = self.coefficients()
-        return a + b * np.clip(np.asarray(tokens, dtype=float), 0.0, None)
+    def coefficients(self) -> tuple[float, float]:
+        """``(a, b)``: the fixed and per-token terms (see :meth:`coefficients3`)."""
+        a, b, _ = self.coefficients3()
+        return a, b
+
+    def g(self, tokens: np.ndarray, cached: np.ndarray | float = 0.0) -> np.ndarray:
+        """Predicted prefill seconds for each prompt length (and cached prefix)."""
+        return cost_features(tokens, cached) @ np.array(self.coefficients3())
 
 
 def simulate_queues(

@@ -66,8 +66,20 @@ class Snapshot:
       per tool turn (for the request after its next tool call).
     * decode: ``decode_elapsed``, ``decode_prompt`` per decoding trajectory;
       ``decode_kv_now`` (K^D, tokens).
-    * prefill instances: ``instance_overhead`` and ``instance_per_token`` (g(x) = a + b x
-      per instance), at least one entry (a pooled instance when none is known).
+    * prefill instances: ``instance_overhead``, ``instance_per_token`` and
+      ``instance_per_pair`` (g = a + b n + d n ctx for n computed tokens of mean attention
+      context ctx, see :class:`~prorsa_forecaster.prefill_queue.PrefillTimeModel`), and
+      ``instance_servers`` (data-parallel prefill queues of the instance); at least one
+      entry (a pooled instance when none is known).
+    * ``*_cached``: the prefix of each queued / in-flight request, and of the next
+      request of each trajectory in Tool, that a prefix-cache hit would find (its
+      trajectory's previous prompt, if no weight update flushed it since; else 0);
+      ``cache_hit`` is the probability of that hit and ``cache_cold`` the share of any
+      prompt found cached regardless (prefill computes only the rest).
+    * ``prefill_pause``: seconds after t before prefill resumes (a weight-sync pause).
+
+    Optional columns (``*_cached``, ``instance_per_pair``, ``instance_servers``) may be
+    left empty: they then mean zero cached tokens, no attention term, one queue.
     * cohorts (a sync batch, or GRPO groups under ``injection="group"``):
       ``cohort_pending[c]`` = live members of cohort ``c`` NOT in the reward phase; a
       cohort launches its successor only once all its members have finished.
@@ -105,12 +117,31 @@ class Snapshot:
     instance_overhead: np.ndarray = field(default_factory=lambda: np.array([0.0165]))
     instance_per_token: np.ndarray = field(default_factory=lambda: np.array([1.86e-5]))
     live: int = 0
+    ready_cached: np.ndarray = field(default_factory=_f)
+    inflight_cached: np.ndarray = field(default_factory=_f)
+    tool_cached: np.ndarray = field(default_factory=_f)
+    instance_per_pair: np.ndarray = field(default_factory=_f)
+    instance_servers: np.ndarray = field(default_factory=_i)
+    prefill_pause: float = 0.0
+    cache_hit: float = 1.0
+    cache_cold: float = 0.0
+
+    def column(self, name: str, like: str, fill: float = 0.0) -> np.ndarray:
+        """An optional column, or ``fill`` repeated to the length of ``like`` when empty."""
+        v = getattr(self, name)
+        n = len(getattr(self, like))
+        return np.asarray(v, dtype=float) if len(v) == n else np.full(n, fill)
 
     def __post_init__(self) -> None:
         groups = {
             "reward": ("reward_elapsed", "reward_cohort"),
             "start": ("start_elapsed", "start_mode", "start_prompt"),
             "ready": ("ready_prompt", "ready_since", "ready_instance", "ready_growth"),
+            "ready (optional)": ("ready_prompt", "ready_cached"),
+            "inflight (optional)": ("inflight_prompt", "inflight_cached"),
+            "tool (optional)": ("tool_elapsed", "tool_cached"),
+            "instances (optional)": ("instance_overhead", "instance_per_pair"),
+            "instances (servers)": ("instance_overhead", "instance_servers"),
             "decode": ("decode_elapsed", "decode_prompt", "decode_growth"),
             "tool": ("tool_elapsed", "tool_context", "tool_growth", "tool_result"),
             "inflight": ("inflight_prompt", "inflight_started", "inflight_instance", "inflight_since", "inflight_growth"),
@@ -118,6 +149,8 @@ class Snapshot:
         }
         for source, names in groups.items():
             sizes = {len(getattr(self, n)) for n in names}
+            if "(" in source and len(getattr(self, names[1])) == 0:
+                continue  # an optional column left empty
             if len(sizes) > 1:
                 raise ValueError(f"snapshot: the {source} arrays differ in length: {sizes}")
         if len(self.instance_overhead) == 0:

@@ -37,10 +37,17 @@ def build_snapshot(state: "LiveState", t: float) -> Snapshot:
     for k, name in enumerate(names):
         if name is not None and name in state._engine_code:
             lookup[state._engine_code[name]] = k
-    coefs = [h.prefill_model(name).coefficients() for name in names]
+    coefs = [h.prefill_model(name).coefficients3() for name in names]
     if names != [None] and h.pool_prefill.n > 0:
         # Engines named but the service times were measured on the pool: use those.
-        coefs = [c if h.prefill_model(nm).n > 0 else h.pool_prefill.coefficients() for c, nm in zip(coefs, names)]
+        coefs = [c if h.prefill_model(nm).n > 0 else h.pool_prefill.coefficients3() for c, nm in zip(coefs, names)]
+    if names != [None]:
+        # An engine not measured yet borrows what the others have learnt (same model,
+        # same hardware, in practice) rather than the generic prior.
+        learnt = [h.prefill_model(nm) for nm in names if h.prefill_model(nm).n > 0]
+        if learnt:
+            best = max(learnt, key=lambda m: m.n).coefficients3()
+            coefs = [c if h.prefill_model(nm).n > 0 else best for c, nm in zip(coefs, names)]
 
     def inst(mask: np.ndarray) -> np.ndarray:
         codes = state.engine[:n][mask]
@@ -60,6 +67,19 @@ def build_snapshot(state: "LiveState", t: float) -> Snapshot:
     all_growth = np.where(np.isnan(state.growth[:n]), h.tool_growth.value, state.growth[:n])
     growth = all_growth[tool]
     decode = st == DECODE
+
+    # Expected cached prefixes (the prefill instance keeps a trajectory's last prompt
+    # until a weight update flushes it).
+    warm = state.cache_ts[:n] > state.last_update_ts
+    cache_prompt = state.cache_prompt[:n]
+    prompt = state.prompt[:n]
+
+    def cached(mask: np.ndarray, x: np.ndarray | None = None) -> np.ndarray:
+        xs = prompt[mask] if x is None else x
+        return np.where(warm[mask], np.minimum(cache_prompt[mask], xs), 0.0)
+
+    tool_x = state.context[:n][tool] + np.clip(growth, 0.0, None)
+    pause = max(state.last_update_ts + h.update_pause.value - t, 0.0) if h.update_pause.n else 0.0
 
     if state._decode_kv:
         kv_now = float(sum(state._decode_kv.values()))
@@ -95,6 +115,14 @@ def build_snapshot(state: "LiveState", t: float) -> Snapshot:
         decode_live=int(np.count_nonzero(decode)),
         instance_overhead=np.array([c[0] for c in coefs]),
         instance_per_token=np.array([c[1] for c in coefs]),
+        instance_per_pair=np.array([c[2] for c in coefs]),
+        instance_servers=np.array([state.servers(nm) for nm in names], dtype=np.int64),
+        ready_cached=cached(ready),
+        inflight_cached=cached(inflight),
+        tool_cached=cached(tool, tool_x),
+        prefill_pause=pause if np.isfinite(pause) else 0.0,
+        cache_hit=h.cache_warm.value,
+        cache_cold=h.cache_cold.value,
         live=state.live,
         update_elapsed=t - state.update_trigger if state.update_trigger is not None else float("nan"),
     )

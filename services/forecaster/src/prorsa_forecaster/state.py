@@ -59,12 +59,17 @@ class LiveState:
         self.cohort = np.full(cap, -1, np.int64)
         self.cause = np.full(cap, np.nan)  # launch cause time (replace) for the launch delay
         self.cohort_cause = np.full(cap, np.nan)
+        # The prompt whose KV a prefill instance caches for this trajectory, and when its
+        # prefill finished (a weight update after that flushed it).
+        self.cache_prompt = np.zeros(cap)
+        self.cache_ts = np.full(cap, np.nan)
         self._req: list[str | None] = [None] * cap
         # Engines: code per name; roles from engine events; last prefill departure.
         self._engine_code: dict[str, int] = {}
         self._engine_names: list[str] = []
         self._role: dict[str, str] = {}
-        self._last_departure: dict[str | None, float] = {}
+        self._departures: dict[str | None, deque[float]] = {}
+        self._servers: dict[str, int] = {}  # data-parallel prefill queues per engine
         self._decode_kv: dict[str, int] = {}
         self.kv_now = 0.0
         # Launch attribution (FIFO of causes not yet matched to a dispatch).
@@ -82,6 +87,8 @@ class LiveState:
         self.update_trigger: float | None = None
         self._launch_caused = False
         self._cause_now = np.nan
+        self.last_update_ts = -np.inf
+        self._pause_pending = False
 
     # -- slots -------------------------------------------------------------------------
     def _grow(self) -> None:
@@ -89,7 +96,7 @@ class LiveState:
         for name, value in list(vars(self).items()):
             if isinstance(value, np.ndarray) and len(value) == cap // 2:
                 fill = {"started_at": np.nan, "engine": -1, "growth": np.nan, "result": -1.0,
-                        "cohort": -1, "cause": np.nan, "cohort_cause": np.nan}.get(name, 0)
+                        "cohort": -1, "cause": np.nan, "cohort_cause": np.nan, "cache_ts": np.nan}.get(name, 0)
                 new = np.full(cap, fill, dtype=value.dtype)
                 new[: len(value)] = value
                 setattr(self, name, new)
@@ -115,6 +122,8 @@ class LiveState:
         self.requests[i] = 0
         self.cohort[i] = -1
         self.cause[i] = self.cohort_cause[i] = np.nan
+        self.cache_prompt[i] = 0.0
+        self.cache_ts[i] = np.nan
         self._req[i] = None
         return i
 
@@ -272,6 +281,7 @@ class LiveState:
         if i is None or self.state[i] != QUEUED or self._req[i] != ev.req:
             self.ignored += 1
             return
+        self._prefill_progress(ev.ts)
         self.state[i] = PREFILL
         self.started_at[i] = ev.ts
         if ev.engine is not None:
@@ -284,14 +294,38 @@ class LiveState:
             return
         if ev.engine is not None:
             self.engine[i] = self._code(ev.engine)
+        self._prefill_progress(ev.ts)
         c = int(self.engine[i])
         name = self._engine_names[c] if c >= 0 else None
-        begin = self.queued_at[i] if np.isnan(self.started_at[i]) else self.started_at[i]
-        # Departure-based service time: a FIFO server's d_j - max(a_j, d_{j-1}).
-        last = self._last_departure.get(name, -np.inf)
-        self.history.prefill_model(name).observe(self.prompt[i], ev.ts - max(begin, last))
+        h = self.history
+        x = self.prompt[i]
+        warm = self.cache_ts[i] > self.last_update_ts  # False when NaN (nothing cached)
+        if ev.cached_tokens is not None:
+            cached = float(min(ev.cached_tokens, x))
+            if warm:
+                h.cache_warm.observe(cached, min(self.cache_prompt[i], x))
+            else:
+                h.cache_cold.observe(cached, x)
+        else:
+            cached = float(self.expected_cached(x, self.cache_prompt[i], warm))
+        # Prefill time: from prefill.started when observed, else departure-based: with c
+        # data-parallel queues behind the engine a FIFO request starts at the later of its
+        # arrival and the c-th previous departure. A prefill that spans a weight update
+        # was restarted (and paused): it says nothing about the engine's speed.
+        deps = self._departures.get(name)
+        if deps is None:
+            deps = self._departures[name] = deque(maxlen=self.servers(name))
+        if np.isnan(self.started_at[i]):
+            last = deps[0] if len(deps) == deps.maxlen else -np.inf
+            begin = max(self.queued_at[i], last)
+        else:
+            begin = self.started_at[i]
+        if begin >= self.last_update_ts:
+            h.prefill_model(name).observe(x, ev.ts - begin, cached)
+        deps.append(ev.ts)
+        self.cache_prompt[i] = x
+        self.cache_ts[i] = ev.ts
         self.history.prefill_wait.observe(ev.ts - self.queued_at[i])
-        self._last_departure[name] = ev.ts
         self.state[i] = DECODE
         self.entered[i] = ev.ts
         self.kv_now += self.prompt[i]
@@ -355,6 +389,14 @@ class LiveState:
         self._release(i, ev.traj, ev.ts)
 
     def _on_policy_updated(self, ev) -> None:
+        # New weights: prefix caches are flushed, and prefills in progress start over
+        # once the engines resume (the weight-sync pause, learnt below).
+        n = self._n
+        busy = self.state[:n] == PREFILL
+        self.state[:n][busy] = QUEUED
+        self.started_at[:n][busy] = np.nan
+        self._pause_pending = bool(busy.any() or (self.state[:n] == QUEUED).any())
+        self.last_update_ts = ev.ts
         if self.update_trigger is not None:
             self.history.train.observe(ev.ts - self.update_trigger)
         self.update_trigger = None
@@ -366,6 +408,11 @@ class LiveState:
     def _on_engine_registered(self, ev) -> None:
         self._role[ev.engine] = ev.role
         self._code(ev.engine)
+        par = ev.parallel
+        # Attention data-parallel ranks each run their own prefill queue.
+        servers = (par.attn_dp or par.dp or 1) if par is not None else 1
+        self._servers[ev.engine] = int(servers)
+        self._departures.pop(ev.engine, None)
 
     def _on_engine_stats(self, ev) -> None:
         self._role[ev.engine] = ev.role
@@ -386,6 +433,25 @@ class LiveState:
     def _on_engine_deregistered(self, ev) -> None:
         self._role.pop(ev.engine, None)
         self._decode_kv.pop(ev.engine, None)
+
+    # -- prefill helpers ------------------------------------------------------------------
+    def _prefill_progress(self, ts: float) -> None:
+        """The first prefill progress after a weight update ends its pause."""
+        if self._pause_pending:
+            self._pause_pending = False
+            self.history.update_pause.observe(ts - self.last_update_ts)
+
+    def expected_cached(self, prompt, cache_prompt, warm):
+        """Expected cached prefix of a prompt: the learnt share of the trajectory's
+        cached previous prompt (warm), else the learnt share of the prompt (cold)."""
+        h = self.history
+        prompt = np.asarray(prompt, dtype=float)
+        c = np.where(warm, h.cache_warm.value * np.minimum(cache_prompt, prompt), h.cache_cold.value * prompt)
+        return np.clip(c, 0.0, np.maximum(prompt - 1.0, 0.0))
+
+    def servers(self, engine: str | None) -> int:
+        """Data-parallel prefill queues of an engine (1 when unknown)."""
+        return self._servers.get(engine, 1) if engine is not None else 1
 
     # -- snapshot ------------------------------------------------------------------------
     def snapshot(self, t: float) -> Snapshot:

@@ -140,25 +140,42 @@ class DurationModel:
             steps_p[tail] = np.diff(1.0 - np.exp(-edges / mean), axis=1)
         return np.clip(np.nan_to_num(steps_p, nan=0.0, posinf=0.0, neginf=0.0), 0.0, 1.0)
 
-    def weighted_steps(self, elapsed: np.ndarray, weights: np.ndarray, horizon: float, steps: int) -> np.ndarray:
+    def weighted_steps(
+        self,
+        elapsed: np.ndarray,
+        weights: np.ndarray,
+        horizon: float,
+        steps: int,
+        groups: np.ndarray | None = None,
+        ngroups: int = 1,
+    ) -> np.ndarray:
         """sum_i w_i * conditional_steps(e_i) for one or more weight columns, in O(n).
 
         Elapsed times are bucketed on a fine logarithmic grid (about 2% wide; exact below
         10 ms), the weights summed per bucket, and the conditional evaluated once per
         bucket: this is what keeps a window over 100k trajectories in milliseconds.
         ``weights`` is ``(n,)`` or ``(n, k)``; the result is ``(steps,)`` or ``(k, steps)``.
+        With ``groups`` (an int in 0..ngroups-1 per row) the sums are kept apart per
+        group: the result is ``(k, ngroups, steps)`` (or ``(ngroups, steps)``).
         """
+        nb = len(_BUCKETS)
         idx = bucket_of(elapsed)
+        g = 1 if groups is None else max(int(ngroups), 1)
+        if groups is not None:
+            idx = idx * g + np.clip(np.asarray(groups, dtype=np.int64), 0, g - 1)
         w = np.asarray(weights, dtype=float)
         one = w.ndim == 1
         w2 = w[:, None] if one else w
-        sums = np.stack([np.bincount(idx, weights=w2[:, j], minlength=len(_BUCKETS)) for j in range(w2.shape[1])])
-        used = np.flatnonzero(sums.any(axis=0))
+        k = w2.shape[1]
+        sums = np.stack([np.bincount(idx, weights=w2[:, j], minlength=nb * g) for j in range(k)]).reshape(k, nb, g)
+        used = np.flatnonzero(sums.any(axis=(0, 2)))
         if len(used) == 0:
-            out = np.zeros((w2.shape[1], steps))
+            out = np.zeros((k, g, steps))
         else:
             table = self.conditional_steps(_BUCKETS[used], horizon, steps)
-            out = sums[:, used] @ table
+            out = np.einsum("kug,us->kgs", sums[:, used, :], table)
+        if groups is None:
+            out = out[:, 0, :]
         return out[0] if one else out
 
     def bucket_table(self, elapsed: np.ndarray, horizon: float, steps: int) -> np.ndarray:

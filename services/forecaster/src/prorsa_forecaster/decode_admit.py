@@ -1,0 +1,198 @@
+"""Decode admissions A-hat^D and K-hat^D by prefill queue simulation (Appendix B.7).
+
+Every in-flight and queued request, and the predicted arrivals of the window, go through
+the prefill instances' FIFO queues, ``b_j = max(u_j, v_m(j)) + g(x_j)``; the prompt
+tokens of the requests whose completion b_j falls before t+S are A^D, and kappa^D of
+them is K^D.
+
+What the physics asks beyond the paper's one-queue-per-instance recursion:
+
+* An instance serves ``c`` data-parallel queues at once (SGLang attention DP ranks: each
+  rank chunk-prefills its own requests). Each instance is therefore split into ``c``
+  servers. In-flight requests hold the servers (the ``c`` latest to finish); queued ones
+  are dealt to the instance's servers in arrival order, round-robin starting from the
+  earliest free, then each server is a FIFO max-plus scan
+  (:func:`~prorsa_forecaster.prefill_queue.simulate_queues`). Round-robin is what keeps it
+  vectorised; with a backlog it keeps every server busy, as earliest-free dispatch does.
+* g depends on the computed tokens (prompt minus the expected cached prefix) and on the
+  attention context they see, not on the full prompt (see ``PrefillTimeModel``).
+* After a weight update prefill pauses (``Snapshot.prefill_pause``): no server is free
+  before it resumes.
+* Predicted arrivals are aggregated per sub-step and per service-time class, and spread
+  evenly over all servers. Their work queues like a fluid on each server (which gives
+  when the server gets to them), but each request then takes its OWN prefill time: a 50k
+  token cold prompt arriving at an idle instance still takes seconds on its rank. A
+  purely fluid split would admit it at once and over-predict admissions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .config import ForecastConfig
+from .guards import BIG, clean, finite_sum
+from .prefill_queue import simulate_queues
+from .snapshot import Snapshot
+
+MAX_SERVERS = 4096  # per instance; far beyond any data-parallel size
+# Service-time classes of predicted requests (upper edges, seconds; the last is open).
+CLASS_EDGES = np.geomspace(0.02, 60.0, 15)
+N_CLASSES = len(CLASS_EDGES) + 1
+
+
+def pooled_cost(snap: Snapshot) -> np.ndarray:
+    """``(a, b, d)`` of g averaged over the instances, weighted by their servers."""
+    a = np.clip(clean(snap.instance_overhead), 0.0, 1e4)
+    b = np.clip(clean(snap.instance_per_token), 0.0, 1.0)
+    d = np.clip(clean(snap.column("instance_per_pair", "instance_overhead")), 0.0, 1e-3)
+    w = np.clip(clean(snap.column("instance_servers", "instance_overhead", 1.0)), 1.0, MAX_SERVERS)
+    return np.array([np.average(a, weights=w), np.average(b, weights=w), np.average(d, weights=w)])
+
+
+def service_class(load: np.ndarray, cost: np.ndarray) -> np.ndarray:
+    """The service-time class of each request (rows of :func:`request_loads`)."""
+    g = cost[0] * load[:, 0] + cost[1] * load[:, 2] + cost[2] * load[:, 3]
+    return np.searchsorted(CLASS_EDGES, np.nan_to_num(g, nan=0.0))
+
+
+def class_sums(load: np.ndarray, cls: np.ndarray) -> np.ndarray:
+    """``(4, N_CLASSES)`` loads summed per class."""
+    return np.stack([np.bincount(cls, weights=load[:, j], minlength=N_CLASSES)[:N_CLASSES] for j in range(4)])
+
+
+def _definite(x: np.ndarray, cached: np.ndarray) -> np.ndarray:
+    x = clean(x)
+    c = np.minimum(clean(cached), x)
+    new = x - c
+    return np.stack((np.ones_like(x), x, new, new * (c + 0.5 * new)), axis=1)
+
+
+def request_rows(x, prefix=0.0, hit: float = 1.0, cold: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """The two outcomes of each request's prefix-cache lookup, as load rows.
+
+    A request whose trajectory's previous prompt (``prefix`` tokens) is cached finds it
+    with probability ``hit`` (else it misses entirely: a cache is flushed, evicted, or the
+    request was routed elsewhere); either way a share ``cold`` of the prompt may be found
+    cached (e.g. a shared system prompt). Returns ``(hit_rows, miss_rows)``, each ``(n, 4)``
+    ([1, prompt, computed tokens, attention pairs]), already weighted by their probability.
+    Hit and miss are kept apart because prefill time is far from linear in them.
+    """
+    x = clean(np.atleast_1d(np.asarray(x, dtype=float)))
+    p = np.broadcast_to(clean(prefix), x.shape)
+    hit = float(np.clip(np.nan_to_num(hit, nan=1.0), 0.0, 1.0))
+    cold = float(np.clip(np.nan_to_num(cold, nan=0.0), 0.0, 1.0))
+    base = cold * x
+    return hit * _definite(x, np.maximum(p, base)), (1.0 - hit) * _definite(x, base)
+
+
+def request_loads(x, prefix=0.0, hit: float = 1.0, cold: float = 0.0) -> np.ndarray:
+    """``(n, 4)`` expected load columns of requests: [1, prompt, computed tokens, attention
+    pairs] (computed = prompt - cached prefix; pairs = computed x its mean context),
+    averaged over the cache lookup's outcomes (see :func:`request_rows`)."""
+    h, m = request_rows(x, prefix, hit, cold)
+    return h + m
+
+
+def _run_rank(sorted_keys: np.ndarray) -> np.ndarray:
+    """Position of each element within its run of equal keys (keys sorted)."""
+    n = len(sorted_keys)
+    return np.arange(n) - np.searchsorted(sorted_keys, sorted_keys, side="left")
+
+
+def decode_admissions(snap: Snapshot, cfg: ForecastConfig, future: np.ndarray) -> tuple[float, float]:
+    """``(A-hat^D, K-hat^D)`` for the window at ``snap.t``.
+
+    Args:
+        snap: the snapshot (times in it are absolute; the simulation runs relative to t).
+        cfg: horizon S, sub-steps and KV page size.
+        future: ``(4, N_CLASSES, steps)`` predicted arrival loads per service class and
+            sub-step (count, prompt tokens, computed tokens, attention pairs; see
+            :func:`request_loads`).
+    """
+    S, steps = cfg.horizon, cfg.steps
+    # Per-instance g = a + b n + d n ctx, bounded so that no product overflows.
+    a = np.clip(clean(snap.instance_overhead), 0.0, 1e4)
+    b = np.clip(clean(snap.instance_per_token), 0.0, 1.0)
+    d = np.clip(clean(snap.column("instance_per_pair", "instance_overhead")), 0.0, 1e-3)
+    c = np.clip(np.rint(clean(snap.column("instance_servers", "instance_overhead", 1.0))), 1, MAX_SERVERS).astype(np.int64)
+    M = len(a)
+    V = int(c.sum())
+    offset = np.concatenate(([0], np.cumsum(c)[:-1]))
+    srv_inst = np.repeat(np.arange(M), c)  # the instance of each server
+
+    def inst_of(idx: np.ndarray) -> np.ndarray:
+        idx = np.asarray(idx, dtype=np.int64)
+        # Unknown assignment: spread round-robin (the router balances).
+        fallback = np.arange(len(idx)) % M
+        return np.where((idx >= 0) & (idx < M), idx, fallback)
+
+    def g(inst: np.ndarray, load: np.ndarray) -> np.ndarray:
+        return a[inst] * load[:, 0] + b[inst] * load[:, 2] + d[inst] * load[:, 3]
+
+    # In flight: its own start time plus g (the runtime progress before t), never earlier
+    # than t. The c latest to finish on an instance hold its servers until then.
+    x_in = clean(snap.inflight_prompt)
+    i_in = inst_of(snap.inflight_instance)
+    load_in = request_loads(x_in, snap.column("inflight_cached", "inflight_prompt"), snap.cache_hit, snap.cache_cold)
+    started = np.clip(np.nan_to_num(np.asarray(snap.inflight_started, dtype=float) - snap.t, nan=0.0), -BIG, 0.0)
+    b_in = np.maximum(started + g(i_in, load_in), 0.0)
+    free = np.zeros(V)
+    if len(b_in):
+        order = np.lexsort((-b_in, i_in))
+        inst_s = i_in[order]
+        r = _run_rank(inst_s)
+        hold = r < c[inst_s]
+        free[offset[inst_s[hold]] + r[hold]] = b_in[order][hold]
+    pause = float(np.clip(np.nan_to_num(snap.prefill_pause, nan=0.0, posinf=0.0), 0.0, BIG))
+    free = np.maximum(free, pause)
+
+    # Queued: in arrival order per instance, dealt round-robin over its servers from the
+    # earliest free one.
+    x_rd = clean(snap.ready_prompt)
+    i_rd = inst_of(snap.ready_instance)
+    u_rd = np.clip(np.nan_to_num(np.asarray(snap.ready_since, dtype=float) - snap.t, nan=0.0), -BIG, 0.0)
+    load_rd = request_loads(x_rd, snap.column("ready_cached", "ready_prompt"), snap.cache_hit, snap.cache_cold)
+    srv_rd = np.zeros(len(x_rd), dtype=np.int64)
+    if len(x_rd):
+        srv_order = np.lexsort((free, srv_inst))  # grouped by instance, earliest free first
+        order = np.lexsort((np.arange(len(x_rd)), u_rd, i_rd))
+        inst_s = i_rd[order]
+        pos = _run_rank(inst_s)
+        srv_rd[order] = srv_order[offset[inst_s] + pos % c[inst_s]]
+
+    # Predicted arrivals: per sub-step, split evenly over every server, arriving mid-step.
+    h = S / steps
+    k = np.repeat(np.arange(steps), V)
+    v = np.tile(np.arange(V), steps)
+    fut = clean(np.asarray(future, dtype=float).reshape(4, N_CLASSES, steps))
+    load_f = (fut.sum(axis=1)[:, k] / V).T
+    u_f = (k + 0.5) * h
+
+    svc_rd = g(i_rd, load_rd)
+    svc_f = g(srv_inst[v], load_f)
+    done = simulate_queues(
+        np.concatenate((srv_rd, v)), np.concatenate((u_rd, u_f)), np.concatenate((svc_rd, svc_f)), free
+    )
+    b_rd, b_f = done[: len(x_rd)], done[len(x_rd) :]
+
+    admit = finite_sum(x_in[b_in < S]) + finite_sum(x_rd[b_rd < S])
+    # Predicted requests start as their server's fluid queue reaches them (spread over
+    # [start, start + svc_f]) and finish after their own class's mean prefill time.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_req = fut[0] > 0
+        inst_f = srv_inst[v]
+        g_cls = (
+            a[inst_f][:, None] * (fut[0].T[k] > 0)
+            + b[inst_f][:, None] * np.where(per_req, fut[2] / fut[0], 0.0).T[k]
+            + d[inst_f][:, None] * np.where(per_req, fut[3] / fut[0], 0.0).T[k]
+        )
+        begin = (b_f - svc_f)[:, None] + g_cls
+        spread = svc_f[:, None]
+        frac = np.where(spread > 0, (S - begin) / spread, (begin < S).astype(float))
+    frac = np.clip(np.nan_to_num(frac, nan=0.0), 0.0, 1.0)
+    admit_f = finite_sum(fut[1].T[k] / V * frac)
+    admit += admit_f
+    page = cfg.kv_page_tokens
+    kv = finite_sum(np.ceil(x_in[b_in < S] / page) * page) + finite_sum(np.ceil(x_rd[b_rd < S] / page) * page)
+    kv += admit_f  # aggregated tokens: page rounding averages out
+    return admit, kv
