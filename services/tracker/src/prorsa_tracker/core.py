@@ -193,7 +193,7 @@ def _move(rs: RunState, tr: Trajectory, new: TrajState, ts: float) -> None:
     rs.by_state[tr.state].discard(tr.traj)
     tr.state = new
     tr.state_ts = ts
-    if new.live:
+    if new is not S.DONE and new is not S.DROPPED:  # new.live, without the property call
         rs.by_state[new].add(tr.traj)
 
 

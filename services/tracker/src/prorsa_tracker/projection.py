@@ -20,6 +20,7 @@ from .core import apply
 from . import snapshots, writer
 from .models import EventRow, PositionRow
 from .state import Anomaly, RequestRecord, Span, TrackerState, Transition
+from .validated import load_validated
 
 
 @dataclass
@@ -45,7 +46,6 @@ class Batch:
     duplicates: int = 0
     watermark: float | None = None
     run_rows: list[tuple] = field(default_factory=list)
-    first_position: int | None = None  # of the first item in the batch
 
     def __len__(self) -> int:
         return len(self.events) + len(self.anomalies) + self.duplicates
@@ -71,45 +71,57 @@ _ENDED = {"reward.finished", "trajectory.dropped"}
 
 
 def _traj_row(state: TrackerState, t: Transition, ev, dispatched_ts: float | None) -> tuple:
-    # TRAJ_COLS order. The state_ts of a live trajectory is the core's (a transition that
-    # does not move the machine, e.g. tool.started, keeps the time the state was entered).
-    to = t.to_state
+    # TRAJ_COLS order. state_ts is when the trajectory entered its state: the event's ts
+    # when it moved, the core's record when it did not (tool.started, reward.started).
     et = ev.type
     if et in _ENDED:
-        state_ts, ended = t.ts, t.ts
-        admitted = ev.admitted if et == "reward.finished" else None
-        reward = ev.reward if et == "reward.finished" else None
-        reason = ev.reason if et == "trajectory.dropped" else None
-    else:
+        return (t.run, t.traj, t.to_state._value_, t.ts, dispatched_ts, t.ts, t.group, t.policy_version,
+                t.sandbox_mode, t.turn, t.context_tokens, ev.admitted if et == "reward.finished" else None,
+                ev.reward if et == "reward.finished" else None, ev.reason if et == "trajectory.dropped" else None)
+    state_ts = t.ts
+    if t.from_state is t.to_state:
         tr = state.trajectory(t.run, t.traj)
-        state_ts, ended, admitted, reward, reason = (tr.state_ts if tr is not None else t.ts), None, None, None, None
-    return (t.run, t.traj, to.value, state_ts, dispatched_ts, ended, t.group, t.policy_version, t.sandbox_mode,
-            t.turn, t.context_tokens, admitted, reward, reason)
+        if tr is not None:
+            state_ts = tr.state_ts
+    return (t.run, t.traj, t.to_state._value_, state_ts, dispatched_ts, None, t.group, t.policy_version,
+            t.sandbox_mode, t.turn, t.context_tokens, None, None, None)
 
 
-def process(state: TrackerState, consumer: str, items: Iterable[tuple[int | None, bytes | None]], batch: Batch | None = None) -> Batch:
+def process(state: TrackerState, consumer: str, items: Iterable[tuple], batch: Batch | None = None,
+            validated: bool = False) -> Batch:
     """Decode and apply ``(position, raw)`` items in order; the rows go into ``batch``.
 
-    Invalid bytes become anomaly rows (with the raw bytes and the reason); duplicates
-    (by event id) are skipped but still advance the position. From a stream, each
-    transition's ``seq`` is its event's stream sequence.
+    With ``validated``, items are ``(position, raw, reason)`` from the receiver, which has
+    run :func:`prorsa_schemas.decode_event` on each already: ``reason`` is None for a valid
+    event (read back with :func:`~prorsa_tracker.validated.load_validated`) or why it is
+    invalid. Invalid bytes become anomaly rows (with the raw bytes and the reason);
+    duplicates (by event id) are skipped but still advance the position. From a stream,
+    each transition's ``seq`` is its event's stream sequence.
     """
     b = batch if batch is not None else Batch(consumer)
     events, trajs, requests, spans = b.events, b.trajectories, b.requests, b.spans
     transitions, runs = b.transitions, b.runs
     from_stream = b.from_stream
     seen = state.seen_ids
-    for pos, raw in items:
+    last = b.position
+    for item in items:
+        pos, raw = item[0], item[1]
         if pos is not None:
-            if b.first_position is None:
-                b.first_position = pos
-            b.position = pos
+            last = pos
         if raw is None:  # already recorded by the caller (an unreadable log line)
             continue
-        try:
-            ev = decode_event(raw)
-        except EventError as exc:
-            note = Anomaly(run=None, traj=None, event_id=None, event_type=None, ts=None, reason=f"invalid event: {exc.reason}")
+        invalid = None
+        if validated:
+            invalid = item[2]
+            if invalid is None:
+                ev = load_validated(raw)
+        else:
+            try:
+                ev = decode_event(raw)
+            except EventError as exc:
+                invalid = exc.reason
+        if invalid is not None:
+            note = Anomaly(run=None, traj=None, event_id=None, event_type=None, ts=None, reason=f"invalid event: {invalid}")
             b.anomaly_notes.append(note)
             b.anomalies.append(anomaly_row(consumer, pos, note.reason, raw))
             continue
@@ -139,6 +151,7 @@ def process(state: TrackerState, consumer: str, items: Iterable[tuple[int | None
                 requests.append(_request_row(t.request))
             if t.span is not None:
                 spans.append(_span_row(t.span))
+    b.position = last
     b.watermark = state.watermark
     # The run rows as of the end of THIS batch (the service applies the next batch while
     # this one is written, so they cannot be read from the state later).

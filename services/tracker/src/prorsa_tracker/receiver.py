@@ -13,8 +13,10 @@ are this module, so pickle is safe here):
 * parent -> child stdin: first a config dict (``url``, ``name``, ``credentials``,
   ``prefix``, ``stream``, ``start_seq``, ``max_inflight``); then ints, the number of
   messages the parent has finished with (credit).
-* child -> parent stdout: lists of ``(stream_seq, raw_bytes)`` in stream order; an empty
-  list once subscribed.
+* child -> parent stdout: lists of ``(stream_seq, raw_bytes, invalid)`` in stream order,
+  where ``invalid`` is None when :func:`prorsa_schemas.decode_event` accepted the message
+  (the strict validation runs here, on the receiver's core) or the reason it did not; an
+  empty list once subscribed.
 
 Back-pressure: when more than ``max_inflight`` forwarded messages are not yet credited
 (the database is down, the parent is behind), the child drops its ordered consumer and
@@ -178,7 +180,7 @@ class _Child:
         self.forwarded = 0
         self.credited = 0
         self.max_inflight = cfg["max_inflight"]
-        self.pending: list[tuple[int, bytes]] = []
+        self.pending: list[tuple[int, bytes, str | None]] = []
         self.gen = 0
         self.sub = None
         self.paused = False
@@ -218,6 +220,8 @@ class _Child:
     async def _subscribe(self) -> None:
         from nats.js.api import ConsumerConfig, DeliverPolicy
 
+        from prorsa_schemas import EventError, decode_event
+
         self.flush()
         self.gen += 1
         old, self.sub = self.sub, None
@@ -241,8 +245,14 @@ class _Child:
             if seq <= self.last:
                 return
             self.last = seq
+            data = msg.data
+            try:
+                decode_event(data)
+                invalid = None
+            except EventError as exc:
+                invalid = exc.reason
             pending = self.pending
-            pending.append((seq, msg.data))
+            pending.append((seq, data, invalid))
             self.forwarded += 1
             if len(pending) >= FLUSH_MESSAGES:
                 self.flush()

@@ -87,7 +87,7 @@ class Tracker:
         self.written = 0  # messages committed by this process
         self.restored = 0  # events replayed at start (after the snapshot, if any)
         self.ready = asyncio.Event()
-        self._buf: deque[tuple[int, bytes]] = deque()
+        self._buf: deque[tuple[int, bytes, str | None]] = deque()  # (seq, raw, invalid reason)
         self._received = 0  # the last stream sequence the receiver handed over
         self._wake = asyncio.Event()
         self._subscribed = asyncio.Event()
@@ -198,7 +198,7 @@ class Tracker:
             stopper.cancel()
             await self._flush_write()
 
-    def _take(self) -> tuple[list[tuple[int, bytes]], int]:
+    def _take(self) -> tuple[list[tuple[int, bytes, str | None]], int]:
         """Up to batch_max new messages, and how many were taken off the buffer."""
         items = []
         buf = self._buf
@@ -215,7 +215,7 @@ class Tracker:
         if not items:
             self._credit(taken)
             return
-        batch = projection.process(self.state, self.consumer, items)
+        batch = projection.process(self.state, self.consumer, items, validated=True)
         if self.settings.publish_transitions:
             await self._publish_outputs(batch)
         # Pipelining: batch k is written (in a thread) while batch k+1 is decoded and

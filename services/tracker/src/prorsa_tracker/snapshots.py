@@ -19,11 +19,10 @@ import pickle
 
 from sqlalchemy import Connection, Engine, select
 
-from prorsa_schemas import decode_event
-
 from .core import apply
 from .models import EventRow, SnapshotRow
 from .state import TrackerState
+from .validated import load_validated
 
 log = logging.getLogger("prorsa.tracker")
 
@@ -81,6 +80,6 @@ def restore(engine: Engine, state: TrackerState, chunk: int = 10_000, use_snapsh
                 setattr(state, f.name, getattr(loaded, f.name))
         q = select(EventRow.raw).where(EventRow.pos > after).order_by(EventRow.pos)
         for (raw,) in conn.execution_options(yield_per=chunk).execute(q):
-            apply(state, decode_event(bytes(raw)))
+            apply(state, load_validated(bytes(raw)))  # validated before it was stored
             n += 1
     return n
