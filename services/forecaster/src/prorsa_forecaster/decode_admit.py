@@ -50,9 +50,12 @@ def pooled_cost(snap: Snapshot) -> np.ndarray:
 
 
 def service_class(load: np.ndarray, cost: np.ndarray) -> np.ndarray:
-    """The service-time class of each request (rows of :func:`request_loads`)."""
+    """The service-time class of each request row (:func:`request_rows`; a row may be
+    weighted by its probability: its count column, so the time is per request)."""
     g = cost[0] * load[:, 0] + cost[1] * load[:, 2] + cost[2] * load[:, 3]
-    return np.searchsorted(CLASS_EDGES, np.nan_to_num(g, nan=0.0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per = np.where(load[:, 0] > 0, g / load[:, 0], 0.0)
+    return np.searchsorted(CLASS_EDGES, np.nan_to_num(per, nan=0.0, posinf=0.0))
 
 
 def class_sums(load: np.ndarray, cls: np.ndarray) -> np.ndarray:
@@ -129,13 +132,23 @@ def decode_admissions(snap: Snapshot, cfg: ForecastConfig, future: np.ndarray) -
     def g(inst: np.ndarray, load: np.ndarray) -> np.ndarray:
         return a[inst] * load[:, 0] + b[inst] * load[:, 2] + d[inst] * load[:, 3]
 
+    hit = float(np.clip(np.nan_to_num(snap.cache_hit, nan=1.0), 0.0, 1.0))
+
+    def outcomes(x, prefix, inst):
+        """Prefill time on a cache hit and on a miss (see request_rows)."""
+        h_rows = request_rows(x, prefix, 1.0, snap.cache_cold)[0]
+        m_rows = request_rows(x, prefix, 0.0, snap.cache_cold)[1]
+        return g(inst, h_rows), g(inst, m_rows)
+
     # In flight: its own start time plus g (the runtime progress before t), never earlier
-    # than t. The c latest to finish on an instance hold its servers until then.
+    # than t. The c latest to finish on an instance hold its servers until then. One
+    # still running after the hit's prefill time has missed the cache.
     x_in = clean(snap.inflight_prompt)
     i_in = inst_of(snap.inflight_instance)
-    load_in = request_loads(x_in, snap.column("inflight_cached", "inflight_prompt"), snap.cache_hit, snap.cache_cold)
     started = np.clip(np.nan_to_num(np.asarray(snap.inflight_started, dtype=float) - snap.t, nan=0.0), -BIG, 0.0)
-    b_in = np.maximum(started + g(i_in, load_in), 0.0)
+    gh_in, gm_in = outcomes(x_in, snap.column("inflight_cached", "inflight_prompt"), i_in)
+    p_in = np.where(-started >= gh_in, 0.0, hit) * (gh_in < gm_in) + (gh_in >= gm_in)
+    b_in = np.maximum(started + p_in * gh_in + (1.0 - p_in) * gm_in, 0.0)
     free = np.zeros(V)
     if len(b_in):
         order = np.lexsort((-b_in, i_in))
@@ -151,7 +164,7 @@ def decode_admissions(snap: Snapshot, cfg: ForecastConfig, future: np.ndarray) -
     x_rd = clean(snap.ready_prompt)
     i_rd = inst_of(snap.ready_instance)
     u_rd = np.clip(np.nan_to_num(np.asarray(snap.ready_since, dtype=float) - snap.t, nan=0.0), -BIG, 0.0)
-    load_rd = request_loads(x_rd, snap.column("ready_cached", "ready_prompt"), snap.cache_hit, snap.cache_cold)
+    gh_rd, gm_rd = outcomes(x_rd, snap.column("ready_cached", "ready_prompt"), i_rd)
     srv_rd = np.zeros(len(x_rd), dtype=np.int64)
     if len(x_rd):
         srv_order = np.lexsort((free, srv_inst))  # grouped by instance, earliest free first
@@ -168,14 +181,19 @@ def decode_admissions(snap: Snapshot, cfg: ForecastConfig, future: np.ndarray) -
     load_f = (fut.sum(axis=1)[:, k] / V).T
     u_f = (k + 0.5) * h
 
-    svc_rd = g(i_rd, load_rd)
+    svc_rd = hit * gh_rd + (1.0 - hit) * gm_rd  # a server is held for the expected time
     svc_f = g(srv_inst[v], load_f)
     done = simulate_queues(
         np.concatenate((srv_rd, v)), np.concatenate((u_rd, u_f)), np.concatenate((svc_rd, svc_f)), free
     )
     b_rd, b_f = done[: len(x_rd)], done[len(x_rd) :]
 
-    admit = finite_sum(x_in[b_in < S]) + finite_sum(x_rd[b_rd < S])
+    # A known request is admitted in the window with the probability of the cache
+    # outcomes that finish it in time (a long cold prompt may not, its hit would).
+    w_in = p_in * (started + gh_in < S) + (1.0 - p_in) * (started + gm_in < S)
+    s_rd = b_rd - svc_rd
+    w_rd = hit * (s_rd + gh_rd < S) + (1.0 - hit) * (s_rd + gm_rd < S)
+    admit = finite_sum(x_in * w_in) + finite_sum(x_rd * w_rd)
     # Predicted requests start as their server's fluid queue reaches them (spread over
     # [start, start + svc_f]) and finish after their own class's mean prefill time.
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -193,6 +211,6 @@ def decode_admissions(snap: Snapshot, cfg: ForecastConfig, future: np.ndarray) -
     admit_f = finite_sum(fut[1].T[k] / V * frac)
     admit += admit_f
     page = cfg.kv_page_tokens
-    kv = finite_sum(np.ceil(x_in[b_in < S] / page) * page) + finite_sum(np.ceil(x_rd[b_rd < S] / page) * page)
+    kv = finite_sum(np.ceil(x_in / page) * page * w_in) + finite_sum(np.ceil(x_rd / page) * page * w_rd)
     kv += admit_f  # aggregated tokens: page rounding averages out
     return admit, kv
