@@ -23,6 +23,8 @@ class ForecastConfig:
         duration_half_life: observations over which old durations are forgotten.
         prior_reward_s, prior_sandbox_prewarm_s, prior_sandbox_cold_s, prior_start_s,
         prior_tool_s, prior_launch_s: prior means (seconds) used before any history.
+        prior_sync_start_s: prior mean of policy.updated -> the next sync batch's first
+            dispatch (the weight sync).
         prior_prompt_tokens: initial prompt length assumed before any is observed (a
             ``run.started.prompt_tokens_mean`` overrides it).
     """
@@ -40,6 +42,7 @@ class ForecastConfig:
     prior_start_s: float = 2.0
     prior_tool_s: float = 5.0
     prior_launch_s: float = 1.0
+    prior_sync_start_s: float = 5.0
     prior_prompt_tokens: int = 2048
 
     def __post_init__(self) -> None:
@@ -62,6 +65,7 @@ class ForecastConfig:
             "prior_start_s",
             "prior_tool_s",
             "prior_launch_s",
+            "prior_sync_start_s",
         ):
             v = getattr(self, name)
             if not (math.isfinite(v) and v > 0):

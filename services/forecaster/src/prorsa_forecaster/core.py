@@ -33,7 +33,7 @@ from .config import ForecastConfig
 from .history import History
 from .decode_admit import N_CLASSES, class_sums, decode_admissions, pooled_cost, request_rows, service_class
 from .guards import BIG, clean, finite_sum
-from .snapshot import START_MODES, Snapshot
+from .snapshot import START_DISPATCHED, START_MODES, Snapshot
 
 COMPONENTS = ("sampler", "sandbox", "ready", "tool", "inflight", "reprefill")
 
@@ -132,6 +132,13 @@ def _sampler(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarra
             size = hist.cohort_size.value if hist.cohort_size.n else float(snap.run.group_size if snap.run.injection == "group" else (snap.run.batch_size or 1))
             launches = size * pmf.sum(axis=0)
             counts += np.convolve(launches, _delay_pmf(hist.cohort_launch, S, steps))[:steps]
+    e = snap.next_batch_elapsed
+    if np.isfinite(e) and snap.run.mode == "sync":
+        # The next sync batch: dispatched after the learnt update -> dispatch delay, its
+        # first requests after the start-up delay.
+        size = float(snap.run.batch_size or (hist.cohort_size.value if hist.cohort_size.n else 0.0))
+        due = hist.sync_start.conditional_steps(np.array([max(e, 0.0)]), S, steps)[0]
+        counts += size * (due @ _kernel(hist.start[START_DISPATCHED], S, steps))
     counts = _clean(counts)
     one = _rows(snap, np.array([prompt]))
     return class_sums(one, service_class(one, cost))[:, :, None] * counts[None, None, :]

@@ -134,6 +134,8 @@ class History:
         self.launch = DurationModel("launch", cfg.prior_launch_s + cfg.prior_sandbox_prewarm_s, half_life=hl)
         # A cohort's last completion (sync batch, GRPO group) -> first request of the next.
         self.cohort_launch = DurationModel("cohort_launch", 30.0, half_life=hl)
+        # Sync runs: policy.updated -> the next batch's first dispatch.
+        self.sync_start = DurationModel("sync_start", cfg.prior_sync_start_s, half_life=hl)
         # Admission: Beta(1, 1)-like prior on the admitted fraction.
         self.admitted = 1.0
         self.completed = 2.0

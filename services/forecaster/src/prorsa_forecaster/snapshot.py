@@ -125,6 +125,9 @@ class Snapshot:
     prefill_pause: float = 0.0
     cache_hit: float = 1.0
     cache_cold: float = 0.0
+    next_batch_elapsed: float = float("nan")
+    """Sync runs: seconds since the policy update after which the next batch is due
+    (NaN when none is due: a batch is out, or the run is async)."""
 
     def column(self, name: str, like: str, fill: float = 0.0) -> np.ndarray:
         """An optional column, or ``fill`` repeated to the length of ``like`` when empty."""

@@ -122,6 +122,7 @@ def build_snapshot(state: "LiveState", t: float) -> Snapshot:
         tool_cached=cached(tool, tool_x),
         prefill_pause=pause if np.isfinite(pause) else 0.0,
         cache_hit=h.cache_warm.value,
+        next_batch_elapsed=t - state.sync_wait if state.sync_wait is not None else float("nan"),
         cache_cold=h.cache_cold.value,
         live=state.live,
         update_elapsed=t - state.update_trigger if state.update_trigger is not None else float("nan"),

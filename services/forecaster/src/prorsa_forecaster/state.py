@@ -89,6 +89,8 @@ class LiveState:
         self._cause_now = np.nan
         self.last_update_ts = -np.inf
         self._pause_pending = False
+        # Sync: when the last update came with the batch drained (next batch not yet out).
+        self.sync_wait: float | None = None
 
     # -- slots -------------------------------------------------------------------------
     def _grow(self) -> None:
@@ -190,6 +192,9 @@ class LiveState:
         h = self.history
         if self.run.mode == "sync" and not self._cohort_live:
             self._batch += 1  # a dispatch after the batch drained starts the next batch
+        if self.sync_wait is not None:
+            h.sync_start.observe(ev.ts - self.sync_wait)
+            self.sync_wait = None
         i = self._new(ev.traj, ev.ts)
         self.dprompt[i] = float(ev.prompt_tokens)
         key = self._cohort_key(ev)
@@ -397,6 +402,8 @@ class LiveState:
         self.started_at[:n][busy] = np.nan
         self._pause_pending = bool(busy.any() or (self.state[:n] == QUEUED).any())
         self.last_update_ts = ev.ts
+        if self.run.mode == "sync" and not self._cohort_live:
+            self.sync_wait = ev.ts
         if self.update_trigger is not None:
             self.history.train.observe(ev.ts - self.update_trigger)
         self.update_trigger = None
