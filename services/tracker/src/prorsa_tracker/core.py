@@ -166,27 +166,13 @@ def _transition(
     req: Request | None = None,
 ) -> Transition:
     req = req if req is not None else tr.request
-    return Transition(
-        run=tr.run,
-        traj=tr.traj,
-        event_id=ev.id,
-        event_type=ev.type,
-        ts=ev.ts,
-        from_state=from_state,
-        to_state=tr.state,
-        context_tokens=tr.context_tokens,
-        turn=tr.turns,
-        group=tr.group,
-        policy_version=tr.policy_version,
-        sandbox_mode=tr.sandbox_mode,
-        req=req.req if req else None,
-        prompt_tokens=req.prompt_tokens if req else None,
-        engine=req.engine if req else None,
-        decode_engine=req.decode_engine if req else None,
-        request=request,
-        span=span,
-        seq=None,
-    )
+    # Positional, in Transition's field order: this runs once per applied event.
+    if req is None:
+        return Transition(tr.run, tr.traj, ev.id, ev.type, ev.ts, from_state, tr.state, tr.context_tokens, tr.turns,
+                          tr.group, tr.policy_version, tr.sandbox_mode, None, None, None, None, request, span, None)
+    return Transition(tr.run, tr.traj, ev.id, ev.type, ev.ts, from_state, tr.state, tr.context_tokens, tr.turns,
+                      tr.group, tr.policy_version, tr.sandbox_mode, req.req, req.prompt_tokens, req.engine,
+                      req.decode_engine, request, span, None)
 
 
 def _move(rs: RunState, tr: Trajectory, new: TrajState, ts: float) -> None:
