@@ -5,7 +5,10 @@ then times ``snapshot(t)`` + ``forecast(...)`` (what the service does once per w
 next to a baseline measured in the same run: one pass of Python over the trajectories
 (what a non-vectorised forecaster would at least cost).
 
-    .venv/bin/python benchmarks/bench_forecast.py [--sizes 10000 100000] [--repeat 20]
+    .venv/bin/python benchmarks/bench_forecast.py [--sizes 10000 100000] [--repeat 20] [--attn-dp 16]
+
+``--attn-dp N`` registers the 8 prefill engines with N attention data-parallel ranks each
+(N prefill queues per engine in the queue simulation), as SGLang DP-attention engines do.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from prorsa_forecaster.state import LiveState
 from prorsa_schemas import EVENT_TYPES
 
 
-def build(n: int, seed: int = 0) -> LiveState:
+def build(n: int, seed: int = 0, attn_dp: int = 0) -> LiveState:
     rng = np.random.default_rng(seed)
     st = LiveState(ForecastConfig())
     mk = EVENT_TYPES
@@ -33,6 +36,10 @@ def build(n: int, seed: int = 0) -> LiveState:
         k += 1
         return mk[type_](id=f"b{k}", ts=ts, run="bench", **f)
 
+    if attn_dp:
+        for e in range(8):
+            st.apply(ev("engine.registered", 0.0, engine=f"p{e}", server=f"s{e}", role="prefill", gpus=16,
+                        kv_capacity_tokens=10**7, parallel={"attn_dp": attn_dp, "dp": attn_dp}))
     # Some history so every duration model is non-trivial.
     for i in range(2000):
         t = f"h{i}"
@@ -70,10 +77,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--attn-dp", type=int, default=0, help="attention DP ranks per prefill engine (0: unregistered)")
     args = ap.parse_args()
     cfg = ForecastConfig()
     for n in args.sizes:
-        st = build(n)
+        st = build(n, attn_dp=args.attn_dp)
         t = 100.0
         times, snaps = [], []
         for _ in range(args.repeat):
@@ -92,7 +100,7 @@ def main() -> None:
                 total += float(st.prompt[i])
         loop_s = time.perf_counter() - a
         print(
-            f"live={st.live:>7,}  forecast window: median {1e3 * statistics.median(times):6.1f} ms "
+            f"live={st.live:>7,} attn_dp={args.attn_dp}  forecast window: median {1e3 * statistics.median(times):6.1f} ms "
             f"(p90 {1e3 * sorted(times)[int(0.9 * len(times)) - 1]:6.1f} ms; snapshot {1e3 * statistics.median(snaps):5.1f} ms)  "
             f"| baseline python loop over trajectories: {1e3 * loop_s:6.1f} ms  "
             f"| W^P={f.prefill_tokens:,.0f} A^D={f.decode_admit_tokens:,.0f}"

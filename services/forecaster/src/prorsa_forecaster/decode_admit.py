@@ -64,10 +64,15 @@ def class_sums(load: np.ndarray, cls: np.ndarray) -> np.ndarray:
 
 
 def _definite(x: np.ndarray, cached: np.ndarray) -> np.ndarray:
-    x = clean(x)
-    c = np.minimum(clean(cached), x)
+    """Load rows of requests with a known cached prefix (inputs already cleaned)."""
+    c = np.minimum(cached, x)
     new = x - c
-    return np.stack((np.ones_like(x), x, new, new * (c + 0.5 * new)), axis=1)
+    out = np.empty((len(x), 4))
+    out[:, 0] = 1.0
+    out[:, 1] = x
+    out[:, 2] = new
+    out[:, 3] = new * (c + 0.5 * new)
+    return out
 
 
 def request_rows(x, prefix=0.0, hit: float = 1.0, cold: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
@@ -134,11 +139,12 @@ def decode_admissions(snap: Snapshot, cfg: ForecastConfig, future: np.ndarray) -
 
     hit = float(np.clip(np.nan_to_num(snap.cache_hit, nan=1.0), 0.0, 1.0))
 
+    cold = float(np.clip(np.nan_to_num(snap.cache_cold, nan=0.0), 0.0, 1.0))
+
     def outcomes(x, prefix, inst):
         """Prefill time on a cache hit and on a miss (see request_rows)."""
-        h_rows = request_rows(x, prefix, 1.0, snap.cache_cold)[0]
-        m_rows = request_rows(x, prefix, 0.0, snap.cache_cold)[1]
-        return g(inst, h_rows), g(inst, m_rows)
+        base = cold * x
+        return g(inst, _definite(x, np.maximum(clean(prefix), base))), g(inst, _definite(x, base))
 
     # In flight: its own start time plus g (the runtime progress before t), never earlier
     # than t. The c latest to finish on an instance hold its servers until then. One

@@ -1,0 +1,168 @@
+"""Decode admissions under the prefill physics the forecaster models, on hand-computed
+cases: data-parallel queues, computed (uncached) tokens and attention, cache hit/miss,
+each predicted request's own prefill time, the weight-sync pause; and how the fold
+learns them from events."""
+
+import numpy as np
+import pytest
+
+from prorsa_forecaster.config import ForecastConfig
+from prorsa_forecaster.decode_admit import N_CLASSES, decode_admissions, request_loads
+from prorsa_forecaster.prefill_queue import PrefillTimeModel
+from prorsa_forecaster.snapshot import RunInfo, Snapshot
+from prorsa_forecaster.state import QUEUED, LiveState
+from prorsa_schemas import EVENT_TYPES
+
+CFG = ForecastConfig(horizon=10.0, steps=10, bias_half_life=0)
+NONE = np.zeros((4, N_CLASSES, 10))
+
+
+def ready(*prompts: float, **extra) -> dict:
+    n = len(prompts)
+    return dict(
+        ready_prompt=np.array(prompts, float), ready_since=np.linspace(-1.0, -0.1, n),
+        ready_instance=np.zeros(n, int), ready_growth=np.zeros(n), **extra,
+    )
+
+
+def one_instance(servers: int = 1, per_token: float = 0.001, per_pair: float = 0.0) -> dict:
+    return dict(
+        instance_overhead=np.array([0.0]), instance_per_token=np.array([per_token]),
+        instance_per_pair=np.array([per_pair]), instance_servers=np.array([servers]),
+    )
+
+
+def test_data_parallel_queues_serve_at_once():
+    # Two 6000-token prompts at 1 ms/token: 6 s each. One queue: 6 s and 12 s; two
+    # data-parallel queues: both at 6 s.
+    one, _ = decode_admissions(Snapshot(t=0.0, **ready(6000, 6000), **one_instance(1)), CFG, NONE)
+    two, _ = decode_admissions(Snapshot(t=0.0, **ready(6000, 6000), **one_instance(2)), CFG, NONE)
+    assert one == pytest.approx(6000) and two == pytest.approx(12000)
+
+
+def test_only_uncached_tokens_are_computed_and_attention_counts():
+    # 20000-token prompt, 18000 cached (hit certain): 2000 new tokens x 1 ms = 2 s, plus
+    # attention 2000 x (18000 + 1000) pairs x 1e-7 s = 3.8 s: 5.8 s < 10 s.
+    base = dict(**ready(20000, ready_cached=np.array([18000.0])), cache_hit=1.0)
+    f, _ = decode_admissions(Snapshot(t=0.0, **base, **one_instance(1, 0.001, 1e-7)), CFG, NONE)
+    assert f == pytest.approx(20000)
+    # Without the cache the same prompt takes 20 s + 20 s of attention: not admitted.
+    cold, _ = decode_admissions(Snapshot(t=0.0, **ready(20000), **one_instance(1, 0.001, 1e-7)), CFG, NONE)
+    assert cold == 0.0
+
+
+def test_a_cache_miss_may_miss_the_window():
+    # Hit: 1000 new tokens, 1 s; miss: 20000 tokens, 20 s. Hit probability 0.25.
+    snap = Snapshot(t=0.0, **ready(20000, ready_cached=np.array([19000.0])), cache_hit=0.25, **one_instance(1))
+    f, _ = decode_admissions(snap, CFG, NONE)
+    assert f == pytest.approx(0.25 * 20000)
+
+
+def test_in_flight_past_its_hit_time_has_missed():
+    # Started 3 s ago; a hit would have taken 1 s, so it missed: 20 s in all, 17 s left.
+    snap = Snapshot(
+        t=10.0, inflight_prompt=np.array([20000.0]), inflight_started=np.array([7.0]),
+        inflight_instance=np.array([0]), inflight_since=np.array([6.0]), inflight_growth=np.zeros(1),
+        inflight_cached=np.array([19000.0]), cache_hit=0.9, **one_instance(1),
+    )
+    f, _ = decode_admissions(snap, CFG, NONE)
+    assert f == 0.0
+
+
+def test_predicted_requests_take_their_own_prefill_time():
+    # One predicted request of 12000 uncached tokens (12 s) arriving in the first
+    # sub-step on an idle 8-queue instance: it cannot finish in the window, however
+    # idle the other queues are.
+    fut = np.zeros((4, N_CLASSES, 10))
+    load = request_loads(np.array([12000.0]))[0]
+    fut[:, N_CLASSES - 1, 0] = load
+    f, _ = decode_admissions(Snapshot(t=0.0, **one_instance(8)), CFG, fut)
+    assert f == 0.0
+    # A 2000-token one (2 s) arriving at 0.5 s does.
+    fut = np.zeros((4, N_CLASSES, 10))
+    fut[:, 5, 0] = request_loads(np.array([2000.0]))[0]
+    f, _ = decode_admissions(Snapshot(t=0.0, **one_instance(8)), CFG, fut)
+    assert f == pytest.approx(2000)
+
+
+def test_weight_sync_pause_delays_prefill():
+    # 3 s of prefill; with an 8 s pause first it ends at 11 s.
+    f, _ = decode_admissions(Snapshot(t=0.0, **ready(3000), **one_instance(1)), CFG, NONE)
+    paused, _ = decode_admissions(Snapshot(t=0.0, **ready(3000), prefill_pause=8.0, **one_instance(1)), CFG, NONE)
+    assert f == pytest.approx(3000) and paused == 0.0
+
+
+def test_prefill_time_model_learns_computed_tokens_and_attention():
+    m = PrefillTimeModel(prior_weight=1.0, half_life=1e9)
+    rng = np.random.default_rng(0)
+    for _ in range(600):
+        x = float(rng.uniform(1000, 60000))
+        c = float(rng.uniform(0, x - 500)) if rng.random() < 0.7 else 0.0
+        n = x - c
+        m.observe(x, 0.02 + 2e-4 * n + 2e-9 * n * (c + n / 2), cached=c)
+    a, b, d = m.coefficients3()
+    assert a == pytest.approx(0.02, abs=0.01)
+    assert b == pytest.approx(2e-4, rel=0.02) and d == pytest.approx(2e-9, rel=0.02)
+
+
+def _ev(type_, ts, **f):
+    _ev.k = getattr(_ev, "k", 0) + 1
+    return EVENT_TYPES[type_](id=f"p{_ev.k}", ts=ts, run="r", **f)
+
+
+def test_fold_learns_cache_hits_servers_and_the_pause():
+    st = LiveState(ForecastConfig())
+    st.apply(_ev("engine.registered", 0.0, engine="p0", server="s", role="prefill", gpus=16,
+                 kv_capacity_tokens=10**6, parallel={"attn_dp": 16}))
+    for i in range(4):
+        t = f"t{i}"
+        st.apply(_ev("trajectory.dispatched", 0.0, traj=t, prompt_tokens=1000))
+        st.apply(_ev("request.queued", 1.0, traj=t, req=f"{t}a", turn=0, prompt_tokens=1000, engine="p0"))
+        st.apply(_ev("prefill.finished", 2.0, traj=t, req=f"{t}a", engine="p0", cached_tokens=0))
+        st.apply(_ev("decode.finished", 3.0, traj=t, req=f"{t}a", output_tokens=100, finish="tool"))
+        # Second turn: half of them find the previous prompt cached.
+        st.apply(_ev("request.queued", 4.0, traj=t, req=f"{t}b", turn=1, prompt_tokens=1500, engine="p0"))
+        st.apply(_ev("prefill.finished", 5.0, traj=t, req=f"{t}b", engine="p0", cached_tokens=1000 if i % 2 else 0))
+    h = st.history
+    assert st.servers("p0") == 16
+    # Two hits of 1000 over 4 x 1000 cacheable tokens, after a prior of 0 over 1000.
+    assert h.cache_warm.value == pytest.approx(2000 / (1000 + 4000), rel=0.01)
+    assert h.cache_cold.value == 0.0
+    snap = st.snapshot(6.0)
+    assert list(snap.instance_servers) == [16]
+    # Queue one request, start its prefill, then a weight update: it starts over after
+    # the pause (learnt from the first prefill progress afterwards), and nothing is cached.
+    st.apply(_ev("decode.finished", 6.0, traj="t1", req="t1b", output_tokens=10, finish="tool"))
+    st.apply(_ev("request.queued", 7.0, traj="t1", req="t1c", turn=2, prompt_tokens=2000, engine="p0"))
+    assert st.snapshot(7.5).ready_cached[0] == 1500.0
+    st.apply(_ev("prefill.started", 7.5, traj="t1", req="t1c", engine="p0"))
+    st.apply(_ev("policy.updated", 8.0, version=1))
+    assert st.state[st._slot["t1"]] == QUEUED
+    snap = st.snapshot(9.0)
+    assert snap.ready_cached[0] == 0.0 and len(snap.inflight_prompt) == 0
+    st.apply(_ev("prefill.finished", 13.0, traj="t1", req="t1c", engine="p0", cached_tokens=0))
+    assert h.update_pause.value == pytest.approx(5.0)
+    assert st.snapshot(20.0).prefill_pause == 0.0 and st.snapshot(10.0).prefill_pause == pytest.approx(3.0)
+
+
+def test_sync_run_predicts_the_next_batch_after_an_update():
+    from prorsa_forecaster.core import forecast
+
+    st = LiveState(ForecastConfig())
+    st.apply(_ev("run.started", 0.0, mode="sync", batch_size=4, prompt_tokens_mean=1000))
+    for i in range(4):
+        t = f"b{i}"
+        st.apply(_ev("trajectory.dispatched", 0.0, traj=t, prompt_tokens=1000))
+        st.apply(_ev("request.queued", 1.0, traj=t, req=f"{t}a", turn=0, prompt_tokens=1000))
+        st.apply(_ev("prefill.finished", 2.0, traj=t, req=f"{t}a"))
+        st.apply(_ev("decode.finished", 3.0, traj=t, req=f"{t}a", output_tokens=10, finish="stop"))
+        st.apply(_ev("reward.finished", 4.0, traj=t, admitted=True))
+    assert forecast(st.snapshot(40.0), st.history).components["sampler"] == 0.0
+    st.apply(_ev("policy.updated", 40.0, version=1))
+    snap = st.snapshot(41.0)
+    assert snap.next_batch_elapsed == pytest.approx(1.0) and snap.run == RunInfo(mode="sync", batch_size=4, prompt_tokens_mean=1000)
+    f = forecast(snap, st.history)
+    assert 0 < f.components["sampler"] <= 4 * 1000
+    # Once the batch is out, the start-up component takes over.
+    st.apply(_ev("trajectory.dispatched", 44.0, traj="n0", prompt_tokens=1000))
+    assert np.isnan(st.snapshot(45.0).next_batch_elapsed)
