@@ -71,3 +71,21 @@ def test_cli_compare_all_runs_every_policy():
     assert names[0] == "colocation" and names[1].startswith("static:") and names[2:] == ["reactive", "prorsa", "oracle"]
     bad = CliRunner().invoke(app, ["sim", "compare", "--policies", "all,prorsa:sideways"])
     assert bad.exit_code == 2 and "prorsa:restart" in bad.output
+
+
+def test_oracle_fork_survives_a_deep_object_graph():
+    # The oracle deep-copies the simulation; long queues nest deeper than Python's default
+    # recursion limit (math / staleness 2 at batch 512 raised RecursionError). Emulated
+    # here with a low ambient limit on a small run.
+    import sys
+
+    from prorsa_sim.policies import OraclePolicy
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(300)
+    try:
+        res = Simulator(SimConfig(workload="math", staleness=2, steps=1, batch_size=64), OraclePolicy()).run()
+    finally:
+        sys.setrecursionlimit(limit)
+    assert res.summary["trajectories_done"] > 0
+    assert sys.getrecursionlimit() == limit

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 from dataclasses import dataclass, field
 
 from prorsa_schemas import events as E
@@ -18,6 +19,8 @@ from .costmodel import CLUSTER_GPUS, ModelProfile, get_profile
 from .engines import ClusterSim
 from .policy import EngineView, FutureDemand, Observation, Policy
 from .workloads import TrajectoryPlan, WorkloadSpec, get_workload, plan_trajectory
+
+_FORK_RECURSION_LIMIT = 100_000
 
 
 @dataclass(frozen=True)
@@ -505,9 +508,15 @@ class Simulator(ClusterSim):
         backlog = sum(r.waiting_tokens for e in self.engines for r in e.ranks if e.role != "decode")
         sink, events, policy = self.sink, self.window_events, self.policy
         self.sink, self.window_events = None, []
+        # deepcopy recurses once per nesting level of the object graph (request -> rank ->
+        # engine -> ranks -> queues -> requests ...); long queues (math, async) went past
+        # Python's default limit of 1000 (RecursionError in the oracle).
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(limit, _FORK_RECURSION_LIMIT))
         try:
             twin = copy.deepcopy(self)
         finally:
+            sys.setrecursionlimit(limit)
             self.sink, self.window_events, self.policy = sink, events, policy
         twin.forking = True
         twin.progress = None

@@ -114,12 +114,21 @@ class ProrsaPolicy:
     switch_mode: str | None = None
     driver: AllocatorDriver | None = None
     _loop: object | None = None
+    _latest: object | None = None
 
     def __post_init__(self) -> None:
         self.driver = self.driver or AllocatorDriver(switch_mode=self.switch_mode)
 
     def initial_roles(self, profile: ModelProfile, n_engines: int) -> list[str]:
         return self.driver.initial_roles(profile, n_engines)
+
+    def _latest_forecast(self, loop):
+        """The newest forecast the loop opened, through its public ``opened`` queue (the one
+        the forecaster service drains), not its private ``_current``."""
+        opened = loop.opened
+        while opened:
+            self._latest = opened.popleft()
+        return self._latest
 
     def on_window(self, obs: Observation) -> list[SwitchRequest]:
         from prorsa_forecaster.config import ForecastConfig
@@ -132,7 +141,7 @@ class ProrsaPolicy:
             loop.feed(ev)  # type: ignore[attr-defined]
         loop.advance(obs.t)  # type: ignore[attr-defined]
         self.driver.observe(obs)
-        f = loop._current  # type: ignore[attr-defined]  # the forecast for [t, t+S)
+        f = self._latest_forecast(loop)  # the forecast for [t, t+S)
         if f is None:
             return []
         fc = forecast_event(obs, f.prefill_tokens, f.decode_admit_tokens, f.decode_kv_tokens, f.decode_kv_now)
