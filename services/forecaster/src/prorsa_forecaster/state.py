@@ -23,6 +23,7 @@ from prorsa_schemas import Event
 
 from .config import ForecastConfig
 from .history import History
+from .state_engines import EngineFold
 from .snapshot import START_COLD, START_DISPATCHED, START_PREWARM, START_READY, RunInfo, Snapshot
 
 # Trajectory states (slot.state); FREE marks an unused slot.
@@ -30,7 +31,7 @@ FREE, START, QUEUED, PREFILL, DECODE, TOOL, REWARD, ABORTED = range(8)
 _MAX_PENDING = 100_000
 
 
-class LiveState:
+class LiveState(EngineFold):
     """Incremental state of one run (all runs in a log are folded together)."""
 
     def __init__(self, config: ForecastConfig | None = None, history: History | None = None) -> None:
@@ -300,36 +301,7 @@ class LiveState:
         if ev.engine is not None:
             self.engine[i] = self._code(ev.engine)
         self._prefill_progress(ev.ts)
-        c = int(self.engine[i])
-        name = self._engine_names[c] if c >= 0 else None
-        h = self.history
-        x = self.prompt[i]
-        warm = self.cache_ts[i] > self.last_update_ts  # False when NaN (nothing cached)
-        if ev.cached_tokens is not None:
-            cached = float(min(ev.cached_tokens, x))
-            if warm:
-                h.cache_warm.observe(cached, min(self.cache_prompt[i], x))
-            else:
-                h.cache_cold.observe(cached, x)
-        else:
-            cached = float(self.expected_cached(x, self.cache_prompt[i], warm))
-        # Prefill time: from prefill.started when observed, else departure-based: with c
-        # data-parallel queues behind the engine a FIFO request starts at the later of its
-        # arrival and the c-th previous departure. A prefill that spans a weight update
-        # was restarted (and paused): it says nothing about the engine's speed.
-        deps = self._departures.get(name)
-        if deps is None:
-            deps = self._departures[name] = deque(maxlen=self.servers(name))
-        if np.isnan(self.started_at[i]):
-            last = deps[0] if len(deps) == deps.maxlen else -np.inf
-            begin = max(self.queued_at[i], last)
-        else:
-            begin = self.started_at[i]
-        if begin >= self.last_update_ts:
-            h.prefill_model(name).observe(x, ev.ts - begin, cached)
-        deps.append(ev.ts)
-        self.cache_prompt[i] = x
-        self.cache_ts[i] = ev.ts
+        self._learn_prefill(i, ev.ts, ev.cached_tokens)
         self.history.prefill_wait.observe(ev.ts - self.queued_at[i])
         self.state[i] = DECODE
         self.entered[i] = ev.ts
@@ -411,54 +383,6 @@ class LiveState:
         B = self.run.batch_size
         if self.run.mode == "async" and B and self.admitted_total >= (self.updates + 1) * B:
             self.update_trigger = ev.ts
-
-    def _on_engine_registered(self, ev) -> None:
-        self._role[ev.engine] = ev.role
-        self._code(ev.engine)
-        par = ev.parallel
-        # Attention data-parallel ranks each run their own prefill queue.
-        servers = (par.attn_dp or par.dp or 1) if par is not None else 1
-        self._servers[ev.engine] = int(servers)
-        self._departures.pop(ev.engine, None)
-
-    def _on_engine_stats(self, ev) -> None:
-        self._role[ev.engine] = ev.role
-        self._code(ev.engine)
-        if ev.role == "decode":
-            self._decode_kv[ev.engine] = ev.kv_used_tokens
-        else:
-            self._decode_kv.pop(ev.engine, None)
-
-    def _on_engine_switched(self, ev) -> None:
-        self._role[ev.engine] = ev.to_role
-        if ev.to_role != "decode":
-            self._decode_kv.pop(ev.engine, None)
-
-    def _on_engine_switch_failed(self, ev) -> None:
-        self._role[ev.engine] = ev.role
-
-    def _on_engine_deregistered(self, ev) -> None:
-        self._role.pop(ev.engine, None)
-        self._decode_kv.pop(ev.engine, None)
-
-    # -- prefill helpers ------------------------------------------------------------------
-    def _prefill_progress(self, ts: float) -> None:
-        """The first prefill progress after a weight update ends its pause."""
-        if self._pause_pending:
-            self._pause_pending = False
-            self.history.update_pause.observe(ts - self.last_update_ts)
-
-    def expected_cached(self, prompt, cache_prompt, warm):
-        """Expected cached prefix of a prompt: the learnt share of the trajectory's
-        cached previous prompt (warm), else the learnt share of the prompt (cold)."""
-        h = self.history
-        prompt = np.asarray(prompt, dtype=float)
-        c = np.where(warm, h.cache_warm.value * np.minimum(cache_prompt, prompt), h.cache_cold.value * prompt)
-        return np.clip(c, 0.0, np.maximum(prompt - 1.0, 0.0))
-
-    def servers(self, engine: str | None) -> int:
-        """Data-parallel prefill queues of an engine (1 when unknown)."""
-        return self._servers.get(engine, 1) if engine is not None else 1
 
     # -- snapshot ------------------------------------------------------------------------
     def snapshot(self, t: float) -> Snapshot:

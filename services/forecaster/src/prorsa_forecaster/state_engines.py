@@ -1,0 +1,104 @@
+"""The engine side of :class:`~prorsa_forecaster.state.LiveState`: engine roles and
+data-parallel sizes, decode KV in use, prefix-cache expectations, the weight-sync pause.
+
+A mixin, so that the fold stays one object (one set of slot arrays) while its modules
+stay short.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+
+class EngineFold:
+    """Engine events and the prefill helpers of the fold (see LiveState)."""
+
+    # Set by LiveState.__init__.
+    _role: dict
+    _servers: dict
+    _departures: dict
+    _decode_kv: dict
+
+    def _on_engine_registered(self, ev) -> None:
+        self._role[ev.engine] = ev.role
+        self._code(ev.engine)
+        par = ev.parallel
+        # Attention data-parallel ranks each run their own prefill queue.
+        servers = (par.attn_dp or par.dp or 1) if par is not None else 1
+        self._servers[ev.engine] = int(servers)
+        self._departures.pop(ev.engine, None)
+
+    def _on_engine_stats(self, ev) -> None:
+        self._role[ev.engine] = ev.role
+        self._code(ev.engine)
+        if ev.role == "decode":
+            self._decode_kv[ev.engine] = ev.kv_used_tokens
+        else:
+            self._decode_kv.pop(ev.engine, None)
+
+    def _on_engine_switched(self, ev) -> None:
+        self._role[ev.engine] = ev.to_role
+        if ev.to_role != "decode":
+            self._decode_kv.pop(ev.engine, None)
+
+    def _on_engine_switch_failed(self, ev) -> None:
+        self._role[ev.engine] = ev.role
+
+    def _on_engine_deregistered(self, ev) -> None:
+        self._role.pop(ev.engine, None)
+        self._decode_kv.pop(ev.engine, None)
+
+    # -- prefill helpers ------------------------------------------------------------------
+    def _prefill_progress(self, ts: float) -> None:
+        """The first prefill progress after a weight update ends its pause."""
+        if self._pause_pending:
+            self._pause_pending = False
+            self.history.update_pause.observe(ts - self.last_update_ts)
+
+    def expected_cached(self, prompt, cache_prompt, warm):
+        """Expected cached prefix of a prompt: the learnt share of the trajectory's
+        cached previous prompt (warm), else the learnt share of the prompt (cold)."""
+        h = self.history
+        prompt = np.asarray(prompt, dtype=float)
+        c = np.where(warm, h.cache_warm.value * np.minimum(cache_prompt, prompt), h.cache_cold.value * prompt)
+        return np.clip(c, 0.0, np.maximum(prompt - 1.0, 0.0))
+
+    def servers(self, engine: str | None) -> int:
+        """Data-parallel prefill queues of an engine (1 when unknown)."""
+        return self._servers.get(engine, 1) if engine is not None else 1
+
+    def _learn_prefill(self, i: int, ts: float, cached_tokens: int | None) -> None:
+        """Slot ``i``'s prefill finished at ``ts``: learn the prefix-cache hit rates and
+        the instance's prefill time, and remember the prompt its instance now caches."""
+        c = int(self.engine[i])
+        name = self._engine_names[c] if c >= 0 else None
+        h = self.history
+        x = self.prompt[i]
+        warm = self.cache_ts[i] > self.last_update_ts  # False when NaN (nothing cached)
+        if cached_tokens is not None:
+            cached = float(min(cached_tokens, x))
+            if warm:
+                h.cache_warm.observe(cached, min(self.cache_prompt[i], x))
+            else:
+                h.cache_cold.observe(cached, x)
+        else:
+            cached = float(self.expected_cached(x, self.cache_prompt[i], warm))
+        # Prefill time: from prefill.started when observed, else departure-based: with c
+        # data-parallel queues behind the engine a FIFO request starts at the later of its
+        # arrival and the c-th previous departure. A prefill that spans a weight update
+        # was restarted (and paused): it says nothing about the engine's speed.
+        deps = self._departures.get(name)
+        if deps is None:
+            deps = self._departures[name] = deque(maxlen=self.servers(name))
+        if np.isnan(self.started_at[i]):
+            last = deps[0] if len(deps) == deps.maxlen else -np.inf
+            begin = max(self.queued_at[i], last)
+        else:
+            begin = self.started_at[i]
+        if begin >= self.last_update_ts:
+            h.prefill_model(name).observe(x, ts - begin, cached)
+        deps.append(ts)
+        self.cache_prompt[i] = x
+        self.cache_ts[i] = ts
