@@ -101,8 +101,8 @@ def test_restart_switch_that_cannot_pay_back_is_not_made() -> None:
     # Restart engines (6.5 min per switch) vs a 60 s lookahead: the imbalance is real but a
     # switch would cost more than it gains.
     alloc = cluster(4, 4, config(restart_lookahead_s=0.0), modes=("restart",))
-    out = alloc.handle(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0))
-    assert commands(out) == []
+    for t in range(60, 600, 10):  # persistent, so only the payback test decides
+        assert commands(alloc.handle(forecast(t=float(t), prefill_engines=6.0, decode_engines=1.0))) == []
     assert "below the hysteresis" in alloc.last_decision.selection.reason
     # In place, the same forecast does switch.
     assert commands(cluster(4, 4).handle(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0)))
@@ -112,7 +112,11 @@ def test_restart_is_judged_over_the_restart_lookahead() -> None:
     # Judged over 1200 s, moving two idle decode engines pays back a 390 s restart when the
     # smoothed forecast says prefill needs 6 engines; the deadline covers the restart.
     alloc = cluster(4, 4, modes=("restart",))
-    cmds = commands(alloc.handle(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0)))
+    # Ski rental: no restart until the imbalance has lasted as long as a restart (390 s).
+    for t in range(60, 450, 10):
+        assert commands(alloc.handle(forecast(t=float(t), prefill_engines=6.0, decode_engines=1.0))) == []
+    assert "has lasted" in alloc.last_decision.selection.reason
+    cmds = commands(alloc.handle(forecast(t=450.0, prefill_engines=6.0, decode_engines=1.0)))
     assert len(cmds) == 2 and all(c.deadline - c.ts >= 2 * 390.0 for c in cmds)
     # Where the moving engines' own role would become the bottleneck for the minutes the
     # restart takes, it does not pay.

@@ -27,7 +27,7 @@ from .config import AllocatorConfig
 from .engines import ENGINE_EVENT_TYPES, EngineTable
 from .estimate import PrefillThroughput, SwitchCost, cluster_shape
 from .optimize import Allocation, Capacity, Demand, solve
-from .switching import DemandView, Selection, select_switches
+from .switching import DemandView, Selection, prefill_band, select_switches
 
 log = logging.getLogger("prorsa.allocator")
 
@@ -101,6 +101,9 @@ class Allocator:
         # Smoothed demand rates for the windows after the current one.
         self._prefill_rate: float | None = None  # Ŵᴾ / S, tokens/s
         self._decode_kv: float | None = None  # Kᴰ + K̂ᴰ, tokens
+        # Since when (forecast time) the engines have been off target in one direction.
+        self._imbalance_dir: str | None = None
+        self._imbalance_since = 0.0
 
     # -- the one entry point -----------------------------------------------------------------
     def handle(self, event: Event, act: bool = True) -> list[Event]:
@@ -200,7 +203,8 @@ class Allocator:
             horizon_s=fc.horizon,
         )
         sel = select_switches(
-            alloc, engines, dv, self.now, cfg, self.switch_cost, self.last_direction, self.last_switch_ts
+            alloc, engines, dv, self.now, cfg, self.switch_cost, self.last_direction, self.last_switch_ts,
+            self._imbalance_age(alloc, engines, fc.t),
         )
         decision.selection = sel
         base = _base_id(fc.id)
@@ -238,6 +242,17 @@ class Allocator:
         if sel.moves:
             self.last_direction, self.last_switch_ts = sel.moves[0].to_role, ts
         return decision
+
+    def _imbalance_age(self, alloc: Allocation, engines: list, t: float) -> float:
+        """How long the engines have been outside the target band in the same direction
+        (0 when inside it or the direction just changed); restarts wait for it."""
+        n = len(engines)
+        p = sum(v.committed_role == "prefill" for v in engines)
+        lo, hi = prefill_band(alloc, n)
+        direction = "prefill" if p < lo else "decode" if p > hi else None
+        if direction != self._imbalance_dir:
+            self._imbalance_dir, self._imbalance_since = direction, t
+        return 0.0 if direction is None else t - self._imbalance_since
 
     # -- command deadlines ------------------------------------------------------------------------
     def expire(self, now: float) -> list[Event]:

@@ -105,6 +105,7 @@ def select_switches(
     cost: SwitchCost,
     last_direction: str | None = None,
     last_switch_ts: float = -math.inf,
+    imbalance_s: float = math.inf,
 ) -> Selection:
     """Choose the engines to switch toward ``alloc`` (see the module docstring)."""
     n = len(engines)
@@ -132,8 +133,14 @@ def select_switches(
         return Selection(reason=f"{wanted} engine(s) should become {to_role} but none can move now")
     horizon = cfg.lookahead_windows * demand.horizon_s
     moves = [Move(v, to_role, drain_estimate(v, cfg), cost.for_engine(v)) for v in candidates]
-    if any("in_place" not in m.engine.switch_modes for m in moves):
-        # A restart takes minutes: judge it over a longer horizon (see the config).
+    restart_s = max((m.switch_s for m in moves if "in_place" not in m.engine.switch_modes), default=None)
+    if restart_s is not None:
+        # Ski rental: a restart (minutes) is bought only once the imbalance has already
+        # lasted as long as the restart takes, so a transient one (a short step's phase)
+        # never pays minutes of lost engines; a persistent one costs at most twice the
+        # ideal. Then it is judged over a longer horizon (see the config).
+        if imbalance_s < restart_s:
+            return Selection(reason=f"imbalance toward {to_role} has lasted {imbalance_s:.0f}s < restart {restart_s:.0f}s")
         horizon = max(horizon, cfg.restart_lookahead_s)
     # The moves run in parallel: the slowest of the first k sets the cost of moving k.
     c = np.minimum(
