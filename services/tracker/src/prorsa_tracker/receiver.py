@@ -188,6 +188,7 @@ class _Child:
         self.sendq: queue.Queue = queue.Queue()
         self.flush_handle: asyncio.TimerHandle | None = None
         self.resub = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()
 
     async def run(self) -> None:
         from prorsa_runtime import connect
@@ -259,7 +260,7 @@ class _Child:
             elif self.flush_handle is None:
                 self.flush_handle = self.loop.call_later(FLUSH_DELAY_S, self.flush)
             if self.forwarded - self.credited > self.max_inflight and not self.paused:
-                await self._pause()
+                self._pause()
 
         self.sub = await self.js.subscribe(
             ns.rollout_all(), stream=ns.stream, ordered_consumer=True, config=cfg, cb=on_msg,
@@ -267,15 +268,21 @@ class _Child:
         )
         self.paused = False
 
-    async def _pause(self) -> None:
+    def _pause(self) -> None:
         self.paused = True
         self.gen += 1  # ignore whatever the dropped consumer still delivers
         sub, self.sub = self.sub, None
-        if sub is not None:
-            try:
-                await sub.unsubscribe()
-            except Exception as exc:
-                log.debug("unsubscribe: %r", exc)
+        if sub is not None:  # not awaited here: we run inside that subscription's own task
+            task = asyncio.get_running_loop().create_task(self._drop(sub))
+            self._tasks.add(task)  # the loop keeps only weak references to tasks
+            task.add_done_callback(self._tasks.discard)
+
+    @staticmethod
+    async def _drop(sub) -> None:
+        try:
+            await sub.unsubscribe()
+        except Exception as exc:
+            log.debug("unsubscribe: %r", exc)
 
     def flush(self) -> None:
         if self.flush_handle is not None:
