@@ -42,6 +42,15 @@ def snapshots(draw):
         cohort_pending=arr(draw, draw(st.integers(0, 4)), st.floats(0, 5)),
         decode_kv_now=draw(anyf),
         instance_overhead=arr(draw, m), instance_per_token=arr(draw, m),
+        # The optional columns: present (any values) or left empty.
+        ready_cached=arr(draw, n[2] if draw(st.booleans()) else 0),
+        inflight_cached=arr(draw, n[4] if draw(st.booleans()) else 0),
+        tool_cached=arr(draw, n[3] if draw(st.booleans()) else 0),
+        instance_per_pair=arr(draw, m if draw(st.booleans()) else 0),
+        instance_servers=np.array(draw(st.lists(st.integers(-3, 40), min_size=m, max_size=m)), dtype=int)
+        if draw(st.booleans()) else np.zeros(0, int),
+        prefill_pause=draw(anyf), cache_hit=draw(anyf), cache_cold=draw(anyf), next_batch_elapsed=draw(anyf),
+        update_elapsed=draw(anyf),
     )
 
 
