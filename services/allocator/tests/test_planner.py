@@ -67,17 +67,46 @@ def test_at_least_one_engine_stays_in_each_role() -> None:
     assert commands(out) == []
 
 
-def test_switches_per_plan_are_capped() -> None:
+def test_switches_per_plan_are_capped_after_the_first() -> None:
+    alloc = cluster(1, 7, config(max_switch_fraction=0.25))
+    # A small first move (uncapped), completed...
+    first = commands(alloc.handle(forecast(t=60.0, prefill_engines=1.5, decode_engines=0.5)))
+    assert 1 <= len(first) <= 3
+    for c in first:
+        alloc.handle(switched(c.engine, c.cmd, "decode", "prefill", ts=65.0))
+    # ...then every later plan is capped at ceil(0.25 * 8) = 2 engines.
+    cmds = commands(alloc.handle(forecast(t=70.0, prefill_engines=7.0, decode_engines=0.5)))
+    assert 7 - 1 - len(first) > 2 and len(cmds) == 2
+
+
+def test_first_plan_reaches_its_target_in_one_step() -> None:
+    # The registered roles were nobody's decision: the first plan may move every engine the
+    # gain test pays for (one kept per role), not just max_switch_fraction of them.
     alloc = cluster(1, 7, config(max_switch_fraction=0.25))
     cmds = commands(alloc.handle(forecast(t=60.0, prefill_engines=7.0, decode_engines=0.5)))
-    assert len(cmds) == 2  # ceil(0.25 * 8)
+    assert len(cmds) == 6
+    # With the old behaviour configured, the first plan is capped too.
+    alloc = cluster(1, 7, config(max_switch_fraction=0.25, initial_switch_fraction=0.25))
+    assert len(commands(alloc.handle(forecast(t=60.0, prefill_engines=7.0, decode_engines=0.5)))) == 2
 
 
-def test_minimum_dwell_time() -> None:
-    alloc = cluster(4, 4, config(min_dwell_s=30.0))
-    # Registered at ts=0: at t=20 nobody has dwelt 30 s yet.
-    assert commands(alloc.handle(forecast(t=20.0, prefill_engines=6.0, decode_engines=1.0))) == []
-    assert commands(alloc.handle(forecast(t=30.0, prefill_engines=6.0, decode_engines=1.0))) != []
+def test_minimum_dwell_time_applies_to_switched_engines() -> None:
+    alloc = cluster(4, 4, config(min_dwell_s=30.0, max_switch_fraction=1.0))
+    # Registered at ts=0: the registered role is no decision, so it may be left at t=5.
+    first = commands(alloc.handle(forecast(t=5.0, prefill_engines=6.0, decode_engines=1.0)))
+    assert len(first) == 2
+    for c in first:
+        alloc.handle(switched(c.engine, c.cmd, "decode", "prefill", ts=10.0))
+    # Decode-heavy now: the engines that just switched must dwell 30 s (until ts=40) and
+    # the reversal guard holds until 35 s after the command; the others may go at once.
+    moved = {c.engine for c in first}
+    out = commands(alloc.handle(forecast(t=36.0, prefill_engines=0.5, decode_engines=7.0)))
+    assert out and not {c.engine for c in out} & moved
+    for c in out:
+        alloc.handle(switched(c.engine, c.cmd, "prefill", "decode", ts=37.0))
+    # At t=41 the switched engines have dwelt long enough.
+    more = commands(alloc.handle(forecast(t=75.0, prefill_engines=0.5, decode_engines=7.0)))
+    assert more and {c.engine for c in more} & moved
 
 
 def test_one_switch_in_flight_per_engine_and_completion() -> None:
@@ -141,7 +170,7 @@ def test_forecasts_of_another_run_are_ignored_when_a_run_is_configured() -> None
 
 
 def test_failed_switch_cools_the_engine_down_and_another_is_chosen() -> None:
-    alloc = cluster(4, 4, config(max_switch_fraction=0.125, failure_cooldown_s=300.0))
+    alloc = cluster(4, 4, config(max_switch_fraction=0.125, initial_switch_fraction=0.125, failure_cooldown_s=300.0))
     (cmd,) = commands(alloc.handle(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0)))
     alloc.handle(failed(cmd.engine, cmd.cmd, "decode", ts=62.0))
     assert alloc.table.engines[cmd.engine].role == "decode"
@@ -152,7 +181,7 @@ def test_failed_switch_cools_the_engine_down_and_another_is_chosen() -> None:
 
 
 def test_deadline_retry_then_abandon() -> None:
-    cfg = config(max_switch_fraction=0.125, max_attempts=2, ack_grace_s=5.0, failure_cooldown_s=1000.0)
+    cfg = config(max_switch_fraction=0.125, initial_switch_fraction=0.125, max_attempts=2, ack_grace_s=5.0, failure_cooldown_s=1000.0)
     alloc = cluster(4, 4, cfg)
     (cmd,) = commands(alloc.handle(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0)))
     # Nothing before deadline + grace.

@@ -97,7 +97,7 @@ async def test_forecast_to_plan_and_commands_then_switched(nats_url: str, ns: Na
 
 
 async def test_missed_deadline_is_retried_then_abandoned(nats_url: str, ns: Namespace) -> None:
-    async with Harness(nats_url, ns, max_switch_fraction=0.125, ack_grace_s=5.0, max_attempts=2) as h:
+    async with Harness(nats_url, ns, max_switch_fraction=0.125, initial_switch_fraction=0.125, ack_grace_s=5.0, max_attempts=2) as h:
         svc = await h.start_service()
         await cluster(h)
         await h.publish(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0))
@@ -164,7 +164,7 @@ def test_bad_settings_are_refused_with_the_variable_named(monkeypatch, bad) -> N
 
 
 async def test_deadlines_expire_on_the_tracker_watermark_alone(nats_url: str, ns: Namespace) -> None:
-    async with Harness(nats_url, ns, max_switch_fraction=0.125, ack_grace_s=5.0, max_attempts=2) as h:
+    async with Harness(nats_url, ns, max_switch_fraction=0.125, initial_switch_fraction=0.125, ack_grace_s=5.0, max_attempts=2) as h:
         svc = await h.start_service()
         await cluster(h)
         await h.publish(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0))

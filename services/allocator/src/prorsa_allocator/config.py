@@ -84,6 +84,17 @@ class AllocatorConfig(BaseModel):
         le=1,
         description="At most this fraction of the PD engines is commanded in one plan.",
     )
+    initial_switch_fraction: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="The cap of the FIRST plan that switches (no switch commanded yet). "
+        "max_switch_fraction bounds the capacity one possibly wrong forecast can take out "
+        "of a ratio that was itself chosen from forecasts; the registered roles were chosen "
+        "by nobody (N/2 : N/2 in the simulator), so moving to the first target in one step "
+        "is limited only by the gain-vs-cost test and one engine kept per role. 1.0: no "
+        "extra cap; set it to max_switch_fraction for the old behaviour.",
+    )
     drain_prefill_s: float = Field(
         default=2.0, ge=0, description="Expected drain of a busy prefill engine (its queue finishes)."
     )

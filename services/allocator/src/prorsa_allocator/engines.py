@@ -62,6 +62,10 @@ class EngineView:
     kv_used_tokens: int = 0
     since_ts: float = 0.0
     """Event time the engine took its current role (registration or last switch)."""
+    switched: bool = False
+    """Whether the engine has changed role since it registered: the minimum dwell guards
+    against bouncing an engine back, so it applies to switched engines, not to the role an
+    engine registered with (nothing was decided for that one)."""
     switching_to: str | None = None
     """Set while a switch is under way (our command, or an engine.switching we observed)."""
     command: Command | None = None
@@ -116,11 +120,12 @@ class EngineTable:
                 view.kv_capacity_tokens = event.kv_capacity_tokens
             if view.switching_to is None and event.role != view.role:
                 # The engine says otherwise: it is the authority on its own role.
-                view.role, view.since_ts = event.role, event.ts
+                view.role, view.since_ts, view.switched = event.role, event.ts, True
         elif isinstance(event, EngineSwitching):
             view.switching_to = event.to_role
         elif isinstance(event, EngineSwitched):
             view.role, view.since_ts, view.switching_to = event.to_role, event.ts, None
+            view.switched = True
             drain = view.command.expected_drain_s if view.command is not None else 0.0
             self.switch_seconds.append((event.mode, max(0.0, event.seconds - drain)))
             self._close(view, event.cmd)
@@ -147,6 +152,7 @@ class EngineTable:
         )
         if old is not None and old.role == event.role:
             view.since_ts = old.since_ts  # a re-registration is not a role change
+            view.switched = old.switched
             view.cooldown_until = old.cooldown_until
         if old is not None and old.command is not None:
             # An agent re-registers after a restart: its command, if any, is over.

@@ -204,7 +204,7 @@ class Allocator:
         )
         sel = select_switches(
             alloc, engines, dv, self.now, cfg, self.switch_cost, self.last_direction, self.last_switch_ts,
-            self._imbalance_age(alloc, engines, fc.t),
+            self._imbalance_age(alloc, engines, fc.t), initial=self.counters.commands == 0,
         )
         decision.selection = sel
         base = _base_id(fc.id)

@@ -79,11 +79,13 @@ def drain_estimate(view: EngineView, cfg: AllocatorConfig) -> float:
 
 
 def movable(view: EngineView, now: float, cfg: AllocatorConfig) -> bool:
-    """No switch in flight, past its minimum dwell in this role, not cooling down."""
+    """No switch in flight, past its minimum dwell in this role if it switched into it (the
+    role it registered with was nobody's decision, so leaving it at once is no flap), not
+    cooling down."""
     return (
         view.command is None
         and view.switching_to is None
-        and now - view.since_ts >= cfg.min_dwell_s
+        and (not view.switched or now - view.since_ts >= cfg.min_dwell_s)
         and now >= view.cooldown_until
     )
 
@@ -106,8 +108,13 @@ def select_switches(
     last_direction: str | None = None,
     last_switch_ts: float = -math.inf,
     imbalance_s: float = math.inf,
+    initial: bool = False,
 ) -> Selection:
-    """Choose the engines to switch toward ``alloc`` (see the module docstring)."""
+    """Choose the engines to switch toward ``alloc`` (see the module docstring).
+
+    ``initial``: no switch has been commanded yet, so the engines sit in the roles they
+    registered with; the per-plan cap is then ``initial_switch_fraction`` (see the config).
+    """
     n = len(engines)
     if n < 2:
         return Selection(reason="fewer than two PD engines")
@@ -123,7 +130,8 @@ def select_switches(
     if last_direction is not None and last_direction != to_role and now - last_switch_ts < cfg.min_dwell_s:
         return Selection(reason=f"would reverse the last switch (to {last_direction}) within the dwell time")
     donors = [v for v in engines if v.role == donor and v.switching_to is None]
-    limit = max(1, math.ceil(cfg.max_switch_fraction * n)) - in_flight
+    fraction = max(cfg.max_switch_fraction, cfg.initial_switch_fraction) if initial else cfg.max_switch_fraction
+    limit = max(1, math.ceil(fraction * n)) - in_flight
     k_max = min(wanted, len(donors) - 1, limit)  # len(donors) - 1: one engine stays in the role
     candidates = heapq.nsmallest(
         max(k_max, 0), (v for v in donors if movable(v, now, cfg)), key=EngineView.load_key

@@ -80,7 +80,7 @@ class AllocatorDriver:
                 view = table.engines[v.engine]
             view.switch_modes = modes
             if view.role != v.role:
-                view.role, view.since_ts = v.role, obs.t
+                view.role, view.since_ts, view.switched = v.role, obs.t, True
             view.running_reqs, view.queued_reqs, view.kv_used_tokens = v.running_reqs, v.queued_reqs, v.kv_used_tokens
             if v.switching:
                 view.switching_to = v.to_role
