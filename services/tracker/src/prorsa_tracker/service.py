@@ -3,8 +3,9 @@
 Consumption: a receiver child process (:mod:`prorsa_tracker.receiver`) runs an ordered
 push consumer (no acks; DESIGN.md measured ~50k msg/s against ~8k for per-message-acked
 pull) filtered to the rollout, engine and control subjects, starting after the stream
-sequence stored in SQL, and forwards raw messages in batches; this process decodes,
-applies, writes and publishes, so receiving and processing use two cores. The SQL
+sequence stored in SQL, validates each message strictly and forwards them in batches;
+this process reads, applies, writes and publishes, so receiving and processing use two
+cores. The SQL
 position is the only position: it is committed with the rows it covers, so after a
 kill -9 the tracker rebuilds its state (snapshot + the events after it) and resumes
 exactly after the last committed message; messages at or below the position are skipped.
@@ -15,8 +16,9 @@ stream ``seq`` of its event) -> write rows + position in one transaction (retrie
 the database is down) -> publish the watermark. Transitions go out before the commit, so
 they are at-least-once: after a crash the uncommitted tail is published again (the same
 ids when the batch boundaries repeat, else overlapping ranges); a reader skips any
-transition whose ``seq`` is not above the last one it applied. In ``clock="wall"`` mode an idle tracker publishes a heartbeat
-watermark at wall time; in ``clock="event"`` mode (replay, simulation) never.
+transition whose ``seq`` is not above the last one it applied. In ``clock="wall"`` mode
+an idle tracker publishes a heartbeat watermark at wall time; in ``clock="event"`` mode
+(replay, simulation) never.
 """
 
 from __future__ import annotations
