@@ -197,8 +197,26 @@ def _print_summary(s: dict, plan: StackPlan, opts: UpOptions) -> None:
     t.add_row("timeline", str(s["timeline_png"]))
     out.print(t)
     db = plan.db_url
+    exe = _prorsa_command()
     out.print("explore the durable log:", highlight=False)
-    out.print(f"  prorsa runs --db {db}", highlight=False, soft_wrap=True)
-    out.print(f"  prorsa trajectories --run {s['run']} --db {db}", highlight=False, soft_wrap=True)
-    out.print(f"  prorsa history s0-t0 --run {s['run']} --db {db}", highlight=False, soft_wrap=True)
-    out.print(f"  prorsa export --run {s['run']} --db {db} -o {s['run']}.jsonl.gz", highlight=False, soft_wrap=True)
+    out.print(f"  {exe} runs --db {db}", highlight=False, soft_wrap=True)
+    out.print(f"  {exe} trajectories --run {s['run']} --db {db}", highlight=False, soft_wrap=True)
+    out.print(f"  {exe} history s0-t0 --run {s['run']} --db {db}", highlight=False, soft_wrap=True)
+    out.print(f"  {exe} export --run {s['run']} --db {db} -o {s['run']}.jsonl.gz", highlight=False, soft_wrap=True)
+
+
+def _prorsa_command() -> str:
+    """How the user can type `prorsa` here: the bare name if it is on PATH, else its path."""
+    import os
+    import shutil
+    import sys
+
+    here = Path(sys.executable).parent / "prorsa"
+    if shutil.which("prorsa") and Path(shutil.which("prorsa")).resolve() == here.resolve():
+        return "prorsa"
+    if here.exists():
+        try:
+            return os.path.relpath(here)
+        except ValueError:
+            return str(here)
+    return "prorsa"
