@@ -35,6 +35,30 @@ class AllocatorConfig(BaseModel):
     gpus_decode: int | None = Field(
         default=None, ge=1, description="mᴰ override (default: the GPUs of the registered engines)."
     )
+    decode_tpot_target_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Decode sizing by step time (decode.py): enough decode engines that a "
+        "decode step (one token per running sequence) stays within this many seconds, as "
+        "Dynamo's SLA planner sizes decode by an inter-token-latency target. None: off.",
+    )
+    decode_tpot_slack: float | None = Field(
+        default=None,
+        gt=0,
+        description="The same, relative: the target is (1 + slack) x the empty-engine step "
+        "t0 of the step model (0.1: no decode step more than 10% slower than an idle "
+        "engine's). With both set, the tighter target wins. None: off.",
+    )
+    decode_step_fixed_s: float | None = Field(
+        default=None, ge=0, description="Prior t0 of the per-engine decode step model (learned from "
+        "engine.stats decode_tokens_per_s once decode engines report it at several loads).",
+    )
+    decode_step_per_seq_s: float | None = Field(
+        default=None, ge=0, description="Prior seconds per running sequence per decode step (per engine)."
+    )
+    decode_step_per_kv_token_s: float | None = Field(
+        default=None, ge=0, description="Prior seconds per KV token held per decode step (per engine)."
+    )
     max_delta: float = Field(default=100.0, gt=0, description="Cap of the reported headroom δ.")
 
     # -- switch selection ---------------------------------------------------------------------

@@ -36,14 +36,18 @@ class Demand:
         prefill_tokens: Ŵᴾ, prompt tokens to prefill in the window (full prompts).
         horizon_s: S, the window length in seconds.
         decode_kv_tokens: Kᴰ + K̂ᴰ, decode KV tokens now plus those admitted in the window.
+        decode_instances: decode demand in instances by step time (``decode.py``: the
+            engines that keep a decode step within the TPOT target); 0: KV only (the paper).
+            The decode demand is the larger of this and the KV term.
     """
 
     prefill_tokens: float
     horizon_s: float
     decode_kv_tokens: float
+    decode_instances: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("prefill_tokens", "decode_kv_tokens"):
+        for name in ("prefill_tokens", "decode_kv_tokens", "decode_instances"):
             v = getattr(self, name)
             if not math.isfinite(v) or v < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
@@ -106,9 +110,9 @@ class Allocation:
 
 
 def instance_demands(demand: Demand, cap: Capacity) -> tuple[float, float]:
-    """aᴾ = Ŵᴾ/(S·θᴾ) and aᴰ = (Kᴰ+K̂ᴰ)/C_KVᴰ: each role's demand in instances."""
+    """aᴾ = Ŵᴾ/(S·θᴾ) and aᴰ = max((Kᴰ+K̂ᴰ)/C_KVᴰ, step-time demand): each role's demand in instances."""
     a_p = demand.prefill_tokens / (demand.horizon_s * cap.prefill_tokens_per_s)
-    a_d = demand.decode_kv_tokens / cap.decode_kv_tokens
+    a_d = max(demand.decode_kv_tokens / cap.decode_kv_tokens, demand.decode_instances)
     return a_p, a_d
 
 

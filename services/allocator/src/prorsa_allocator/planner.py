@@ -24,6 +24,7 @@ from prorsa_schemas import (
 )
 
 from .config import AllocatorConfig
+from .decode import DecodeStep, DecodeStepFit, decode_instances_for_tpot
 from .engines import ENGINE_EVENT_TYPES, EngineTable
 from .estimate import PrefillThroughput, SwitchCost, cluster_shape
 from .optimize import Allocation, Capacity, Demand, solve
@@ -91,6 +92,9 @@ class Allocator:
         self.table = EngineTable(failure_cooldown_s=self.config.failure_cooldown_s)
         self.theta = PrefillThroughput.from_config(self.config)
         self.switch_cost = SwitchCost.from_config(self.config)
+        c = self.config
+        priors = (c.decode_step_fixed_s, c.decode_step_per_seq_s, c.decode_step_per_kv_token_s)
+        self.decode_step = DecodeStepFit(prior=DecodeStep(*priors) if None not in priors else None)
         self.now = 0.0
         self.last_forecast_t = -math.inf
         self.last_direction: str | None = None
@@ -139,6 +143,7 @@ class Allocator:
             log.info("ignored: %s", note)
         if isinstance(event, EngineStats):
             self.theta.observe(event)
+            self.decode_step.observe(event.role, event.running_reqs, event.kv_used_tokens, event.decode_tokens_per_s)
         elif isinstance(event, EngineSwitched):
             self.counters.switched += 1
             self.switch_durations.observe(event.mode, event.seconds)
@@ -187,9 +192,10 @@ class Allocator:
             decision.skipped = f"{len(engines)} PD engine(s) registered, KV capacity {kv_cap:.0f}: nothing to plan"
             return decision
         m_p, m_d = shape.gpus_prefill, shape.gpus_decode
+        kv_total = fc.decode_kv_now + fc.decode_kv_tokens
         try:
             cap = Capacity(self.theta.value, kv_cap, m_p, m_d, max(shape.gpu_budget, m_p + m_d))
-            demand = Demand(fc.prefill_tokens, fc.horizon, fc.decode_kv_now + fc.decode_kv_tokens)
+            demand = Demand(fc.prefill_tokens, fc.horizon, kv_total, self._decode_step_demand(engines, kv_total))
         except ValueError as exc:  # e.g. a forecast of non-finite numbers that slipped through
             decision.skipped = f"cannot plan: {exc}"
             return decision
@@ -199,7 +205,7 @@ class Allocator:
             prefill_now=alloc.prefill_demand,
             decode_now=alloc.decode_demand,
             prefill_later=prefill_rate / cap.prefill_tokens_per_s,
-            decode_later=decode_kv / kv_cap,
+            decode_later=max(decode_kv / kv_cap, self._decode_step_demand(engines, decode_kv)),
             horizon_s=fc.horizon,
         )
         sel = select_switches(
@@ -242,6 +248,29 @@ class Allocator:
         if sel.moves:
             self.last_direction, self.last_switch_ts = sel.moves[0].to_role, ts
         return decision
+
+    def _decode_step_demand(self, engines: list, kv_tokens: float) -> float:
+        """Decode instances that keep a decode step within the TPOT target (0: term off).
+
+        The sequences are those the decode engines hold now, scaled by the KV the forecast
+        expects (Kᴰ + K̂ᴰ) over the KV they hold now: admissions add sequences of the
+        current mean size (decode work per window scales with the KV in decode)."""
+        cfg, step = self.config, self.decode_step.value
+        if step is None or (cfg.decode_tpot_target_s is None and cfg.decode_tpot_slack is None):
+            return 0.0
+        targets = [t for t in (cfg.decode_tpot_target_s,) if t is not None]
+        if cfg.decode_tpot_slack is not None:
+            targets.append((1.0 + cfg.decode_tpot_slack) * step.fixed_s)
+        seqs = kv_now = 0
+        for v in engines:
+            if v.role == "decode":
+                seqs += v.running_reqs + v.queued_reqs
+                kv_now += v.kv_used_tokens
+        if kv_now > 0:
+            seqs *= kv_tokens / kv_now
+        n = decode_instances_for_tpot(seqs, kv_tokens, step, min(targets))
+        # A target at or below the empty step cannot be met by any count: KV sizing only.
+        return n if math.isfinite(n) else 0.0
 
     def _imbalance_age(self, alloc: Allocation, engines: list, t: float) -> float:
         """How long the engines have been outside the target band in the same direction

@@ -1,0 +1,119 @@
+"""Decode throughput: how many decode instances keep a decode step within a TPOT target.
+
+The §4.2 formula sizes decode by KV alone: nᴰ ≥ (Kᴰ + K̂ᴰ)/C_KVᴰ. But a decode step reads
+the weights once plus every running sequence's KV, so its time grows with what one
+engine holds: t(b, kv) = t₀ + s·b + r·kv for b sequences holding kv tokens. One engine can
+hold all the KV of a rollout and still decode slower than two, which occupancy alone never
+shows. Spreading B sequences and K KV tokens over n engines gives a step of
+t₀ + (s·B + r·K)/n; keeping it within a TPOT target τ needs
+
+    n ≥ (s·B + r·K) / (τ − t₀),
+
+the decode analogue of Ŵᴾ/(S·θᴾ) (throughput at a target latency, as Dynamo's SLA
+planner sizes decode replicas by an inter-token-latency target). The planner takes the
+larger of this and the KV term as the decode demand in instances.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeStep:
+    """Per-ENGINE decode step model t = fixed_s + per_seq_s·b + per_kv_token_s·kv.
+
+    Attributes:
+        fixed_s: t₀, the step of an almost empty engine (weights read, communication).
+        per_seq_s: s, seconds added per running sequence.
+        per_kv_token_s: r, seconds added per KV token held.
+    """
+
+    fixed_s: float
+    per_seq_s: float
+    per_kv_token_s: float
+
+    def __post_init__(self) -> None:
+        for name in ("fixed_s", "per_seq_s", "per_kv_token_s"):
+            v = getattr(self, name)
+            if not math.isfinite(v) or v < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+
+    def step_s(self, seqs: float, kv_tokens: float, n_engines: float = 1.0) -> float:
+        """Step time when ``seqs`` sequences and ``kv_tokens`` KV are spread over ``n_engines``."""
+        return self.fixed_s + (self.per_seq_s * seqs + self.per_kv_token_s * kv_tokens) / n_engines
+
+
+def decode_instances_for_tpot(seqs: float, kv_tokens: float, step: DecodeStep, tpot_target_s: float) -> float:
+    """Decode instances (fractional) that keep the step within ``tpot_target_s``.
+
+    Infinite when the target is at or below the empty-engine step (no number of engines
+    meets it); 0 with nothing to decode.
+    """
+    if seqs < 0 or kv_tokens < 0:
+        raise ValueError("seqs and kv_tokens must be >= 0")
+    load = step.per_seq_s * seqs + step.per_kv_token_s * kv_tokens
+    if load <= 0:
+        return 0.0
+    room = tpot_target_s - step.fixed_s
+    return math.inf if room <= 0 else load / room
+
+
+@dataclass
+class DecodeStepFit:
+    """The per-engine decode step model, learned online from decode engines' engine.stats.
+
+    A sample is (b = running_reqs, kv = kv_used_tokens, t = running_reqs /
+    decode_tokens_per_s): one token per running sequence per step. The model is the least
+    squares fit of t on (1, b, kv) over exponentially weighted sums (``alpha`` per sample),
+    used once ``min_samples`` samples spread over at least two loads have arrived and every
+    coefficient comes out >= 0; until then (and whenever the fit is degenerate) the prior.
+    """
+
+    prior: DecodeStep | None
+    alpha: float = 0.05
+    min_samples: int = 8
+    samples: int = 0
+    _xtx: list[list[float]] | None = None
+    _xty: list[float] | None = None
+    _fit: DecodeStep | None = None
+
+    def observe(self, role: str, running_reqs: int, kv_used_tokens: int, decode_tokens_per_s: float | None) -> bool:
+        """Fold in one stats sample; returns whether it counted."""
+        if role != "decode" or running_reqs <= 0 or not decode_tokens_per_s or decode_tokens_per_s <= 0:
+            return False
+        if not math.isfinite(decode_tokens_per_s):
+            return False
+        t = running_reqs / decode_tokens_per_s
+        x = (1.0, float(running_reqs), float(kv_used_tokens))
+        keep = 1.0 - self.alpha if self.samples else 0.0
+        xtx = self._xtx or [[0.0] * 3 for _ in range(3)]
+        xty = self._xty or [0.0] * 3
+        for i in range(3):
+            xty[i] = keep * xty[i] + x[i] * t
+            for j in range(3):
+                xtx[i][j] = keep * xtx[i][j] + x[i] * x[j]
+        self._xtx, self._xty = xtx, xty
+        self.samples += 1
+        self._fit = self._solve() if self.samples >= self.min_samples else None
+        return True
+
+    def _solve(self) -> DecodeStep | None:
+        import numpy as np
+
+        a, y = np.array(self._xtx), np.array(self._xty)
+        # Scale the columns (b ~ 1e2, kv ~ 1e6) so the conditioning test means something.
+        scale = np.sqrt(np.maximum(np.diag(a), 1e-30))
+        a_s = a / np.outer(scale, scale)
+        if np.linalg.cond(a_s) > 1e8:  # every sample at one load: the slope is unknown
+            return None
+        c = np.linalg.solve(a_s, y / scale) / scale
+        if not np.all(np.isfinite(c)) or np.any(c < 0) or c[0] <= 0:
+            return None
+        return DecodeStep(float(c[0]), float(c[1]), float(c[2]))
+
+    @property
+    def value(self) -> DecodeStep | None:
+        """The fitted model, else the prior (None: no model, the decode term is off)."""
+        return self._fit or self.prior
