@@ -89,3 +89,22 @@ def test_oracle_fork_survives_a_deep_object_graph():
         sys.setrecursionlimit(limit)
     assert res.summary["trajectories_done"] > 0
     assert sys.getrecursionlimit() == limit
+
+
+def test_tpot_option_sizes_decode_by_step_time():
+    from prorsa_sim.costmodel import get_profile
+    from prorsa_sim.policies.prorsa import decode_step_prior
+
+    p = make_policy("prorsa:restart:tpot=0.1")
+    assert (p.name, p.driver.switch_mode, p.driver.tpot_slack) == ("prorsa:restart:tpot=0.1", "restart", 0.1)
+    assert make_policy("oracle:tpot=0.2").driver.tpot_slack == 0.2 and make_policy("prorsa").driver.tpot_slack is None
+    for bad in ("prorsa:tpot=x", "prorsa:tpot=0", "reactive:tpot=0.1", "prorsa:tpot=0.1:restart"):
+        with pytest.raises(ValueError, match="bad policy"):
+            make_policy(bad)
+    # The per-engine step prior reproduces the profile's step when the load is spread over
+    # the attention-DP ranks.
+    prof = get_profile("deepseek-v3.2")
+    prior = decode_step_prior(prof)
+    seqs, kv = 1600, 16_000_000
+    per_engine = prior["decode_step_fixed_s"] + seqs * prior["decode_step_per_seq_s"] + kv * prior["decode_step_per_kv_token_s"]
+    assert per_engine == pytest.approx(prof.decode_step_time(seqs // prof.attn_dp, kv // prof.attn_dp))

@@ -6,37 +6,59 @@ allocator cores on what the live system sees), ``reactive`` (load-threshold auto
 Each takes an optional switch mode: ``prorsa:restart`` models stock SGLang 0.5.23 (it
 refuses in-place switches with EP > 1, i.e. in all three paper setups); ``prorsa:in_place``
 the paper's patched SGLang. Without one, a policy switches in place when the model
-profile allows it (the paper's setting)."""
+profile allows it (the paper's setting). ``prorsa`` and ``oracle`` also take
+``tpot=<slack>`` (e.g. ``prorsa:tpot=0.1``, ``oracle:restart:tpot=0.1``): decode sized by step
+time as well as KV, no decode step more than ``slack`` slower than an idle engine's
+(the allocator's ``decode_tpot_slack``; off by default, as in the paper)."""
 
 from __future__ import annotations
 
 from ..policy import POLICY_FACTORIES
 from .oracle import OraclePolicy
-from .prorsa import ProrsaPolicy
+from .prorsa import AllocatorDriver, ProrsaPolicy
 from .reactive import ReactivePolicy
 
 SWITCH_MODES = ("in_place", "restart")
 
 
+def parse_spec(spec: str, options: bool = True) -> tuple[str | None, float | None]:
+    """(switch mode, TPOT slack) of ``name[:in_place|:restart][:tpot=<slack>]`` (None: default)."""
+    name, *parts = spec.split(":")
+    expected = f"expected {name}, {name}:in_place or {name}:restart" + (", then optionally :tpot=<slack>" if options else "")
+    mode = slack = None
+    for i, part in enumerate(parts):
+        if part in SWITCH_MODES and i == 0:
+            mode = part
+        elif options and part.startswith("tpot=") and slack is None:
+            try:
+                slack = float(part[len("tpot="):])
+            except ValueError:
+                raise ValueError(f"bad policy {spec!r}: tpot needs a number, got {part!r}") from None
+            if not slack > 0 or slack == float("inf"):
+                raise ValueError(f"bad policy {spec!r}: tpot slack must be a finite number > 0")
+        else:
+            raise ValueError(f"bad policy {spec!r}: {expected}")
+    return mode, slack
+
+
 def parse_mode(spec: str) -> str | None:
     """The switch mode of ``name`` / ``name:in_place`` / ``name:restart`` (None: default)."""
-    parts = spec.split(":")
-    if len(parts) == 1:
-        return None
-    if len(parts) == 2 and parts[1] in SWITCH_MODES:
-        return parts[1]
-    raise ValueError(f"bad policy {spec!r}: expected {parts[0]}, {parts[0]}:in_place or {parts[0]}:restart")
+    return parse_spec(spec, options=False)[0]
 
 
 def _named(policy, spec: str):
-    mode = parse_mode(spec)
-    if mode is not None:
-        policy.name = f"{policy.name}:{mode}"
+    if ":" in spec:
+        policy.name = policy.name + spec[spec.index(":"):]
     return policy
 
 
-POLICY_FACTORIES.setdefault("prorsa", lambda spec: _named(ProrsaPolicy(switch_mode=parse_mode(spec)), spec))
-POLICY_FACTORIES.setdefault("reactive", lambda spec: _named(ReactivePolicy(switch_mode=parse_mode(spec)), spec))
-POLICY_FACTORIES.setdefault("oracle", lambda spec: _named(OraclePolicy(switch_mode=parse_mode(spec)), spec))
+def _allocating(cls, spec: str):
+    mode, slack = parse_spec(spec)
+    return _named(cls(driver=AllocatorDriver(switch_mode=mode, tpot_slack=slack), switch_mode=mode), spec)
 
-__all__ = ["OraclePolicy", "ProrsaPolicy", "ReactivePolicy", "parse_mode"]
+
+POLICY_FACTORIES.setdefault("prorsa", lambda spec: _allocating(ProrsaPolicy, spec))
+POLICY_FACTORIES.setdefault("reactive", lambda spec: _named(ReactivePolicy(switch_mode=parse_mode(spec)), spec))
+POLICY_FACTORIES.setdefault("oracle", lambda spec: _allocating(OraclePolicy, spec))
+
+__all__ = ["OraclePolicy", "ProrsaPolicy", "ReactivePolicy", "parse_mode", "parse_spec"]

@@ -20,6 +20,20 @@ def prefill_rate_computed(profile: ModelProfile) -> float:
     return profile.attn_dp * chunk / profile.prefill_time(chunk)
 
 
+def decode_step_prior(profile: ModelProfile) -> dict[str, float]:
+    """The per-ENGINE decode step model (t0, per sequence, per KV token) an operator would
+    configure from the profile: sequences and KV spread evenly over the attention-DP ranks,
+    which step together. The simulator's engine.stats carry no decode_tokens_per_s, so
+    the allocator keeps this prior (live, it is learned)."""
+    ranks = profile.attn_dp
+    per_kv_rank = profile.kv_read_bytes_per_token / (profile.gpu.hbm_effective * profile.gpus_per_rank)
+    return dict(
+        decode_step_fixed_s=profile.decode_fixed_s,
+        decode_step_per_seq_s=profile.decode_s_per_seq / ranks,
+        decode_step_per_kv_token_s=per_kv_rank / ranks,
+    )
+
+
 @dataclass
 class AllocatorDriver:
     """Drives :class:`Allocator` from simulator observations (shared by prorsa and oracle)."""
@@ -29,6 +43,8 @@ class AllocatorDriver:
     (the profile's in-place and restart times; both are then learned from engine.switched)."""
     switch_mode: str | None = None
     """``in_place`` / ``restart``; None: in place when the profile allows it."""
+    tpot_slack: float | None = None
+    """The allocator's ``decode_tpot_slack`` (decode sized by step time too); None: off."""
     allocator: Allocator | None = None
     _window: int = 0
 
@@ -46,6 +62,7 @@ class AllocatorDriver:
             cfg = self.config or AllocatorConfig(
                 prefill_tokens_per_s=prefill_rate_computed(prof),
                 in_place_switch_s=prof.in_place_switch_s, restart_switch_s=prof.restart_switch_s,
+                decode_tpot_slack=self.tpot_slack, **decode_step_prior(prof),
             )
             self.allocator = Allocator(cfg)
         alloc = self.allocator
