@@ -124,7 +124,12 @@ def test_pd_decode_waits_for_the_peers_real_prefill_and_the_transfer():
         short = dict(prompt_tokens=100, sampling_params={"max_new_tokens": 2})
         with cf.ThreadPoolExecutor(2) as ex:
             f_long = ex.submit(_gen, router, **long)
-            time.sleep(0.2)  # let the long prompt reach the prefill engine first
+            # wait (by polling, not by sleeping) until the long prompt occupies the prefill engine
+            prefill_url = c.engines[0].url
+            deadline = time.monotonic() + 20
+            while _load(prefill_url)["num_running_reqs"] + _load(prefill_url)["num_waiting_reqs"] < 1:
+                assert time.monotonic() < deadline, "the long prompt never reached the prefill engine"
+                time.sleep(0.01)
             f_short = ex.submit(_gen, router, **short)
             m_long, m_short = f_long.result(), f_short.result()
         assert m_long["completion_tokens"] == 2 and m_short["completion_tokens"] == 2
