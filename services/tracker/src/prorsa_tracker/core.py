@@ -86,7 +86,20 @@ __all__ = [
     "new_state",
 ]
 
-S = TrajState
+class S:
+    """TrajState's members as plain class attributes: on Python 3.11 ``TrajState.X`` goes
+    through the enum's descriptor (a Python call), and the fold reads a few per event."""
+
+    DISPATCHED = TrajState.DISPATCHED
+    SANDBOX = TrajState.SANDBOX
+    READY = TrajState.READY
+    QUEUED = TrajState.QUEUED
+    PREFILL = TrajState.PREFILL
+    DECODE = TrajState.DECODE
+    TOOL = TrajState.TOOL
+    REWARD = TrajState.REWARD
+    DONE = TrajState.DONE
+    DROPPED = TrajState.DROPPED
 TOOL_EMA_ALPHA = 0.1  # Appendix B.5
 
 Result = tuple[list[Transition], list[Anomaly]]

@@ -104,6 +104,7 @@ def process(state: TrackerState, consumer: str, items: Iterable[tuple], batch: B
     from_stream = b.from_stream
     seen = state.seen_ids
     last = b.position
+    pending: dict[tuple[str, str], tuple] = {}  # (run, traj) -> (last transition, its event, dispatched_ts)
     for item in items:
         pos, raw = item[0], item[1]
         if pos is not None:
@@ -144,13 +145,22 @@ def process(state: TrackerState, consumer: str, items: Iterable[tuple], batch: B
             if t.from_state is None:
                 disp = t.ts
             else:  # keep the INSERT's dispatched_ts when the batch also dispatched it
-                prev = trajs.get(key)
-                disp = prev[4] if prev is not None else None
-            trajs[key] = _traj_row(state, t, ev, disp)
+                p = pending.get(key)
+                if p is not None:
+                    disp = p[2]
+                else:
+                    prev = trajs.get(key)
+                    disp = prev[4] if prev is not None else None
+            pending[key] = (t, ev, disp)
             if t.request is not None:
                 requests.append(_request_row(t.request))
             if t.span is not None:
                 spans.append(_span_row(t.span))
+    # One row per trajectory, built from its LAST transition of the call (most events only
+    # supersede an earlier row of the batch). Built here, before the next batch is applied,
+    # so the trajectory's state_ts read by _traj_row is still the one of that transition.
+    for key, (t, ev, disp) in pending.items():
+        trajs[key] = _traj_row(state, t, ev, disp)
     b.position = last
     b.watermark = state.watermark
     # The run rows as of the end of THIS batch (the service applies the next batch while
