@@ -138,7 +138,18 @@ async def main() -> None:
         for e in iter_workload(a.n, live=2000):
             await nc.publish(ns.subject_for(e), encode_event(e), headers={"Nats-Msg-Id": e.id})
         await nc.flush()
+        # Fire-and-forget publishes at full speed can overflow the server's ingest queue
+        # (300k here lost ~40k): the ingest would then wait forever for events that never
+        # arrived, so check the stream holds all N first.
+        stored, deadline = -1, time.perf_counter() + 10
+        while stored != a.n and time.perf_counter() < deadline:  # the server stores asynchronously
+            stored = (await js.stream_info(ns.stream)).state.messages
+            if stored != a.n:
+                await asyncio.sleep(0.2)
         await nc.close()
+        if stored != a.n:
+            raise SystemExit(f"the stream holds {stored:,} of the {a.n:,} published events (the server dropped "
+                             "some fire-and-forget publishes); use a smaller N")
 
         async def pair(label: str, db_for_run, **kw) -> None:
             raws, rates = [], []
