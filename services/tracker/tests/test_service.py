@@ -149,3 +149,26 @@ def test_invalid_messages_become_anomalies_with_raw_bytes(tmp_path) -> None:
     assert [bytes(r[0]) for r in rows] == [b"\xff\xfe garbage", b'{"v":1,"id":"x","type":"trajectory.dispatched","ts":-1,"run":"r","traj":"a","prompt_tokens":1}']
     assert "ts" in rows[1][1] and rows[1][2] == 2
     assert projection.position(eng, "c") == 2
+
+
+async def test_transitions_off_writes_everything_but_publishes_no_transition(nats_url, ns, tmp_path) -> None:
+    # PRORSA_TRACKER_PUBLISH_TRANSITIONS=false (nobody reads ns.transitions()): the same rows,
+    # nothing on the transitions subject, the watermark still published.
+    events = list(iter_workload(2000, live=50))
+    await publish(nats_url, ns, events)
+    db = f"sqlite:///{tmp_path}/off.db"
+    s = TrackerSettings(nats_url=nats_url, subject_prefix=ns.prefix, stream=ns.stream, db_url=db, clock="event",
+                        publish_transitions=False, gc_gen0=0)
+    tracker, stop = Tracker(s), asyncio.Event()
+    task = asyncio.create_task(tracker.run(stop))
+    await async_wait_until(lambda: tracker.written >= len(events), timeout=60, what="ingest")
+    stop.set()
+    await task
+    assert snapshot(db)["trajectories"] == clean(tmp_path, events)["trajectories"]
+    nc = await connect(nats_url, "watcher")
+    js = nc.jetstream()
+    info = await js.stream_info(ns.stream, subjects_filter=ns.transitions())
+    wm = await js.get_last_msg(ns.stream, ns.watermark())
+    await nc.close()
+    assert not info.state.subjects  # no message on the transitions subject
+    assert Watermark.model_validate_json(wm.data).applied == len(events)
