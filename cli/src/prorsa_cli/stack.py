@@ -80,13 +80,9 @@ class Ports:
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-        return True
+    from prorsa_runtime.natsserver import port_in_use
+
+    return not port_in_use(port, host)
 
 
 def plan_ports(opts: UpOptions) -> Ports:
