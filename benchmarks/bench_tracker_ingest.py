@@ -18,7 +18,6 @@ import statistics
 import tempfile
 import time
 import tracemalloc
-import uuid
 from contextlib import contextmanager
 
 from nats.js.api import ConsumerConfig, DeliverPolicy
@@ -78,20 +77,11 @@ def fresh_pg(spec: str):
     if spec != "auto":
         yield spec
         return
-    from sqlalchemy import create_engine
-    from sqlalchemy.engine import make_url
+    from prorsa_runtime.testing import temporary_database
 
-    base = make_url(os.environ.get("PRORSA_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres"))
-    admin = create_engine(base.set(drivername="postgresql+psycopg"), isolation_level="AUTOCOMMIT")
-    name = f"prorsa_bench_{uuid.uuid4().hex[:10]}"
-    with admin.connect() as c:
-        c.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    try:
-        yield base.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as c:
-            c.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
+    base = os.environ.get("PRORSA_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+    with temporary_database(base, prefix="prorsa_bench_") as url:
+        yield url
 
 
 def restart_times(db: str) -> tuple[int, float, int, float]:

@@ -20,6 +20,7 @@ import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -116,7 +117,25 @@ def pg_url() -> Iterator[str]:
         if os.environ.get("CI"):
             pytest.fail(msg + " (CI must run the PostgreSQL tests)")
         pytest.skip(msg)
-    name = f"prorsa_t_{uuid.uuid4().hex[:12]}"
+    admin.dispose()
+    with temporary_database(base.render_as_string(hide_password=False), prefix="prorsa_t_") as url:
+        yield url
+
+
+@contextmanager
+def temporary_database(base_url: str, prefix: str = "prorsa_tmp_") -> Iterator[str]:
+    """Create an empty PostgreSQL database next to ``base_url``'s; drop it on exit.
+
+    Used by the ``pg_url`` fixture and by the benchmarks.
+    """
+    import sqlalchemy
+    from sqlalchemy.engine import make_url
+
+    base = make_url(base_url)
+    if base.drivername == "postgresql":
+        base = base.set(drivername="postgresql+psycopg")
+    admin = sqlalchemy.create_engine(base, isolation_level="AUTOCOMMIT")
+    name = f"{prefix}{uuid.uuid4().hex[:12]}"
     with admin.connect() as conn:
         conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
     try:
