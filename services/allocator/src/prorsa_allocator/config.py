@@ -19,8 +19,14 @@ class AllocatorConfig(BaseModel):
         "saturated throughput. 40k: Dynamo's mocker prefill cost gives ~48k tokens/s for 4k-token "
         "chunks; a little lower because real batches are ragged.",
     )
-    theta_alpha: float = Field(
-        default=0.2, gt=0, le=1, description="EMA weight of one saturated throughput sample in θᴾ."
+    theta_window: int = Field(
+        default=64, ge=1, description="Saturated prefill samples (engine.stats with a queue) θᴾ is "
+        "taken from: 64 = 8 windows of 8 prefill engines.",
+    )
+    theta_quantile: float = Field(
+        default=0.75, gt=0, le=1, description="θᴾ is this quantile of those samples: a queued "
+        "prefill engine held back by a full decode pool reports a rate far below its capacity "
+        "(estimate.py), so capacity is a high quantile, not a mean.",
     )
     max_cache_hit_rate: float = Field(
         default=0.95,
@@ -41,6 +47,15 @@ class AllocatorConfig(BaseModel):
         description="Decode sizing by step time (decode.py): enough decode engines that a "
         "decode step (one token per running sequence) stays within this many seconds, as "
         "Dynamo's SLA planner sizes decode by an inter-token-latency target. None: off.",
+    )
+    decode_latency_balance: bool = Field(
+        default=True,
+        description="Size decode also by the latency it adds to every turn (decode.py "
+        "decode_instances_for_latency): the decode demand that balances the marginal per-turn "
+        "prefill wait against the marginal decode step time (square-root rule), so a decode "
+        "engine holding every sequence is not kept just because its KV fits. Needs a decode "
+        "step model (the priors below, or learned from engine.stats decode_tokens_per_s); "
+        "without one the term is off. False: the paper's KV-only decode sizing.",
     )
     decode_tpot_slack: float | None = Field(
         default=None,

@@ -117,3 +117,43 @@ class DecodeStepFit:
     def value(self) -> DecodeStep | None:
         """The fitted model, else the prior (None: no model, the decode term is off)."""
         return self._fit or self.prior
+
+
+def decode_instances_for_latency(
+    prefill_instances: float,
+    kv_now: float,
+    admit_tokens: float,
+    seqs: float,
+    kv_tokens: float,
+    n_decode_now: float,
+    step: DecodeStep,
+) -> float:
+    """Decode demand in instances that balances the two roles' marginal per-turn latency.
+
+    A turn waits in prefill and then decodes. With the window's prefill work spread over
+    nᴾ engines, a request waits on average half the time the window's work takes to drain:
+    L_P = Ŵᴾ/(2·θᴾ·nᴾ) = A/nᴾ with A = aᴾ·S/2 (aᴾ = Ŵᴾ/(S·θᴾ), the paper's prefill
+    demand in instances). Decoding o tokens costs L_D = o·(t₀ + c/nᴰ), c = s·B + r·K the
+    per-engine step load (``DecodeStep``); only B' = o·c depends on nᴰ. Minimising
+    A/nᴾ + B'/nᴰ over nᴾ + nᴰ = N gives nᴾ/nᴰ = √(A/B') (the square-root capacity rule of
+    open queueing networks), which the max-min of ``optimize.solve`` reproduces when the
+    decode demand in instances is
+
+        aᴰ = aᴾ·√(B'/A) = √(2·aᴾ·B'/S).
+
+    o is not in the forecast; Little's law gives the per-turn decode time from it:
+    L_D = S·Kᴰ/Âᴰ (KV held in decode over KV admitted per window; prompts dominate the KV of
+    agentic turns), and o = L_D / t(now). So B'/S = (Kᴰ/Âᴰ)·c/t(now), and nothing here needs
+    the output lengths. Returns 0 (term off) when nothing is decoding or admitted.
+    """
+    vals = (prefill_instances, kv_now, admit_tokens, seqs, kv_tokens, n_decode_now)
+    if any(not math.isfinite(v) or v < 0 for v in vals):
+        raise ValueError(f"inputs must be finite and >= 0, got {vals!r}")
+    if prefill_instances <= 0 or kv_now <= 0 or admit_tokens <= 0 or n_decode_now <= 0:
+        return 0.0
+    load = step.per_seq_s * seqs + step.per_kv_token_s * kv_tokens  # c, engine-seconds per step
+    t_now = step.fixed_s + load / n_decode_now
+    if load <= 0 or t_now <= 0:
+        return 0.0
+    b_over_s = (kv_now / admit_tokens) * load / t_now
+    return math.sqrt(2.0 * prefill_instances * b_over_s)

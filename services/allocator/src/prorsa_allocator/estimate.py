@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import statistics
+from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from prorsa_schemas import EngineStats
 
@@ -21,16 +24,28 @@ class PrefillThroughput:
     tokens per second; cached prefix tokens cost (almost) nothing, so in the full-prompt
     convention of Ŵᴾ one instance serves ``rate / (1 - cache_hit_rate)`` tokens per second
     (paper §4.2 and Appendix B.1: θᴾ "already incorporates the average prefix-cache hit ratio").
+
+    A queue is not always a saturated engine: in PD a prefill engine holds requests until
+    the decode side has pre-allocated their KV (SGLang's bootstrap queue), so a prefill
+    engine behind a full decode pool reports queued requests at a rate far below what it
+    can compute. One such sample in an EMA once took θᴾ from 83k to 569 tokens/s (math,
+    async), the prefill demand then looked like 74 instances and three decode engines were
+    switched to prefill. So θᴾ is a high quantile (``quantile``, default the 75th
+    percentile) of the last ``window`` saturated samples: capacity is the rate a backlogged
+    engine sustains when nothing else holds it back, and the window still follows a real
+    change (longer contexts, another cache-hit level) within a few windows.
     """
 
     value: float
-    alpha: float = 0.2
+    window: int = 64
+    quantile: float = 0.75
     max_hit: float = 0.95
     samples: int = 0
+    _recent: deque = field(default_factory=deque)
 
     @classmethod
     def from_config(cls, config: AllocatorConfig) -> "PrefillThroughput":
-        return cls(config.prefill_tokens_per_s, config.theta_alpha, config.max_cache_hit_rate)
+        return cls(config.prefill_tokens_per_s, config.theta_window, config.theta_quantile, config.max_cache_hit_rate)
 
     def observe(self, stats: EngineStats) -> bool:
         """Fold in one stats sample; returns whether it counted."""
@@ -38,8 +53,10 @@ class PrefillThroughput:
         if stats.role != "prefill" or rate is None or rate <= 0 or stats.queued_reqs <= 0:
             return False
         hit = min(stats.cache_hit_rate or 0.0, self.max_hit)
-        sample = rate / (1.0 - hit)
-        self.value = sample if self.samples == 0 else (1 - self.alpha) * self.value + self.alpha * sample
+        self._recent.append(rate / (1.0 - hit))
+        while len(self._recent) > self.window:
+            self._recent.popleft()
+        self.value = float(np.quantile(np.fromiter(self._recent, float, len(self._recent)), self.quantile))
         self.samples += 1
         return True
 

@@ -24,7 +24,7 @@ from prorsa_schemas import (
 )
 
 from .config import AllocatorConfig
-from .decode import DecodeStep, DecodeStepFit, decode_instances_for_tpot
+from .decode import DecodeStep, DecodeStepFit, decode_instances_for_latency, decode_instances_for_tpot
 from .engines import ENGINE_EVENT_TYPES, EngineTable
 from .estimate import PrefillThroughput, SwitchCost, cluster_shape
 from .optimize import Allocation, Capacity, Demand, solve
@@ -105,6 +105,9 @@ class Allocator:
         # Smoothed demand rates for the windows after the current one.
         self._prefill_rate: float | None = None  # Ŵᴾ / S, tokens/s
         self._decode_kv: float | None = None  # Kᴰ + K̂ᴰ, tokens
+        # Seconds one decode turn takes (Little's law on the forecasts: S·Kᴰ/Âᴰ), smoothed:
+        # how long a busy decode engine needs to drain.
+        self.decode_turn_s: float | None = None
         # Since when (forecast time) the engines have been off target in one direction.
         self._imbalance_dir: str | None = None
         self._imbalance_since = 0.0
@@ -169,6 +172,9 @@ class Allocator:
         rate, kv = fc.prefill_tokens / fc.horizon, fc.decode_kv_now + fc.decode_kv_tokens
         self._prefill_rate = rate if self._prefill_rate is None else (1 - a) * self._prefill_rate + a * rate
         self._decode_kv = kv if self._decode_kv is None else (1 - a) * self._decode_kv + a * kv
+        if fc.decode_admit_tokens > 0 and fc.decode_kv_now > 0:
+            turn = fc.horizon * fc.decode_kv_now / fc.decode_admit_tokens
+            self.decode_turn_s = turn if self.decode_turn_s is None else (1 - a) * self.decode_turn_s + a * turn
         return self._prefill_rate, self._decode_kv
 
     def on_forecast(self, fc: ForecastWindow, act: bool = True) -> Decision | None:
@@ -195,22 +201,28 @@ class Allocator:
         kv_total = fc.decode_kv_now + fc.decode_kv_tokens
         try:
             cap = Capacity(self.theta.value, kv_cap, m_p, m_d, max(shape.gpu_budget, m_p + m_d))
-            demand = Demand(fc.prefill_tokens, fc.horizon, kv_total, self._decode_step_demand(engines, kv_total))
+            a_p = fc.prefill_tokens / (fc.horizon * self.theta.value)
+            room = self._decode_room(a_p, cap)
+            extra = self._decode_step_demand(engines, kv_total, a_p, fc.decode_kv_now, fc.decode_admit_tokens, room)
+            demand = Demand(fc.prefill_tokens, fc.horizon, kv_total, extra)
         except ValueError as exc:  # e.g. a forecast of non-finite numbers that slipped through
             decision.skipped = f"cannot plan: {exc}"
             return decision
         alloc = solve(demand, cap, cfg.max_delta)
         decision.allocation = alloc
+        a_p_later = prefill_rate / cap.prefill_tokens_per_s
         dv = DemandView(
             prefill_now=alloc.prefill_demand,
             decode_now=alloc.decode_demand,
             prefill_later=prefill_rate / cap.prefill_tokens_per_s,
-            decode_later=max(decode_kv / kv_cap, self._decode_step_demand(engines, decode_kv)),
+            decode_later=max(decode_kv / kv_cap, self._decode_step_demand(
+                engines, decode_kv, a_p_later, fc.decode_kv_now, fc.decode_admit_tokens, self._decode_room(a_p_later, cap))),
             horizon_s=fc.horizon,
         )
         sel = select_switches(
             alloc, engines, dv, self.now, cfg, self.switch_cost, self.last_direction, self.last_switch_ts,
             self._imbalance_age(alloc, engines, fc.t), initial=self.counters.commands == 0,
+            decode_drain_s=self.decode_turn_s,
         )
         decision.selection = sel
         base = _base_id(fc.id)
@@ -249,28 +261,49 @@ class Allocator:
             self.last_direction, self.last_switch_ts = sel.moves[0].to_role, ts
         return decision
 
-    def _decode_step_demand(self, engines: list, kv_tokens: float) -> float:
-        """Decode instances that keep a decode step within the TPOT target (0: term off).
+    @staticmethod
+    def _decode_room(prefill_instances: float, cap: Capacity) -> float:
+        """Decode instances the budget leaves once prefill has the whole instances its
+        demand needs: the latency-balance term may only take engines prefill can spare.
+        In a closed rollout loop a saturated prefill role is THE throughput bottleneck, and
+        a faster decode step then only moves turns into the prefill queue sooner."""
+        need = max(1, math.ceil(prefill_instances - 1e-9)) if prefill_instances > 0 else 1
+        return max(0.0, (cap.gpu_budget - cap.gpus_prefill * need) / cap.gpus_decode)
 
-        The sequences are those the decode engines hold now, scaled by the KV the forecast
-        expects (Kᴰ + K̂ᴰ) over the KV they hold now: admissions add sequences of the
-        current mean size (decode work per window scales with the KV in decode)."""
+    def _decode_step_demand(
+        self, engines: list, kv_tokens: float, prefill_instances: float = 0.0,
+        kv_now_fc: float = 0.0, admit_tokens: float = 0.0, room: float = math.inf,
+    ) -> float:
+        """Decode demand in instances beyond KV (0: no such term): the larger of the TPOT
+        term (engines that keep a decode step within the target, opt-in) and the latency
+        balance term (``decode_instances_for_latency``, on by default).
+
+        The sequences are those the decode engines hold now; for the TPOT term they are
+        scaled by the KV the forecast expects (Kᴰ + K̂ᴰ) over the KV they hold now:
+        admissions add sequences of the current mean size."""
         cfg, step = self.config, self.decode_step.value
-        if step is None or (cfg.decode_tpot_target_s is None and cfg.decode_tpot_slack is None):
+        if step is None:
             return 0.0
-        targets = [t for t in (cfg.decode_tpot_target_s,) if t is not None]
-        if cfg.decode_tpot_slack is not None:
-            targets.append((1.0 + cfg.decode_tpot_slack) * step.fixed_s)
-        seqs = kv_now = 0
+        seqs = kv_now = n_dec = 0
         for v in engines:
             if v.role == "decode":
                 seqs += v.running_reqs + v.queued_reqs
                 kv_now += v.kv_used_tokens
+                n_dec += 1
+        out = 0.0
+        if cfg.decode_latency_balance and n_dec:
+            out = min(room, decode_instances_for_latency(
+                max(prefill_instances, 0.0), kv_now_fc, admit_tokens, seqs, kv_now, n_dec, step))
+        if cfg.decode_tpot_target_s is None and cfg.decode_tpot_slack is None:
+            return out
+        targets = [t for t in (cfg.decode_tpot_target_s,) if t is not None]
+        if cfg.decode_tpot_slack is not None:
+            targets.append((1.0 + cfg.decode_tpot_slack) * step.fixed_s)
         if kv_now > 0:
             seqs *= kv_tokens / kv_now
         n = decode_instances_for_tpot(seqs, kv_tokens, step, min(targets))
         # A target at or below the empty step cannot be met by any count: KV sizing only.
-        return n if math.isfinite(n) else 0.0
+        return max(out, n if math.isfinite(n) else 0.0)
 
     def _imbalance_age(self, alloc: Allocation, engines: list, t: float) -> float:
         """How long the engines have been outside the target band in the same direction

@@ -71,11 +71,19 @@ def _bottleneck(p: np.ndarray, d: np.ndarray, dv: DemandView, cfg: AllocatorConf
     return (dv.horizon_s * now + (horizon - dv.horizon_s) * later) / horizon
 
 
-def drain_estimate(view: EngineView, cfg: AllocatorConfig) -> float:
-    """Seconds until an engine is idle: zero when idle, else its role's drain estimate."""
+def drain_estimate(view: EngineView, cfg: AllocatorConfig, decode_drain_s: float | None = None) -> float:
+    """Seconds until an engine is idle: zero when idle, else its role's drain estimate.
+
+    ``decode_drain_s``: the measured time one decode turn takes (the planner's Little's-law
+    estimate). A decode engine drains when the sequences it holds finish, which takes
+    seconds in an agentic turn and minutes in a long reasoning generation; the last of
+    them finishes well after the mean, so the configured ``drain_decode_s`` stays the
+    floor."""
     if not view.busy:
         return 0.0
-    return cfg.drain_decode_s if view.role == "decode" else cfg.drain_prefill_s
+    if view.role == "decode":
+        return cfg.drain_decode_s if decode_drain_s is None else max(cfg.drain_decode_s, decode_drain_s)
+    return cfg.drain_prefill_s
 
 
 def movable(view: EngineView, now: float, cfg: AllocatorConfig) -> bool:
@@ -109,6 +117,7 @@ def select_switches(
     last_switch_ts: float = -math.inf,
     imbalance_s: float = math.inf,
     initial: bool = False,
+    decode_drain_s: float | None = None,
 ) -> Selection:
     """Choose the engines to switch toward ``alloc`` (see the module docstring).
 
@@ -140,7 +149,7 @@ def select_switches(
     if k_max <= 0:
         return Selection(reason=f"{wanted} engine(s) should become {to_role} but none can move now")
     horizon = cfg.lookahead_windows * demand.horizon_s
-    moves = [Move(v, to_role, drain_estimate(v, cfg), cost.for_engine(v)) for v in candidates]
+    moves = [Move(v, to_role, drain_estimate(v, cfg, decode_drain_s), cost.for_engine(v)) for v in candidates]
     restart_s = max((m.switch_s for m in moves if "in_place" not in m.engine.switch_modes), default=None)
     if restart_s is not None:
         # Ski rental: a restart (minutes) is bought only once the imbalance has already
