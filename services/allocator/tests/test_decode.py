@@ -86,3 +86,95 @@ def test_planner_sizes_decode_by_step_time_when_a_target_is_set() -> None:
     assert run(AllocatorConfig(prefill_tokens_per_s=THETA, **prior))[1] == 1  # no target: KV only
     n_p, n_d = run(AllocatorConfig(prefill_tokens_per_s=THETA, decode_tpot_slack=0.2, **prior))
     assert n_d >= 2 and n_p + n_d <= 8
+
+
+# -- the latency-balance term (decode_instances_for_latency) ---------------------------------
+
+def test_latency_balance_hand_computed() -> None:
+    from prorsa_allocator.decode import decode_instances_for_latency
+
+    step = DecodeStep(fixed_s=0.03, per_seq_s=1e-5, per_kv_token_s=1e-8)
+    # c = 1e-5*1000 + 1e-8*1e6 = 0.02 s per step-engine; t(now) on 1 engine = 0.05 s;
+    # Kᴰ/Âᴰ = 1 (one window per turn): B'/S = 1 * 0.02 / 0.05 = 0.4; aᴰ = sqrt(2*8*0.4).
+    got = decode_instances_for_latency(8.0, 1e6, 1e6, 1000, 1e6, 1, step)
+    assert got == pytest.approx(math.sqrt(6.4))
+    # The same load seen on 2 engines: t(now) = 0.04, so o = L_D/t is larger: B'/S = 0.5.
+    assert decode_instances_for_latency(8.0, 1e6, 1e6, 1000, 1e6, 2, step) == pytest.approx(math.sqrt(8.0))
+    # It is the square-root rule: with the two roles' latency terms A = aᴾS/2 and B', the
+    # max-min optimum nᴾ/nᴰ = aᴾ/aᴰ equals sqrt(A/B').
+    a_p, S = 8.0, 10.0
+    assert a_p / got == pytest.approx(math.sqrt((a_p * S / 2) / (0.4 * S)))
+
+
+def test_latency_balance_is_off_without_decode_work_and_rejects_bad_input() -> None:
+    from prorsa_allocator.decode import decode_instances_for_latency
+
+    step = DecodeStep(fixed_s=0.03, per_seq_s=1e-5, per_kv_token_s=1e-8)
+    assert decode_instances_for_latency(8.0, 1e6, 0.0, 1000, 1e6, 1, step) == 0.0  # nothing admitted
+    assert decode_instances_for_latency(8.0, 0.0, 1e6, 0, 0, 1, step) == 0.0  # nothing decoding
+    assert decode_instances_for_latency(0.0, 1e6, 1e6, 1000, 1e6, 1, step) == 0.0  # no prefill demand
+    for bad in (math.nan, math.inf, -1.0):
+        with pytest.raises(ValueError):
+            decode_instances_for_latency(bad, 1e6, 1e6, 1000, 1e6, 1, step)
+
+
+def _latency_cluster(a_p: float) -> tuple[int, int]:
+    step = DecodeStep(fixed_s=0.03, per_seq_s=1e-4, per_kv_token_s=2e-8)
+    cfg = AllocatorConfig(prefill_tokens_per_s=THETA, decode_step_fixed_s=step.fixed_s,
+                          decode_step_per_seq_s=step.per_seq_s, decode_step_per_kv_token_s=step.per_kv_token_s)
+    alloc = Allocator(cfg)
+    for i in range(7):
+        alloc.handle(registered(f"p{i}", "prefill"))
+    alloc.handle(registered("d0", "decode"))
+    # One decode engine holds 500 sequences and 60k KV tokens: step 0.03 + 0.05 + 0.0012 s.
+    alloc.handle(stats("d0", "decode", ts=5.0, running=500, kv_used=60_000))
+    fc = forecast(t=10.0, prefill_engines=a_p, decode_engines=0.4)
+    # Kᴰ = 30k (forecast helper), admitted 15k per window: a decode turn takes 2 windows.
+    fc = fc.model_copy(update={"decode_admit_tokens": 15_000.0})
+    alloc.handle(fc)
+    a = alloc.last_decision.allocation
+    return a.n_prefill, a.n_decode
+
+
+def test_planner_gives_decode_what_prefill_can_spare_for_latency() -> None:
+    # aᴾ = 5: prefill needs 5 engines, 3 are spare; the latency term asks for more than the
+    # single engine KV needs (aᴰ = sqrt(2*5*2*0.0512/0.0812) = 3.55, capped at the 3 spare).
+    n_p, n_d = _latency_cluster(5.0)
+    assert n_d >= 2 and n_p >= 5 and n_p + n_d <= 8
+
+
+def test_planner_never_takes_saturated_prefill_engines_for_decode_latency() -> None:
+    # aᴾ = 7.5 > 7: prefill is the bottleneck of the closed loop, so the latency term gets
+    # no room and decode is sized by KV alone: 7:1, as the KV-only formula gives.
+    assert _latency_cluster(7.5) == (7, 1)
+
+
+def test_theta_is_a_high_quantile_so_a_blocked_queue_does_not_collapse_it() -> None:
+    alloc = Allocator(AllocatorConfig(prefill_tokens_per_s=THETA))
+    alloc.handle(registered("p0", "prefill"))
+    for i in range(6):
+        alloc.handle(stats("p0", "prefill", ts=1.0 + i, running=1, queued=4, prefill_tokens_per_s=80_000.0))
+    # Queued behind a full decode pool: the engine computes almost nothing for a window.
+    alloc.handle(stats("p0", "prefill", ts=10.0, running=0, queued=40, prefill_tokens_per_s=569.0))
+    assert alloc.theta.value == pytest.approx(80_000.0)
+    # A lasting change of capacity moves it within the window of samples.
+    for i in range(64):
+        alloc.handle(stats("p0", "prefill", ts=20.0 + i, running=1, queued=4, prefill_tokens_per_s=30_000.0))
+    assert alloc.theta.value == pytest.approx(30_000.0)
+
+
+def test_decode_drain_follows_littles_law_with_the_prior_as_floor() -> None:
+    from prorsa_allocator.switching import drain_estimate
+
+    alloc = Allocator(AllocatorConfig(prefill_tokens_per_s=THETA))
+    alloc.handle(registered("d0", "decode"))
+    alloc.handle(stats("d0", "decode", ts=1.0, running=50, kv_used=50_000))
+    view = alloc.table.engines["d0"]
+    # A long-generation workload: Kᴰ = 75k held, 1.5k admitted per 10 s window -> 500 s a turn.
+    fc = forecast(t=10.0, prefill_engines=0.1, decode_engines=1.0)
+    alloc.handle(fc.model_copy(update={"decode_admit_tokens": 1_500.0}))
+    assert alloc.decode_turn_s == pytest.approx(500.0)
+    assert drain_estimate(view, alloc.config, alloc.decode_turn_s) == pytest.approx(500.0)
+    # Short agentic turns: the mean turn is under the prior; the prior (the last sequence
+    # finishes well after the mean) is the floor.
+    assert drain_estimate(view, alloc.config, 3.0) == alloc.config.drain_decode_s
