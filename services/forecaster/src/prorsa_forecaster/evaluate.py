@@ -3,6 +3,12 @@
 Every window's forecast is made from the events before its start (see
 :mod:`prorsa_forecaster.windows`); the baselines predict each window from the actuals of
 the windows before it. WAPE = sum |forecast - actual| / sum actual over all windows.
+
+The window that holds the log's last event is not scored: the log ends inside it, so its
+"actual" is cut short (a run that ends at a step boundary shows a window of almost no
+demand right after the forecast of a full one). Every predictor, baselines included, is
+scored on the same complete windows; the report says how many were left out
+(``partial_windows``).
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ class Evaluation:
     invalid: int = 0
     out_of_order: int = 0
     ignored: int = 0
+    partial: int = 0
     keep_windows: bool = False
 
     def add(self, w: WindowResult) -> None:
@@ -100,6 +107,7 @@ class Evaluation:
             "invalid_lines": self.invalid,
             "out_of_order": self.out_of_order,
             "ignored_events": self.ignored,
+            "partial_windows": self.partial,
         }
 
 
@@ -124,8 +132,8 @@ def evaluate_log(
         ev_out.events += 1
         for w in loop.feed(line.event):
             ev_out.add(w)
-    for w in loop.finish():
-        ev_out.add(w)
+    # The last window ends after the log does: its actuals are incomplete (see above).
+    ev_out.partial = len(loop.finish())
     ev_out.out_of_order = loop.out_of_order
     ev_out.ignored = loop.state.ignored + (loop.gate.rejected if loop.gate else 0)
     return ev_out
