@@ -183,3 +183,29 @@ def test_config_refuses_bad_values():
     for bad in ({"horizon": 0}, {"horizon": float("nan")}, {"steps": 0}, {"tool_ema_alpha": 0}, {"bias_clip": 0.5}):
         with pytest.raises(ValueError):
             ForecastConfig(**bad)
+
+
+def test_prefill_spread_is_the_bernoulli_spread_of_tool_returns():
+    from prorsa_forecaster.uncertainty import prefill_sd
+
+    h = quiet_history()
+    # Half the tool calls take 4 s, half 40 s: a fresh call returns within S = 10 s with
+    # probability 1/2; one 10 s in (past the 4 s mass) will not return before 20 s.
+    h.tool = fixed("tool", *([4.0] * 50 + [40.0] * 50))
+    snap = Snapshot(
+        t=0.0,
+        tool_elapsed=np.array([0.0, 0.0, 10.0]),
+        tool_context=np.array([1000.0, 3000.0, 5000.0]),
+        tool_growth=np.zeros(3),
+        tool_result=np.array([-1.0, -1.0, -1.0]),
+    )
+    f = forecast(snap, h, CFG)
+    assert f.components["tool"] == pytest.approx(0.5 * 1000 + 0.5 * 3000, rel=1e-3)
+    # var = sum q(1-q) x^2 = 0.25 * (1000^2 + 3000^2); the third is certain not to come.
+    assert prefill_sd(snap, h, CFG) == pytest.approx(np.sqrt(0.25 * (1000**2 + 3000**2)), rel=1e-3)
+    # Nothing uncertain, nothing spread: a certain return has no variance either.
+    h.tool = fixed("tool", *[4.0] * 50)
+    sure = Snapshot(t=0.0, tool_elapsed=np.zeros(3), tool_context=snap.tool_context, tool_growth=np.zeros(3),
+                    tool_result=snap.tool_result)
+    assert prefill_sd(sure, h, CFG) == pytest.approx(0.0, abs=1e-6)
+    assert prefill_sd(Snapshot(t=0.0), h, CFG) == 0.0

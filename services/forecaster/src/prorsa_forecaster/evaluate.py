@@ -20,6 +20,7 @@ from prorsa_schemas import read_log
 
 from .baselines import make_baselines, wape
 from .config import ForecastConfig
+from .uncertainty import ABS_NORMAL
 from .windows import WindowLoop, WindowResult
 
 
@@ -66,11 +67,14 @@ class Evaluation:
     out_of_order: int = 0
     ignored: int = 0
     partial: int = 0
+    noise: float = 0.0
     keep_windows: bool = False
 
     def add(self, w: WindowResult) -> None:
         f = w.forecast
         self.prefill.add(f.prefill_tokens, w.prefill_actual)
+        if w.prefill_sd is not None:
+            self.noise += ABS_NORMAL * w.prefill_sd
         self.decode.add(f.decode_admit_tokens, w.decode_actual)
         pairs = {
             "sampler": (f.components["sampler"], w.sources["sampler"]),
@@ -98,6 +102,9 @@ class Evaluation:
             }
         prefill = self.prefill.report()
         prefill["components"] = comps
+        total = sum(self.prefill.actual)
+        # The WAPE a forecast with exact arrival probabilities would still have (uncertainty.py).
+        prefill["noise_floor"] = _r(self.noise / total) if total > 0 else None
         return {
             "windows": len(self.prefill.actual),
             "horizon": self.horizon,
@@ -123,7 +130,7 @@ def evaluate_log(
         FileNotFoundError / IsADirectoryError / OSError: the log cannot be read.
     """
     cfg = config or ForecastConfig()
-    loop = WindowLoop(cfg)
+    loop = WindowLoop(cfg, spread=True)
     ev_out = Evaluation(cfg.horizon, keep_windows=keep_windows)
     for line in read_log(path):
         if line.event is None:

@@ -84,6 +84,9 @@ class WindowResult:
     decode_actual: float
     backlog: float
     sources: dict[str, float]
+    prefill_sd: float | None = None
+    """Spread of the window's predicted arrivals (``uncertainty.prefill_sd``), when the
+    loop was asked for it."""
 
 
 class TrackerGate:
@@ -121,7 +124,8 @@ class WindowLoop:
     """
 
     def __init__(
-        self, config: ForecastConfig | None = None, state: LiveState | None = None, gate: bool = True
+        self, config: ForecastConfig | None = None, state: LiveState | None = None, gate: bool = True,
+        spread: bool = False,
     ) -> None:
         self.gate = TrackerGate() if gate else None
         self.config = config or (state.config if state else ForecastConfig())
@@ -137,6 +141,8 @@ class WindowLoop:
         self.opened: deque[Forecast] = deque(maxlen=100_000)
         self._wstate = None
         self._sources: dict[str, float] = {}
+        self.spread = spread
+        self._sd: float | None = None
 
     def _source_of(self, ev) -> str:
         """Which forecast source an arrival in the current window belongs to."""
@@ -159,7 +165,12 @@ class WindowLoop:
     def _open(self) -> None:
         t = self.window_start
         assert t is not None
-        self._current = forecast(self.state.snapshot(t), self.state.history, self.config)
+        snap = self.state.snapshot(t)
+        self._current = forecast(snap, self.state.history, self.config)
+        if self.spread:
+            from .uncertainty import prefill_sd
+
+            self._sd = prefill_sd(snap, self.state.history, self.config)
         self.opened.append(self._current)
         self._backlog = self.meter.start_window()
         # Each trajectory's state at t, to attribute the window's arrivals to a source.
@@ -174,7 +185,7 @@ class WindowLoop:
         decode = self.meter.admissions
         h.bias_prefill.update(f.predicted_prefill, prefill - self._backlog)
         h.bias_decode.update(f.raw_decode, decode)
-        res = WindowResult(f.t, f.horizon, f, prefill, decode, self._backlog, self._sources)
+        res = WindowResult(f.t, f.horizon, f, prefill, decode, self._backlog, self._sources, self._sd)
         self._k += 1
         if reopen:
             self._open()

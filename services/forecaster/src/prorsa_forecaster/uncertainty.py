@@ -1,0 +1,76 @@
+"""How much of a window's prefill demand no forecast can know: the spread of the arrivals.
+
+Every predicted arrival is a coin flip: trajectory i's tool returns (or its sandbox starts,
+or its decode ends and the tool after it returns) within the window with probability q_i,
+and then brings a prompt of x_i tokens. Even with every q_i exact, the window's arrivals
+vary around their mean sum(q_i x_i) with variance sum(q_i (1 - q_i) x_i^2); launches of
+new trajectories, a count, add their Poisson variance sum(lambda x^2). The expected
+absolute error of the best possible forecast is then about sqrt(2/pi) times the standard
+deviation (normal approximation of a sum of many small terms).
+
+``prefill_sd`` returns that standard deviation for one window, from the same snapshot and
+learned distributions as the forecast. `prorsa forecast-eval` sums sqrt(2/pi) x sd over
+the windows, divided by the total actual demand, as ``noise_floor``: the WAPE a forecast
+with exact probabilities would still have. It is a LOWER bound in one sense (prompt sizes
+are taken as known; the size of a tool result that has not come back is itself random)
+and an estimate in another (the q_i are the forecaster's own). Only the service's
+evaluation computes it; the live forecast does not pay for it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .config import ForecastConfig
+from .core import _kernel
+from .guards import clean
+from .history import History
+from .snapshot import START_MODES, Snapshot
+
+ABS_NORMAL = math.sqrt(2.0 / math.pi)
+"""E|Z| for a standard normal Z: expected absolute error per unit of standard deviation."""
+
+
+def _var(q: np.ndarray, x: np.ndarray) -> float:
+    q = np.clip(np.nan_to_num(q, nan=0.0), 0.0, 1.0)
+    return float(np.sum(q * (1.0 - q) * np.square(clean(x))))
+
+
+def prefill_sd(snap: Snapshot, hist: History, cfg: ForecastConfig) -> float:
+    """Standard deviation of the window's predicted prefill arrivals (tokens)."""
+    S, steps = cfg.horizon, cfg.steps
+    var = 0.0
+    with np.errstate(all="ignore"):
+        if len(snap.tool_elapsed):
+            q = hist.tool.bucket_table(clean(snap.tool_elapsed), S, steps).sum(axis=1)
+            result = np.nan_to_num(np.asarray(snap.tool_result, dtype=float), nan=-1.0)
+            growth = np.where(result >= 0, result + hist.tool_overhead.value, clean(snap.tool_growth))
+            var += _var(q, clean(snap.tool_context) + np.clip(growth, 0.0, None))
+        back = _kernel(hist.tool, S, steps).sum(axis=1) * hist.tool_fraction  # sub-step k -> back in the window
+        extra = max(hist.output.value, 0.0)
+        if len(snap.decode_elapsed):
+            q = hist.decode.bucket_table(clean(snap.decode_elapsed), S, steps) @ back
+            var += _var(q, clean(snap.decode_prompt) + extra + clean(snap.decode_growth))
+        since = np.concatenate((np.asarray(snap.ready_since, float), np.asarray(snap.inflight_since, float)))
+        if len(since):
+            chain = _kernel(hist.decode, S, steps) @ back
+            q = hist.prefill_wait.bucket_table(clean(snap.t - since), S, steps) @ chain
+            p = np.concatenate((clean(snap.ready_prompt), clean(snap.inflight_prompt)))
+            g = np.concatenate((clean(snap.ready_growth), clean(snap.inflight_growth)))
+            var += _var(q, p + extra + g)
+        if len(snap.start_elapsed):
+            elapsed = clean(snap.start_elapsed)
+            prompt = np.clip(clean(snap.start_prompt) + hist.first_overhead.value, 0.0, None)
+            mode = np.asarray(snap.start_mode)
+            for m in range(START_MODES):
+                sel = mode == m
+                if sel.any():
+                    var += _var(hist.start[m].bucket_table(elapsed[sel], S, steps).sum(axis=1), prompt[sel])
+        if len(snap.reward_elapsed):
+            # Launches after completed rewards: a count, so Poisson variance lambda x^2.
+            q = hist.reward.bucket_table(clean(snap.reward_elapsed), S, steps).sum(axis=1)
+            lam = float(np.sum(np.clip(np.nan_to_num(q), 0.0, 1.0))) * hist.admit_rate * hist.launches_per_admitted
+            var += max(lam, 0.0) * max(hist.first_prompt.value, 0.0) ** 2
+    return math.sqrt(var) if math.isfinite(var) and var > 0 else 0.0
