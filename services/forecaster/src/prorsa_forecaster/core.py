@@ -75,7 +75,8 @@ def _delay_pmf(model, horizon: float, steps: int) -> np.ndarray:
 
 def _rows(snap: Snapshot, x: np.ndarray, prefix=0.0) -> np.ndarray:
     """Load rows of requests (both cache outcomes stacked: ``(2n, 4)``)."""
-    h, m = request_rows(x, prefix, snap.cache_hit, snap.cache_cold)
+    hit = snap.cache_hit if np.isnan(snap.cache_hit_unrouted) else snap.cache_hit_unrouted
+    h, m = request_rows(x, prefix, hit, snap.cache_cold)
     return np.concatenate((h, m))
 
 

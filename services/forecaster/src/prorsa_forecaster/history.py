@@ -157,6 +157,11 @@ class History:
         # Priors 0: without cached_tokens in the log every token counts as computed.
         self.cache_warm = Ratio(0.0, 1000.0)
         self.cache_cold = Ratio(0.0, 1000.0)
+        # When request.queued and prefill.finished name engines: the share of warm
+        # requests routed back to the engine that caches their prefix (cache_warm is then
+        # learnt on those alone, and a request queued at another engine is cold). Prior 1:
+        # until engines are seen, every warm request counts as routed back.
+        self.cache_same = Ratio(1.0, 1.0)
         # Seconds from policy.updated until prefill resumes (the weight-sync pause).
         self.update_pause = RunningMean(0.0, alpha=0.2)
         self.prefill: dict[str, PrefillTimeModel] = {}

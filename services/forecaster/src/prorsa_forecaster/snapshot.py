@@ -124,6 +124,9 @@ class Snapshot:
     instance_servers: np.ndarray = field(default_factory=_i)
     prefill_pause: float = 0.0
     cache_hit: float = 1.0
+    cache_hit_unrouted: float = float("nan")
+    """Hit probability of a request not routed yet (a future arrival): ``cache_hit`` times
+    the share of requests routed back to the engine that caches them; NaN: ``cache_hit``."""
     cache_cold: float = 0.0
     next_batch_elapsed: float = float("nan")
     """Sync runs: seconds since the policy update after which the next batch is due

@@ -74,9 +74,15 @@ def build_snapshot(state: "LiveState", t: float) -> Snapshot:
     cache_prompt = state.cache_prompt[:n]
     prompt = state.prompt[:n]
 
-    def cached(mask: np.ndarray, x: np.ndarray | None = None) -> np.ndarray:
+    # A queued or in-flight request whose engine is known finds its prefix only on the
+    # engine that caches it; a future request's engine is not known yet.
+    eng, held = state.engine[:n], state.cache_engine[:n]
+    routed_back = (eng < 0) | (held < 0) | (eng == held)
+
+    def cached(mask: np.ndarray, x: np.ndarray | None = None, routed: bool = True) -> np.ndarray:
         xs = prompt[mask] if x is None else x
-        return np.where(warm[mask], np.minimum(cache_prompt[mask], xs), 0.0)
+        ok = warm[mask] & routed_back[mask] if routed else warm[mask]
+        return np.where(ok, np.minimum(cache_prompt[mask], xs), 0.0)
 
     tool_x = state.context[:n][tool] + np.clip(growth, 0.0, None)
     pause = max(state.last_update_ts + h.update_pause.value - t, 0.0) if h.update_pause.n else 0.0
@@ -119,9 +125,10 @@ def build_snapshot(state: "LiveState", t: float) -> Snapshot:
         instance_servers=np.array([state.servers(nm) for nm in names], dtype=np.int64),
         ready_cached=cached(ready),
         inflight_cached=cached(inflight),
-        tool_cached=cached(tool, tool_x),
+        tool_cached=cached(tool, tool_x, routed=False),
         prefill_pause=pause if np.isfinite(pause) else 0.0,
         cache_hit=h.cache_warm.value,
+        cache_hit_unrouted=h.cache_warm.value * h.cache_same.value,
         next_batch_elapsed=t - state.sync_wait if state.sync_wait is not None else float("nan"),
         cache_cold=h.cache_cold.value,
         live=state.live,

@@ -64,6 +64,8 @@ class LiveState(EngineFold):
         # prefill finished (a weight update after that flushed it).
         self.cache_prompt = np.zeros(cap)
         self.cache_ts = np.full(cap, np.nan)
+        # The engine whose prefix cache holds it (-1: unknown).
+        self.cache_engine = np.full(cap, -1, np.int64)
         self._req: list[str | None] = [None] * cap
         # Engines: code per name; roles from engine events; last prefill departure.
         self._engine_code: dict[str, int] = {}
@@ -127,6 +129,7 @@ class LiveState(EngineFold):
         self.cause[i] = self.cohort_cause[i] = np.nan
         self.cache_prompt[i] = 0.0
         self.cache_ts[i] = np.nan
+        self.cache_engine[i] = -1
         self._req[i] = None
         return i
 

@@ -77,9 +77,20 @@ class EngineFold:
         h = self.history
         x = self.prompt[i]
         warm = self.cache_ts[i] > self.last_update_ts  # False when NaN (nothing cached)
+        held = int(self.cache_engine[i])
         if cached_tokens is not None:
             cached = float(min(cached_tokens, x))
-            if warm:
+            if warm and c >= 0 and held >= 0:
+                # Both engines known: a prefix cache lives on one engine, so the request
+                # finds it only if the router sent it back there (cache-aware routing
+                # does, unless that engine's queue is too long).
+                same = c == held
+                h.cache_same.observe(float(same), 1.0)
+                if same:
+                    h.cache_warm.observe(cached, min(self.cache_prompt[i], x))
+                else:
+                    h.cache_cold.observe(cached, x)
+            elif warm:
                 h.cache_warm.observe(cached, min(self.cache_prompt[i], x))
             else:
                 h.cache_cold.observe(cached, x)
@@ -102,3 +113,4 @@ class EngineFold:
         deps.append(ts)
         self.cache_prompt[i] = x
         self.cache_ts[i] = ts
+        self.cache_engine[i] = c
