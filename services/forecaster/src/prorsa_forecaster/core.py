@@ -134,12 +134,19 @@ def _sampler(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarra
             launches = size * pmf.sum(axis=0)
             counts += np.convolve(launches, _delay_pmf(hist.cohort_launch, S, steps))[:steps]
     e = snap.next_batch_elapsed
-    if np.isfinite(e) and snap.run.mode == "sync":
+    if snap.run.mode == "sync":
         # The next sync batch: dispatched after the learnt update -> dispatch delay, its
-        # first requests after the start-up delay.
+        # first requests after the start-up delay. Before the update (the batch drained,
+        # training runs), the learnt drain -> update delay comes first.
         size = float(snap.run.batch_size or (hist.cohort_size.value if hist.cohort_size.n else 0.0))
-        due = hist.sync_start.conditional_steps(np.array([max(e, 0.0)]), S, steps)[0]
-        counts += size * (due @ _kernel(hist.start[START_DISPATCHED], S, steps))
+        due = None
+        if np.isfinite(e):
+            due = hist.sync_start.conditional_steps(np.array([max(e, 0.0)]), S, steps)[0]
+        elif np.isfinite(snap.update_elapsed) and hist.train.count >= 2:
+            due = hist.train.conditional_steps(np.array([max(snap.update_elapsed, 0.0)]), S, steps)[0]
+            due = due @ _kernel(hist.sync_start, S, steps)
+        if due is not None:
+            counts += size * (due @ _kernel(hist.start[START_DISPATCHED], S, steps))
     counts = _clean(counts)
     one = _rows(snap, np.array([prompt]))
     return class_sums(one, service_class(one, cost))[:, :, None] * counts[None, None, :]

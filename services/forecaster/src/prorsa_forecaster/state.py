@@ -141,6 +141,10 @@ class LiveState(EngineFold):
             self._cohort_live[c] -= 1
             if self._cohort_live[c] <= 0:
                 del self._cohort_live[c]
+                if self.run.mode == "sync" and not self._cohort_live and self.update_trigger is None:
+                    # The sync batch drained: training starts, then policy.updated, then
+                    # the next batch (the trigger -> update delay is learnt as ``train``).
+                    self.update_trigger = ts
                 self._cohort_free.append(c)
                 self._cohort_pending.append(ts)
                 if len(self._cohort_pending) > _MAX_PENDING:
