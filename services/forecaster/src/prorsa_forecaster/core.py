@@ -225,9 +225,11 @@ def _reprefill(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndar
     the set at the update."""
     steps = cfg.steps
     e = snap.update_elapsed
-    # With fewer than two observed trigger -> update delays the prior spreads the update
+    # Before any trigger -> update delay is observed the prior alone spreads the update
     # over many windows and the term does more harm than good: leave it out until then.
-    if not np.isfinite(e) or len(snap.decode_prompt) == 0 or hist.train.count < 2:
+    # (From the first observation on it pays: on 10-step general-agent logs, requiring two
+    # left the second update's re-prefill unforecast, 0.1-0.3 points of prefill WAPE.)
+    if not np.isfinite(e) or len(snap.decode_prompt) == 0 or hist.train.count < 1:
         return np.zeros((4, N_CLASSES, steps))
     p = hist.train.conditional_steps(np.array([max(e, 0.0)]), cfg.horizon, steps)[0]
     x = _clean(snap.decode_prompt) + 0.5 * max(hist.output.value, 0.0)
