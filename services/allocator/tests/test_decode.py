@@ -149,14 +149,17 @@ def test_planner_never_takes_saturated_prefill_engines_for_decode_latency() -> N
     assert _latency_cluster(7.5) == (7, 1)
 
 
-def test_theta_is_a_high_quantile_so_a_blocked_queue_does_not_collapse_it() -> None:
+def test_theta_ignores_a_queue_that_just_formed_and_is_a_high_quantile() -> None:
     alloc = Allocator(AllocatorConfig(prefill_tokens_per_s=THETA))
     alloc.handle(registered("p0", "prefill"))
     for i in range(6):
         alloc.handle(stats("p0", "prefill", ts=1.0 + i, running=1, queued=4, prefill_tokens_per_s=80_000.0))
-    # Queued behind a full decode pool: the engine computes almost nothing for a window.
-    alloc.handle(stats("p0", "prefill", ts=10.0, running=0, queued=40, prefill_tokens_per_s=569.0))
-    assert alloc.theta.value == pytest.approx(80_000.0)
+    # Idle for most of the window, two requests just arrived: queued, nothing running yet.
+    alloc.handle(stats("p0", "prefill", ts=10.0, running=0, queued=2, prefill_tokens_per_s=569.0))
+    assert alloc.theta.value == pytest.approx(80_000.0) and alloc.theta.samples == 6
+    # Even one that slips through (running too) does not move a high quantile.
+    alloc.handle(stats("p0", "prefill", ts=11.0, running=1, queued=2, prefill_tokens_per_s=569.0))
+    assert alloc.theta.value == pytest.approx(80_000.0) and alloc.theta.samples == 7
     # A lasting change of capacity moves it within the window of samples.
     for i in range(64):
         alloc.handle(stats("p0", "prefill", ts=20.0 + i, running=1, queued=4, prefill_tokens_per_s=30_000.0))

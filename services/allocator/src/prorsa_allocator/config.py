@@ -24,9 +24,9 @@ class AllocatorConfig(BaseModel):
         "taken from: 64 = 8 windows of 8 prefill engines.",
     )
     theta_quantile: float = Field(
-        default=0.75, gt=0, le=1, description="θᴾ is this quantile of those samples: a queued "
-        "prefill engine held back by a full decode pool reports a rate far below its capacity "
-        "(estimate.py), so capacity is a high quantile, not a mean.",
+        default=0.75, gt=0, le=1, description="θᴾ is this quantile of those samples: the rate is a "
+        "window's average and the queue an instant, so an engine idle for most of the window can "
+        "look backlogged at a tiny rate (estimate.py); capacity is a high quantile, not a mean.",
     )
     max_cache_hit_rate: float = Field(
         default=0.95,

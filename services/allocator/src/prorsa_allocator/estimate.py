@@ -25,15 +25,17 @@ class PrefillThroughput:
     convention of Ŵᴾ one instance serves ``rate / (1 - cache_hit_rate)`` tokens per second
     (paper §4.2 and Appendix B.1: θᴾ "already incorporates the average prefix-cache hit ratio").
 
-    A queue is not always a saturated engine: in PD a prefill engine holds requests until
-    the decode side has pre-allocated their KV (SGLang's bootstrap queue), so a prefill
-    engine behind a full decode pool reports queued requests at a rate far below what it
-    can compute. One such sample in an EMA once took θᴾ from 83k to 569 tokens/s (math,
-    async), the prefill demand then looked like 74 instances and three decode engines were
-    switched to prefill. So θᴾ is a high quantile (``quantile``, default the 75th
-    percentile) of the last ``window`` saturated samples: capacity is the rate a backlogged
-    engine sustains when nothing else holds it back, and the window still follows a real
-    change (longer contexts, another cache-hit level) within a few windows.
+    A queue at the moment of the sample is not a saturated window: the rate is an average
+    over the stats interval, the queue an instant. An engine idle for most of the window
+    that has just received two requests reports ``queued_reqs = 2`` with a rate of a few
+    hundred tokens/s (math, async: 569 tokens/s against a capacity of ~83k). That one
+    sample, the first, made θᴾ 569 and the prefill demand 74 instances; at the next
+    burst three busy decode engines were switched to prefill and could not drain. So a
+    sample counts only when the engine is both running and queueing (``running_reqs > 0``
+    and ``queued_reqs > 0``), and θᴾ is a high quantile (``quantile``, default the 75th
+    percentile) of the last ``window`` such samples, not a mean: capacity is the rate a
+    backlogged engine sustains, and the window still follows a real change (longer
+    contexts, another cache-hit level) within a few windows.
     """
 
     value: float
@@ -50,7 +52,7 @@ class PrefillThroughput:
     def observe(self, stats: EngineStats) -> bool:
         """Fold in one stats sample; returns whether it counted."""
         rate = stats.prefill_tokens_per_s
-        if stats.role != "prefill" or rate is None or rate <= 0 or stats.queued_reqs <= 0:
+        if stats.role != "prefill" or rate is None or rate <= 0 or stats.queued_reqs <= 0 or stats.running_reqs <= 0:
             return False
         hit = min(stats.cache_hit_rate or 0.0, self.max_hit)
         self._recent.append(rate / (1.0 - hit))
