@@ -24,7 +24,9 @@ from prorsa_allocator.testing import KV, THETA, forecast, registered, stats
 
 def build(n: int, seed: int = 1, initial_fraction: float | None = None) -> Allocator:
     rng = random.Random(seed)
-    cfg = AllocatorConfig(prefill_tokens_per_s=THETA, max_switch_fraction=0.25)
+    # With a decode step model, so every decision also computes the latency-balance term.
+    cfg = AllocatorConfig(prefill_tokens_per_s=THETA, max_switch_fraction=0.25, decode_step_fixed_s=0.03,
+                          decode_step_per_seq_s=1e-5, decode_step_per_kv_token_s=1e-9)
     if initial_fraction is not None:
         cfg = cfg.model_copy(update={"initial_switch_fraction": initial_fraction})
     alloc = Allocator(cfg)
@@ -33,6 +35,12 @@ def build(n: int, seed: int = 1, initial_fraction: float | None = None) -> Alloc
         alloc.handle(registered(f"e{i}", role, gpus=8))
         alloc.handle(stats(f"e{i}", role, ts=1.0, running=rng.randint(0, 40), kv_used=rng.randint(0, KV)))
     return alloc
+
+
+def admitting(fc):
+    """The forecast with decode admissions (a decode turn of 2 windows), so the
+    latency-balance term is evaluated rather than skipped."""
+    return fc.model_copy(update={"decode_admit_tokens": fc.decode_kv_now / 2})
 
 
 def python_loop_solve(demand: Demand, cap: Capacity) -> tuple[int, int, float]:
@@ -87,7 +95,7 @@ def main() -> None:
             t[0] += 10.0
             gc.collect()  # building the next cluster is not part of the decision
             t0 = time.perf_counter()
-            out = alloc.handle(forecast(t=t[0], prefill_engines=n * 0.6, decode_engines=n * 0.3))
+            out = alloc.handle(admitting(forecast(t=t[0], prefill_engines=n * 0.6, decode_engines=n * 0.3)))
             dt = (time.perf_counter() - t0) * 1e3
             commands = sum(1 for e in out if e.type == "engine.command")
             if i:  # the first is a warm-up (first-call imports and caches)
@@ -101,7 +109,7 @@ def main() -> None:
     def decide_steady() -> None:
         t[0] += 10.0
         # Demand that the current 1:3 split already meets: the plan needs no switch.
-        steady.handle(forecast(t=t[0], prefill_engines=n * 0.125, decode_engines=n * 0.375))
+        steady.handle(admitting(forecast(t=t[0], prefill_engines=n * 0.125, decode_engines=n * 0.375)))
 
     d = Demand(n * 0.6 * 10 * THETA, 10.0, n * 0.3 * KV)
     c = Capacity(THETA, KV, 8, 8, 8 * n)

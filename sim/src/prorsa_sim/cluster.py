@@ -208,10 +208,14 @@ class Engine:
         return any(r.has_work() for r in self.ranks)
 
     def running_reqs(self) -> int:
-        return sum(len(r.running) for r in self.ranks)
+        """Decoding requests plus those whose prefill has begun (SGLang's running batch:
+        a chunked prefill in progress counts as running, not waiting)."""
+        return sum(len(r.running) + sum(1 for q in r.waiting if q.started) for r in self.ranks)
 
     def queued_reqs(self) -> int:
-        return sum(len(r.waiting) + len(r.pending) for r in self.ranks)
+        """Requests waiting for a prefill to start, plus (PD decode side) transferred ones
+        waiting for KV space."""
+        return sum(sum(1 for q in r.waiting if not q.started) + len(r.pending) for r in self.ranks)
 
     def kv_used(self) -> int:
         return sum(r.kv_used for r in self.ranks)

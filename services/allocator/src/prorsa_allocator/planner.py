@@ -13,6 +13,8 @@ import logging
 import math
 from dataclasses import dataclass, field
 
+from pydantic import TypeAdapter
+
 from prorsa_schemas import (
     AllocationPlan,
     EngineCommand,
@@ -82,6 +84,20 @@ class SwitchDurations:
 def _base_id(event_id: str) -> str:
     """A short, deterministic id stem derived from the forecast's id (for de-duplication)."""
     return event_id if len(event_id) <= 96 else hashlib.sha1(event_id.encode()).hexdigest()
+
+
+_COMMANDS = TypeAdapter(list[EngineCommand])
+
+
+def _decode_load(engines: list) -> tuple[int, int, int]:
+    """(sequences, KV tokens, engines) of the decode engines: one pass per decision."""
+    seqs = kv = n = 0
+    for v in engines:
+        if v.role == "decode":
+            seqs += v.running_reqs + v.queued_reqs
+            kv += v.kv_used_tokens
+            n += 1
+    return seqs, kv, n
 
 
 class Allocator:
@@ -203,7 +219,9 @@ class Allocator:
             cap = Capacity(self.theta.value, kv_cap, m_p, m_d, max(shape.gpu_budget, m_p + m_d))
             a_p = fc.prefill_tokens / (fc.horizon * self.theta.value)
             room = self._decode_room(a_p, cap)
-            extra = self._decode_step_demand(engines, kv_total, a_p, fc.decode_kv_now, fc.decode_admit_tokens, room)
+            load = _decode_load(engines)
+            extra = self._decode_step_demand(
+                engines, kv_total, a_p, fc.decode_kv_now, fc.decode_admit_tokens, room, load)
             demand = Demand(fc.prefill_tokens, fc.horizon, kv_total, extra)
         except ValueError as exc:  # e.g. a forecast of non-finite numbers that slipped through
             decision.skipped = f"cannot plan: {exc}"
@@ -216,7 +234,8 @@ class Allocator:
             decode_now=alloc.decode_demand,
             prefill_later=prefill_rate / cap.prefill_tokens_per_s,
             decode_later=max(decode_kv / kv_cap, self._decode_step_demand(
-                engines, decode_kv, a_p_later, fc.decode_kv_now, fc.decode_admit_tokens, self._decode_room(a_p_later, cap))),
+                engines, decode_kv, a_p_later, fc.decode_kv_now, fc.decode_admit_tokens,
+                self._decode_room(a_p_later, cap), load)),
             horizon_s=fc.horizon,
         )
         sel = select_switches(
@@ -240,9 +259,9 @@ class Allocator:
         )
         decision.events.append(plan)
         self.counters.plans += 1
-        for i, move in enumerate(sel.moves):
-            budget_s = max(cfg.min_deadline_s, cfg.deadline_slack * (move.drain_s + move.switch_s))
-            cmd = EngineCommand(
+        # Validated in one call (pydantic-core over the list): a first plan may hold hundreds.
+        cmds = _COMMANDS.validate_python([
+            dict(
                 id=f"{base}:cmd{i}",
                 ts=ts,
                 run=fc.run,
@@ -250,8 +269,11 @@ class Allocator:
                 engine=move.engine.engine,
                 action="switch_role",
                 to_role=move.to_role,
-                deadline=ts + budget_s,
+                deadline=ts + max(cfg.min_deadline_s, cfg.deadline_slack * (move.drain_s + move.switch_s)),
             )
+            for i, move in enumerate(sel.moves)
+        ]) if sel.moves else []
+        for move, cmd in zip(sel.moves, cmds):
             self.table.apply(cmd)
             if cmd.cmd in self.table.commands:
                 self.table.commands[cmd.cmd].expected_drain_s = move.drain_s
@@ -273,6 +295,7 @@ class Allocator:
     def _decode_step_demand(
         self, engines: list, kv_tokens: float, prefill_instances: float = 0.0,
         kv_now_fc: float = 0.0, admit_tokens: float = 0.0, room: float = math.inf,
+        load: tuple[int, int, int] | None = None,
     ) -> float:
         """Decode demand in instances beyond KV (0: no such term): the larger of the TPOT
         term (engines that keep a decode step within the target, opt-in) and the latency
@@ -284,12 +307,7 @@ class Allocator:
         cfg, step = self.config, self.decode_step.value
         if step is None:
             return 0.0
-        seqs = kv_now = n_dec = 0
-        for v in engines:
-            if v.role == "decode":
-                seqs += v.running_reqs + v.queued_reqs
-                kv_now += v.kv_used_tokens
-                n_dec += 1
+        seqs, kv_now, n_dec = load if load is not None else _decode_load(engines)
         out = 0.0
         if cfg.decode_latency_balance and n_dec:
             out = min(room, decode_instances_for_latency(
