@@ -166,6 +166,18 @@ def test_theta_ignores_a_queue_that_just_formed_and_is_a_high_quantile() -> None
     assert alloc.theta.value == pytest.approx(30_000.0)
 
 
+def test_theta_prior_pseudo_samples_outweigh_one_early_sample() -> None:
+    alloc = Allocator(AllocatorConfig(prefill_tokens_per_s=80_000.0))
+    alloc.handle(registered("p0", "prefill"))
+    # The first sample: one request running and one queued, the engine idle most of the window.
+    alloc.handle(stats("p0", "prefill", ts=10.0, running=1, queued=1, prefill_tokens_per_s=569.0))
+    assert alloc.theta.samples == 1 and alloc.theta.value == pytest.approx(80_000.0)
+    no_prior = Allocator(AllocatorConfig(prefill_tokens_per_s=80_000.0, theta_prior_samples=0))
+    no_prior.handle(registered("p0", "prefill"))
+    no_prior.handle(stats("p0", "prefill", ts=10.0, running=1, queued=1, prefill_tokens_per_s=569.0))
+    assert no_prior.theta.value == pytest.approx(569.0)
+
+
 def test_decode_drain_follows_littles_law_with_the_prior_as_floor() -> None:
     from prorsa_allocator.switching import drain_estimate
 

@@ -220,7 +220,7 @@ def test_too_few_engines_skips_planning() -> None:
 
 
 def test_theta_is_learned_from_saturated_prefill_engines_with_cache_hits() -> None:
-    alloc = cluster(2, 2, config())
+    alloc = cluster(2, 2, config(theta_prior_samples=0))
     # An idle engine's rate is its demand, not its capacity: ignored.
     alloc.handle(stats("p0", "prefill", ts=1.0, running=1, queued=0, prefill_tokens_per_s=100.0))
     assert alloc.theta.value == pytest.approx(THETA)

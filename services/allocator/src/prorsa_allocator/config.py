@@ -23,6 +23,10 @@ class AllocatorConfig(BaseModel):
         default=64, ge=1, description="Saturated prefill samples (engine.stats with a queue) θᴾ is "
         "taken from: 64 = 8 windows of 8 prefill engines.",
     )
+    theta_prior_samples: int = Field(
+        default=8, ge=0, description="Copies of the prior θᴾ the sample window starts with (one window "
+        "of 8 prefill engines): an early sample from a barely busy engine cannot set θᴾ alone.",
+    )
     theta_quantile: float = Field(
         default=0.75, gt=0, le=1, description="θᴾ is this quantile of those samples: the rate is a "
         "window's average and the queue an instant, so an engine idle for most of the window can "
