@@ -35,6 +35,11 @@ def test_json_report_shape_and_baselines(tmp_path):
     assert r["prefill"]["components"]["backlog"]["wape"] == 0.0
     # The arrivals' Bernoulli spread: positive (tool returns are uncertain), below 100%.
     assert 0 < r["prefill"]["noise_floor"] < 1
+    # The same scores on the arrivals alone (backlog left out): less actual demand, so a
+    # larger error share, and baselines computed on that series too.
+    arr = r["prefill"]["arrivals"]
+    assert arr["actual_tokens"] < r["prefill"]["actual_tokens"]
+    assert set(arr["baselines"]) == {"last_value", "ema", "kalman"} and arr["wape"] >= r["prefill"]["wape"]
     assert r["invalid_lines"] == 2 and r["partial_windows"] == 1
 
 

@@ -60,6 +60,9 @@ class Evaluation:
     horizon: float
     prefill: Series = field(default_factory=Series)
     decode: Series = field(default_factory=Series)
+    arrivals: Series = field(default_factory=Series)
+    """Prefill demand without the backlog at t (known exactly at t by every predictor that
+    reads the events): what is left to forecast, scored the same way."""
     components: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     windows: list[WindowResult] = field(default_factory=list)
     events: int = 0
@@ -73,6 +76,8 @@ class Evaluation:
     def add(self, w: WindowResult) -> None:
         f = w.forecast
         self.prefill.add(f.prefill_tokens, w.prefill_actual)
+        known = f.components.get("ready", 0.0) + f.components.get("inflight", 0.0)
+        self.arrivals.add(max(f.prefill_tokens - known, 0.0), max(w.prefill_actual - w.backlog, 0.0))
         if w.prefill_sd is not None:
             self.noise += ABS_NORMAL * w.prefill_sd
         self.decode.add(f.decode_admit_tokens, w.decode_actual)
@@ -105,6 +110,10 @@ class Evaluation:
         total = sum(self.prefill.actual)
         # The WAPE a forecast with exact arrival probabilities would still have (uncertainty.py).
         prefill["noise_floor"] = _r(self.noise / total) if total > 0 else None
+        arrivals = self.arrivals.report()
+        total = sum(self.arrivals.actual)
+        arrivals["noise_floor"] = _r(self.noise / total) if total > 0 else None
+        prefill["arrivals"] = arrivals
         return {
             "windows": len(self.prefill.actual),
             "horizon": self.horizon,
