@@ -76,9 +76,13 @@ def _print_table(report: dict, console, out) -> None:
     table.add_column("prorsa WAPE", justify="right")
     for n in names:
         table.add_column(n, justify="right")
-    for series in ("prefill", "decode"):
-        r = report[series]
-        table.add_row(series, pct(r["wape"]), *(pct(r["baselines"][n]) for n in names))
+    table.add_column("noise floor", justify="right")
+    rows = [("prefill", report["prefill"]), ("prefill arrivals (no backlog)", report["prefill"].get("arrivals")),
+            ("decode", report["decode"])]
+    for series, r in rows:
+        if r is not None:
+            table.add_row(series, pct(r["wape"]), *(pct(r["baselines"][n]) for n in names),
+                          pct(r.get("noise_floor")) if "noise_floor" in r else "-")
     out.print(table)
     comps = Table(title="prefill by source (actual = arrivals attributed by state at t)")
     for col in ("source", "WAPE", "forecast tokens", "actual tokens"):
