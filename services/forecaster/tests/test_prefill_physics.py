@@ -166,3 +166,49 @@ def test_sync_run_predicts_the_next_batch_after_an_update():
     # Once the batch is out, the start-up component takes over.
     st.apply(_ev("trajectory.dispatched", 44.0, traj="n0", prompt_tokens=1000))
     assert np.isnan(st.snapshot(45.0).next_batch_elapsed)
+
+
+def test_prefix_cache_lives_on_one_engine():
+    st = LiveState(ForecastConfig())
+    for e in ("p0", "p1"):
+        st.apply(_ev("engine.registered", 0.0, engine=e, server=e, role="prefill", gpus=8, kv_capacity_tokens=10**6))
+    # Eight trajectories, two turns each; the second turn goes back to the first turn's
+    # engine for half of them (and finds the prefix: 1000 cached), elsewhere for the rest
+    # (nothing cached there).
+    for i in range(8):
+        t, first = f"t{i}", ("p0", "p1")[i % 2]
+        back = i < 4
+        second = first if back else ("p1", "p0")[i % 2]
+        st.apply(_ev("trajectory.dispatched", 0.0, traj=t, prompt_tokens=1000))
+        st.apply(_ev("request.queued", 1.0, traj=t, req=f"{t}a", turn=0, prompt_tokens=1000, engine=first))
+        st.apply(_ev("prefill.finished", 2.0, traj=t, req=f"{t}a", engine=first, cached_tokens=0))
+        st.apply(_ev("decode.finished", 3.0, traj=t, req=f"{t}a", output_tokens=100, finish="tool"))
+        st.apply(_ev("request.queued", 4.0, traj=t, req=f"{t}b", turn=1, prompt_tokens=1500, engine=second))
+        st.apply(_ev("prefill.finished", 5.0, traj=t, req=f"{t}b", engine=second, cached_tokens=1000 if back else 0))
+    h = st.history
+    # Learnt on the routed-back requests alone: every one of them hit (prior 0 over 1000).
+    assert h.cache_warm.value == pytest.approx(4000 / (1000 + 4000), rel=0.01)
+    assert h.cache_same.value == pytest.approx((1 + 4) / (1 + 8), rel=0.01)
+    # A third turn queued at the engine that caches the prefix is warm; at the other, cold;
+    # with no engine named, warm but hitting only with P(routed back).
+    for i, engine in ((0, "p0"), (2, "p1"), (4, None)):
+        t = f"t{i}"
+        st.apply(_ev("decode.finished", 6.0, traj=t, req=f"{t}b", output_tokens=10, finish="tool"))
+        st.apply(_ev("request.queued", 7.0, traj=t, req=f"{t}c", turn=2, prompt_tokens=2000,
+                     **({"engine": engine} if engine else {})))
+    snap = st.snapshot(8.0)
+    order = [st._req[st._slot[f"t{i}"]] for i in (0, 2, 4)]
+    assert order == ["t0c", "t2c", "t4c"]
+    assert list(snap.ready_cached) == [1500.0, 0.0, 1500.0]
+    assert list(snap.ready_unrouted) == [0.0, 0.0, 1.0]
+    assert snap.cache_hit_unrouted == pytest.approx(h.cache_warm.value * h.cache_same.value)
+
+
+def test_a_request_without_an_engine_hits_like_a_future_one():
+    # Hit: 1000 new tokens, 1 s; miss: 20000 tokens, 20 s. Routed back: hit certain; a
+    # request whose engine is unknown is routed back with probability 0.4.
+    base = dict(**ready(20000, ready_cached=np.array([19000.0])), cache_hit=1.0, cache_hit_unrouted=0.4,
+                **one_instance(1))
+    known, _ = decode_admissions(Snapshot(t=0.0, **base, ready_unrouted=np.array([0.0])), CFG, NONE)
+    unknown, _ = decode_admissions(Snapshot(t=0.0, **base, ready_unrouted=np.array([1.0])), CFG, NONE)
+    assert known == pytest.approx(20000) and unknown == pytest.approx(0.4 * 20000)

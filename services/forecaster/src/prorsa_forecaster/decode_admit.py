@@ -138,6 +138,15 @@ def decode_admissions(snap: Snapshot, cfg: ForecastConfig, future: np.ndarray) -
         return a[inst] * load[:, 0] + b[inst] * load[:, 2] + d[inst] * load[:, 3]
 
     hit = float(np.clip(np.nan_to_num(snap.cache_hit, nan=1.0), 0.0, 1.0))
+    # Queued / in-flight requests whose engine is not known yet (request.queued without
+    # ``engine``) hit like a future request: routed back to their cache with the learnt
+    # share. NaN in the snapshot: the engine is known, the plain hit rate applies.
+    unrouted = snap.cache_hit if np.isnan(snap.cache_hit_unrouted) else snap.cache_hit_unrouted
+    unrouted = float(np.clip(np.nan_to_num(unrouted, nan=1.0), 0.0, 1.0))
+
+    def hit_of(flags) -> np.ndarray | float:
+        f = np.asarray(flags, dtype=bool)
+        return np.where(f, unrouted, hit) if f.size else hit
 
     cold = float(np.clip(np.nan_to_num(snap.cache_cold, nan=0.0), 0.0, 1.0))
 
@@ -153,7 +162,8 @@ def decode_admissions(snap: Snapshot, cfg: ForecastConfig, future: np.ndarray) -
     i_in = inst_of(snap.inflight_instance)
     started = np.clip(np.nan_to_num(np.asarray(snap.inflight_started, dtype=float) - snap.t, nan=0.0), -BIG, 0.0)
     gh_in, gm_in = outcomes(x_in, snap.column("inflight_cached", "inflight_prompt"), i_in)
-    p_in = np.where(-started >= gh_in, 0.0, hit) * (gh_in < gm_in) + (gh_in >= gm_in)
+    hit_in = hit_of(snap.column("inflight_unrouted", "inflight_prompt", 0.0))
+    p_in = np.where(-started >= gh_in, 0.0, hit_in) * (gh_in < gm_in) + (gh_in >= gm_in)
     b_in = np.maximum(started + p_in * gh_in + (1.0 - p_in) * gm_in, 0.0)
     free = np.zeros(V)
     if len(b_in):
@@ -187,7 +197,8 @@ def decode_admissions(snap: Snapshot, cfg: ForecastConfig, future: np.ndarray) -
     load_f = (fut.sum(axis=1)[:, k] / V).T
     u_f = (k + 0.5) * h
 
-    svc_rd = hit * gh_rd + (1.0 - hit) * gm_rd  # a server is held for the expected time
+    hit_rd = hit_of(snap.column("ready_unrouted", "ready_prompt", 0.0))
+    svc_rd = hit_rd * gh_rd + (1.0 - hit_rd) * gm_rd  # a server is held for the expected time
     svc_f = g(srv_inst[v], load_f)
     done = simulate_queues(
         np.concatenate((srv_rd, v)), np.concatenate((u_rd, u_f)), np.concatenate((svc_rd, svc_f)), free
@@ -198,7 +209,7 @@ def decode_admissions(snap: Snapshot, cfg: ForecastConfig, future: np.ndarray) -
     # outcomes that finish it in time (a long cold prompt may not, its hit would).
     w_in = p_in * (started + gh_in < S) + (1.0 - p_in) * (started + gm_in < S)
     s_rd = b_rd - svc_rd
-    w_rd = hit * (s_rd + gh_rd < S) + (1.0 - hit) * (s_rd + gm_rd < S)
+    w_rd = hit_rd * (s_rd + gh_rd < S) + (1.0 - hit_rd) * (s_rd + gm_rd < S)
     admit = finite_sum(x_in * w_in) + finite_sum(x_rd * w_rd)
     # Predicted requests start as their server's fluid queue reaches them (spread over
     # [start, start + svc_f]) and finish after their own class's mean prefill time.

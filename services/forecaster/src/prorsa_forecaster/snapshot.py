@@ -120,6 +120,10 @@ class Snapshot:
     ready_cached: np.ndarray = field(default_factory=_f)
     inflight_cached: np.ndarray = field(default_factory=_f)
     tool_cached: np.ndarray = field(default_factory=_f)
+    ready_unrouted: np.ndarray = field(default_factory=_f)
+    """1.0 for a queued request whose engine is not known yet but whose prefix is cached
+    on a known engine: it hits like a future request (``cache_hit_unrouted``)."""
+    inflight_unrouted: np.ndarray = field(default_factory=_f)
     instance_per_pair: np.ndarray = field(default_factory=_f)
     instance_servers: np.ndarray = field(default_factory=_i)
     prefill_pause: float = 0.0
@@ -145,6 +149,8 @@ class Snapshot:
             "ready": ("ready_prompt", "ready_since", "ready_instance", "ready_growth"),
             "ready (optional)": ("ready_prompt", "ready_cached"),
             "inflight (optional)": ("inflight_prompt", "inflight_cached"),
+            "ready (unrouted)": ("ready_prompt", "ready_unrouted"),
+            "inflight (unrouted)": ("inflight_prompt", "inflight_unrouted"),
             "tool (optional)": ("tool_elapsed", "tool_cached"),
             "instances (optional)": ("instance_overhead", "instance_per_pair"),
             "instances (servers)": ("instance_overhead", "instance_servers"),

@@ -78,6 +78,7 @@ def build_snapshot(state: "LiveState", t: float) -> Snapshot:
     # engine that caches it; a future request's engine is not known yet.
     eng, held = state.engine[:n], state.cache_engine[:n]
     routed_back = (eng < 0) | (held < 0) | (eng == held)
+    unrouted = ((eng < 0) & (held >= 0)).astype(float)
 
     def cached(mask: np.ndarray, x: np.ndarray | None = None, routed: bool = True) -> np.ndarray:
         xs = prompt[mask] if x is None else x
@@ -126,6 +127,8 @@ def build_snapshot(state: "LiveState", t: float) -> Snapshot:
         ready_cached=cached(ready),
         inflight_cached=cached(inflight),
         tool_cached=cached(tool, tool_x, routed=False),
+        ready_unrouted=unrouted[ready],
+        inflight_unrouted=unrouted[inflight],
         prefill_pause=pause if np.isfinite(pause) else 0.0,
         cache_hit=h.cache_warm.value,
         cache_hit_unrouted=h.cache_warm.value * h.cache_same.value,
