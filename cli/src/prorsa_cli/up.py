@@ -14,6 +14,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from prorsa_runtime.settings import NATS_SCHEMES
+
 from .common import console, fail, out
 
 WorkdirOpt = Annotated[Path, typer.Option(help="Where the bus store, the SQLite log, process logs and results go.")]
@@ -84,7 +86,7 @@ def _options(cls, given: dict):
         fail("PD needs at least 2 engines (one per role)")
     if given.get("port_base") is not None and not (given["port_base"] == 0 or 1024 <= given["port_base"] <= 65000):
         fail("--port-base must be 0 (any free block) or between 1024 and 65000")
-    if given.get("nats") and not given["nats"].startswith(("nats://", "tls://", "ws://", "wss://")):
+    if given.get("nats") and not given["nats"].startswith(NATS_SCHEMES):
         fail(f"--nats must be a nats:// URL, got {given['nats']!r}")
     if given.get("nats_config") is not None and not Path(given["nats_config"]).is_file():
         fail(f"--nats-config: no such file: {given['nats_config']}")

@@ -18,6 +18,21 @@ from prorsa_schemas import Namespace
 from .bus import Credentials
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+NATS_SCHEMES = ("nats://", "tls://", "ws://", "wss://")
+
+
+def check_nats_url(v: str) -> str:
+    """A NATS server URL, or ValueError naming what was given (one rule for every config)."""
+    if not v.startswith(NATS_SCHEMES):
+        raise ValueError(f"must be a nats:// (or tls://, ws://, wss://) URL, got {v!r}")
+    return v
+
+
+def check_http_url(v: str) -> str:
+    """An http(s) base URL without its trailing slash, or ValueError naming what was given."""
+    if not v.startswith(("http://", "https://")):
+        raise ValueError(f"must be an http:// or https:// URL, got {v!r}")
+    return v.rstrip("/")
 
 
 def _alias(prefix: str, name: str) -> AliasChoices:
@@ -47,9 +62,7 @@ class ServiceSettings(BaseSettings):
     @field_validator("nats_url")
     @classmethod
     def _url(cls, v: str) -> str:
-        if not v.startswith(("nats://", "tls://", "ws://", "wss://")):
-            raise ValueError(f"must be a nats:// (or tls://, ws://) URL, got {v!r}")
-        return v
+        return check_nats_url(v)
 
     @field_validator("log_level", mode="before")
     @classmethod

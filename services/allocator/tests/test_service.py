@@ -96,13 +96,23 @@ async def test_forecast_to_plan_and_commands_then_switched(nats_url: str, ns: Na
         assert h.of(AllocationPlan)[1].switches is None and len(h.of(EngineCommand)) == 2
 
 
+ONE_COMMAND = dict(max_switch_fraction=0.125, initial_switch_fraction=0.125, ack_grace_s=5.0, max_attempts=2)
+"""Harness settings under which a prefill-heavy forecast yields exactly one command."""
+
+
+async def one_command(h: Harness):
+    """Start the service on the cluster, send a prefill-heavy forecast; (service, its one command)."""
+    svc = await h.start_service()
+    await cluster(h)
+    await h.publish(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0))
+    await async_wait_until(lambda: h.of(EngineCommand), 10, what="command")
+    (cmd,) = h.of(EngineCommand)
+    return svc, cmd
+
+
 async def test_missed_deadline_is_retried_then_abandoned(nats_url: str, ns: Namespace) -> None:
-    async with Harness(nats_url, ns, max_switch_fraction=0.125, initial_switch_fraction=0.125, ack_grace_s=5.0, max_attempts=2) as h:
-        svc = await h.start_service()
-        await cluster(h)
-        await h.publish(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0))
-        await async_wait_until(lambda: h.of(EngineCommand), 10, what="command")
-        (cmd,) = h.of(EngineCommand)
+    async with Harness(nats_url, ns, **ONE_COMMAND) as h:
+        svc, cmd = await one_command(h)
         # Event time passes (engine stats) with no answer from the engine.
         await h.publish(stats("p0", "prefill", ts=cmd.deadline + 6.0))
         await async_wait_until(lambda: len(h.of(EngineCommand)) == 2, 10, what="retry")
@@ -164,12 +174,8 @@ def test_bad_settings_are_refused_with_the_variable_named(monkeypatch, bad) -> N
 
 
 async def test_deadlines_expire_on_the_tracker_watermark_alone(nats_url: str, ns: Namespace) -> None:
-    async with Harness(nats_url, ns, max_switch_fraction=0.125, initial_switch_fraction=0.125, ack_grace_s=5.0, max_attempts=2) as h:
-        svc = await h.start_service()
-        await cluster(h)
-        await h.publish(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0))
-        await async_wait_until(lambda: h.of(EngineCommand), 10, what="command")
-        (cmd,) = h.of(EngineCommand)
+    async with Harness(nats_url, ns, **ONE_COMMAND) as h:
+        svc, cmd = await one_command(h)
         # The bus goes quiet: no engine event; only the tracker's watermark moves event time.
         await h.nc.publish(ns.watermark(), b'{"ts": null, "seq": 0}')  # no event yet: ignored
         await h.nc.publish(ns.watermark(), b"garbage")

@@ -220,8 +220,7 @@ class Allocator:
             a_p = fc.prefill_tokens / (fc.horizon * self.theta.value)
             room = self._decode_room(a_p, cap)
             load = _decode_load(engines)
-            extra = self._decode_step_demand(
-                engines, kv_total, a_p, fc.decode_kv_now, fc.decode_admit_tokens, room, load)
+            extra = self._decode_step_demand(load, kv_total, a_p, fc.decode_kv_now, fc.decode_admit_tokens, room)
             demand = Demand(fc.prefill_tokens, fc.horizon, kv_total, extra)
         except ValueError as exc:  # e.g. a forecast of non-finite numbers that slipped through
             decision.skipped = f"cannot plan: {exc}"
@@ -234,8 +233,7 @@ class Allocator:
             decode_now=alloc.decode_demand,
             prefill_later=prefill_rate / cap.prefill_tokens_per_s,
             decode_later=max(decode_kv / kv_cap, self._decode_step_demand(
-                engines, decode_kv, a_p_later, fc.decode_kv_now, fc.decode_admit_tokens,
-                self._decode_room(a_p_later, cap), load)),
+                load, decode_kv, a_p_later, fc.decode_kv_now, fc.decode_admit_tokens, self._decode_room(a_p_later, cap))),
             horizon_s=fc.horizon,
         )
         sel = select_switches(
@@ -293,21 +291,21 @@ class Allocator:
         return max(0.0, (cap.gpu_budget - cap.gpus_prefill * need) / cap.gpus_decode)
 
     def _decode_step_demand(
-        self, engines: list, kv_tokens: float, prefill_instances: float = 0.0,
-        kv_now_fc: float = 0.0, admit_tokens: float = 0.0, room: float = math.inf,
-        load: tuple[int, int, int] | None = None,
+        self, load: tuple[int, int, int], kv_tokens: float, prefill_instances: float,
+        kv_now_fc: float, admit_tokens: float, room: float,
     ) -> float:
         """Decode demand in instances beyond KV (0: no such term): the larger of the TPOT
         term (engines that keep a decode step within the target, opt-in) and the latency
         balance term (``decode_instances_for_latency``, on by default).
 
-        The sequences are those the decode engines hold now; for the TPOT term they are
+        ``load`` is ``_decode_load`` of the engines (sequences, KV, count of the decode
+        engines now). The sequences are those the decode engines hold now; for the TPOT term they are
         scaled by the KV the forecast expects (Kᴰ + K̂ᴰ) over the KV they hold now:
         admissions add sequences of the current mean size."""
         cfg, step = self.config, self.decode_step.value
         if step is None:
             return 0.0
-        seqs, kv_now, n_dec = load if load is not None else _decode_load(engines)
+        seqs, kv_now, n_dec = load
         out = 0.0
         if cfg.decode_latency_balance and n_dec:
             out = min(room, decode_instances_for_latency(

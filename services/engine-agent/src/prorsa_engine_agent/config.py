@@ -27,7 +27,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from prorsa_runtime.settings import ServiceSettings, settings_for
+from prorsa_runtime.settings import ServiceSettings, check_http_url, settings_for
 
 Launch = Literal["sglang", "emulated", "external"]
 SWITCH_BACKENDS = ("mooncake", "mori")
@@ -118,9 +118,7 @@ class _AgentFields(ServiceSettings):
     @field_validator("router_url")
     @classmethod
     def _http(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")):
-            raise ValueError(f"must be an http:// or https:// URL, got {v!r}")
-        return v.rstrip("/")
+        return check_http_url(v)
 
 
 AgentSettings = settings_for("PRORSA_AGENT_", _AgentFields)

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from prorsa_runtime.settings import check_http_url, check_nats_url
+
 
 class DriverConfig(BaseModel):
     """What the driver runs and where it sends it."""
@@ -33,16 +35,12 @@ class DriverConfig(BaseModel):
     @field_validator("router_url")
     @classmethod
     def _http(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")):
-            raise ValueError(f"must be an http:// or https:// URL, got {v!r}")
-        return v.rstrip("/")
+        return check_http_url(v)
 
     @field_validator("nats_url")
     @classmethod
     def _nats(cls, v: str) -> str:
-        if not v.startswith(("nats://", "tls://", "ws://", "wss://")):
-            raise ValueError(f"must be a nats:// URL, got {v!r}")
-        return v
+        return check_nats_url(v)
 
     @field_validator("workload")
     @classmethod
