@@ -1,0 +1,70 @@
+"""The allocator's decision at every window of one simulated run (what docs/allocator.md's
+explanations were read from).
+
+    .venv/bin/python benchmarks/allocator_trace.py WORKLOAD STALENESS [--policy prorsa]
+        [--model deepseek-v3.2] [--steps 2] [--from 0] [--to inf] [--quiet-band]
+
+One line per window: the prefill engines now, the demands in instances (aᴾ, aᴰ), the
+target P:D, the forecast (Ŵᴾ, Kᴰ, Âᴰ), the decode engines' sequences, θᴾ, the engines
+commanded and the reason. ``--quiet-band`` leaves out the windows whose prefill count is
+already inside the target band. The last line is the rollout time and the switch count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from prorsa_sim.policy import make_policy
+from prorsa_sim.simulator import Simulator, build_config
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("workload", choices=("math", "coding", "general"))
+    ap.add_argument("staleness", type=int)
+    ap.add_argument("--policy", default="prorsa", help="prorsa or oracle, with their :options")
+    ap.add_argument("--model", default="deepseek-v3.2")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch-size", type=int, default=512)
+    ap.add_argument("--from", dest="t_from", type=float, default=0.0)
+    ap.add_argument("--to", dest="t_to", type=float, default=math.inf)
+    ap.add_argument("--quiet-band", action="store_true", help="leave out windows already in the target band")
+    args = ap.parse_args()
+    if not args.policy.split(":")[0] in ("prorsa", "oracle"):
+        ap.error("--policy must be prorsa or oracle (the policies that run the allocator)")
+
+    cfg = build_config(workload=args.workload, model=args.model, staleness=args.staleness, steps=args.steps,
+                       seed=args.seed, batch_size=args.batch_size)
+    policy = make_policy(args.policy)
+    driver = policy.driver
+    decide = driver.decide
+
+    def traced(obs, fc):
+        out = decide(obs, fc)
+        alloc = driver.allocator
+        d = alloc.last_decision
+        a = d.allocation if d else None
+        if a is None or not (args.t_from <= obs.t <= args.t_to):
+            return out
+        reason = d.selection.reason if d.selection else d.skipped
+        if args.quiet_band and "within target band" in reason:
+            return out
+        n_p = sum(v.role == "prefill" for v in obs.engines)
+        seqs = sum(v.running_reqs + v.queued_reqs for v in alloc.table.engines.values() if v.role == "decode")
+        moves = [(m.engine.engine, m.to_role) for m in d.selection.moves] if d.selection else []
+        print(f"t={obs.t:7.0f} P={n_p} aP={a.prefill_demand:6.2f} aD={a.decode_demand:5.2f} "
+              f"target={a.n_prefill}:{a.n_decode} W={fc.prefill_tokens / 1e6:6.2f}M Kd={fc.decode_kv_now / 1e6:5.2f}M "
+              f"Ad={fc.decode_admit_tokens / 1e6:5.2f}M seqs={seqs} theta={alloc.theta.value:7.0f} "
+              f"moves={moves} {reason}")
+        return out
+
+    driver.decide = traced
+    res = Simulator(cfg, policy).run()
+    print(f"rollout time {res.summary['rollout_time_s']} s, {res.summary['switches']} switches, "
+          f"final roles {res.summary['final_roles']}")
+
+
+if __name__ == "__main__":
+    main()

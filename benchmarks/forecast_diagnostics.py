@@ -1,0 +1,165 @@
+"""Where a forecaster's error comes from, on one contract log (the figures behind the
+analysis in docs/forecaster.md).
+
+    .venv/bin/python benchmarks/forecast_diagnostics.py LOG [--horizon 10]
+
+Prints:
+
+* prefix cache by engine: of the warm requests (the trajectory's previous prompt cached,
+  no weight update since), the share routed back to the engine that cached it, and the
+  hit rate (cached_tokens > 0) of those routed back and of the others;
+* tool-return calibration: for trajectories in Tool at a window's start, the mean
+  predicted probability of returning within the window against the observed share, by
+  elapsed time in the tool;
+* decode admissions split: the prompt tokens admitted in each window from requests
+  already queued or in prefill at t ("known") and from requests that arrive within the
+  window ("new"), forecast against actual (the known part is the queue simulation run
+  with no predicted arrivals);
+* residuals of both series: signed bias (share of the actual demand) and lag-1
+  autocorrelation (near 0: white, nothing slow left for a correction to learn).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from prorsa_forecaster.config import ForecastConfig
+from prorsa_forecaster.decode_admit import N_CLASSES, decode_admissions
+from prorsa_forecaster.state import PREFILL, QUEUED, TOOL
+from prorsa_forecaster.windows import WindowLoop
+from prorsa_schemas import read_log
+
+
+def cache_by_engine(path: str) -> None:
+    held: dict[str, str] = {}  # traj -> engine whose cache holds its previous prompt
+    queued: dict[str, tuple[str, str | None]] = {}  # traj -> (req, engine it was queued at)
+    same = hits_same = hits_other = other = 0
+    for line in read_log(path):
+        ev = line.event
+        if ev is None:
+            continue
+        if ev.type == "policy.updated":
+            held.clear()  # a weight update flushes every prefix cache
+        elif ev.type == "request.queued":
+            queued[ev.traj] = (ev.req, ev.engine)
+        elif ev.type == "prefill.finished" and ev.traj in queued and queued[ev.traj][0] == ev.req:
+            _, engine = queued.pop(ev.traj)
+            engine = engine or ev.engine
+            prev = held.get(ev.traj)
+            if prev is not None and engine is not None and ev.cached_tokens is not None:
+                hit = ev.cached_tokens > 0
+                if engine == prev:
+                    same += 1
+                    hits_same += hit
+                else:
+                    other += 1
+                    hits_other += hit
+            if ev.engine is not None:
+                held[ev.traj] = ev.engine
+    n = same + other
+    if n == 0:
+        print("prefix cache by engine: no warm request with engines and cached_tokens in the log")
+        return
+    print(f"prefix cache by engine: {n} warm requests, {same / n:.1%} routed back to the caching engine; "
+          f"hit rate routed back {hits_same / max(same, 1):.1%}, elsewhere {hits_other / max(other, 1):.1%}")
+
+
+class _Probe(WindowLoop):
+    """The window loop, noting at each window's start what the diagnostics need."""
+
+    def __init__(self, cfg: ForecastConfig) -> None:
+        super().__init__(cfg)
+        self.tool_rows: dict[tuple[int, float], list[float]] = {}  # (slot, t) -> [elapsed, q, returned]
+        self.known_ids: set[tuple[str, str]] = set()
+        self.known_forecast: list[float] = []
+
+    def _open(self) -> None:
+        super()._open()
+        st, t, cfg = self.state, self.window_start, self.config
+        n = st._n
+        tool = np.flatnonzero(st.state[:n] == TOOL)
+        if len(tool):
+            e = t - st.entered[:n][tool]
+            q = st.history.tool.bucket_table(e, cfg.horizon, cfg.steps).sum(axis=1)
+            for i, ee, qq in zip(tool.tolist(), e.tolist(), q.tolist()):
+                self.tool_rows[(i, t)] = [ee, qq, 0.0]
+        self.known_ids = {(traj, st._req[i]) for traj, i in st._slot.items() if st.state[i] in (QUEUED, PREFILL)}
+        snap = st.snapshot(t)
+        self.known_forecast.append(decode_admissions(snap, cfg, np.zeros((4, N_CLASSES, cfg.steps)))[0])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("log")
+    ap.add_argument("--horizon", type=float, default=10.0)
+    args = ap.parse_args()
+    cache_by_engine(args.log)
+
+    loop = _Probe(ForecastConfig(horizon=args.horizon))
+    prompts: dict[str, tuple[str, int]] = {}
+    known_act: list[float] = []  # per closed window
+    new_act: list[float] = []
+    cur = [0.0, 0.0]  # the open window's admissions: known at its start, arrived in it
+    results = []
+    for line in read_log(args.log):
+        ev = line.event
+        if ev is None:
+            continue
+        if ev.type == "request.queued":
+            prompts[ev.traj] = (ev.req, ev.prompt_tokens)
+        closed = loop.feed(ev)
+        for _ in closed:  # the first one is the window just ended; any others were empty
+            known_act.append(cur[0])
+            new_act.append(cur[1])
+            cur = [0.0, 0.0]
+        results.extend(closed)
+        if loop.window_start is None:
+            continue
+        if ev.type == "request.queued":
+            row = loop.tool_rows.get((loop.state._slot.get(ev.traj), loop.window_start))
+            if row is not None:
+                row[2] = 1.0
+        elif ev.type == "prefill.finished" and ev.traj in prompts and prompts[ev.traj][0] == ev.req:
+            x = prompts.pop(ev.traj)[1]
+            cur[0 if (ev.traj, ev.req) in loop.known_ids else 1] += x
+    # The window the log ends in is cut short (forecast-eval leaves it out too).
+
+    rows = np.array(list(loop.tool_rows.values())) if loop.tool_rows else np.zeros((0, 3))
+    if len(rows):
+        print(f"tool returns: mean predicted {rows[:, 1].mean():.3f}, observed {rows[:, 2].mean():.3f} "
+              f"({len(rows)} trajectory-windows in Tool)")
+        edges = (0, 1, 2, 4, 8, 16, 32, 64, np.inf)
+        for lo, hi in zip(edges[:-1], edges[1:]):
+            m = (rows[:, 0] >= lo) & (rows[:, 0] < hi)
+            if m.any():
+                print(f"  elapsed [{lo:g}, {hi:g}) s: n={int(m.sum()):6d} predicted {rows[m, 1].mean():.3f} "
+                      f"observed {rows[m, 2].mean():.3f}")
+
+    n = min(len(results), len(loop.known_forecast), len(known_act))
+    if n:
+        fk = np.array(loop.known_forecast[:n])
+        fall = np.array([r.forecast.raw_decode for r in results[:n]])
+        ak, an = np.array(known_act[:n]), np.array(new_act[:n])
+        tot = max((ak + an).sum(), 1.0)
+        print(f"decode admissions (raw, before the bias correction), shares of the actual {tot / 1e6:.0f}M tokens:")
+        print(f"  known at t: forecast {fk.sum() / tot:.1%}, actual {ak.sum() / tot:.1%}, |error| {np.abs(fk - ak).sum() / tot:.1%}")
+        print(f"  arriving in the window: forecast {(fall - fk).sum() / tot:.1%}, actual {an.sum() / tot:.1%}, "
+              f"|error| {np.abs(fall - fk - an).sum() / tot:.1%}")
+
+    for name, f_of, a_of in (
+        ("prefill", lambda r: r.forecast.prefill_tokens, lambda r: r.prefill_actual),
+        ("decode", lambda r: r.forecast.decode_admit_tokens, lambda r: r.decode_actual),
+    ):
+        f = np.array([f_of(r) for r in results])
+        a = np.array([a_of(r) for r in results])
+        if len(a) > 2 and a.sum() > 0:
+            e = f - a
+            ac = float(np.corrcoef(e[:-1], e[1:])[0, 1]) if e.std() > 0 else float("nan")
+            print(f"{name} residuals: WAPE {np.abs(e).sum() / a.sum():.2%}, signed {e.sum() / a.sum():+.2%}, "
+                  f"lag-1 autocorrelation {ac:+.2f} ({len(a)} windows)")
+
+
+if __name__ == "__main__":
+    main()
