@@ -40,6 +40,28 @@ def test_ready_queue_and_inflight_count_in_full():
     assert f.prefill_tokens == pytest.approx(350)
 
 
+def test_second_pass_a_tool_return_can_come_back_again_within_the_window():
+    h = History(CFG)
+    h.tool = fixed("tool", *[1.0] * 50)
+    h.prefill_wait = fixed("wait", *[1.0] * 50)
+    h.decode = fixed("decode", *[1.0] * 50)
+    h.decode_tool, h.decode_done = 3.0, 4.0  # 3 in 4 responses call a tool
+    h.output.value = 200.0
+    snap = Snapshot(
+        t=0.0, tool_elapsed=np.array([0.0]), tool_context=np.array([1000.0]), tool_growth=np.array([100.0]),
+        tool_result=np.array([-1.0]),
+    )
+    # Back at ~1 s with 1000 + 100; queued, prefilled (1 s), decoded (1 s), tool (1 s):
+    # back again at ~4 s with probability 3/4 and 1100 + 200 + 100 tokens.
+    f = forecast(snap, h, CFG)
+    assert f.components["tool"] == pytest.approx(1100 + 0.75 * 1400, rel=1e-6)
+    off = forecast(snap, h, ForecastConfig(horizon=10.0, steps=10, bias_half_life=0, second_pass=False))
+    assert off.components["tool"] == pytest.approx(1100, rel=1e-6)
+    # With 2 s left in the window there is no time for the second pass.
+    late = forecast(snap, h, ForecastConfig(horizon=2.0, steps=10, bias_half_life=0))
+    assert late.components["tool"] == pytest.approx(1100, rel=1e-6)
+
+
 def test_tool_returns_with_context_plus_growth():
     h = quiet_history()
     h.tool = fixed("tool", *[4.0] * 50)
@@ -148,10 +170,48 @@ def test_bias_correction_scales_the_predicted_part_only():
         ready_prompt=np.array([500.0]), ready_since=np.array([-1.0]), ready_instance=np.array([-1]),
         ready_growth=np.zeros(1),
     )
-    f = forecast(snap, h, ForecastConfig(bias_half_life=4))
+    f = forecast(snap, h, ForecastConfig(bias_half_life=4, bias_per_source=False))
     assert b.factor == pytest.approx(1.5)
     assert f.prefill_tokens == pytest.approx(500 + 1.5 * 1000)
     assert f.bias == pytest.approx(500)
+
+
+def test_bias_correction_per_source_scales_each_source_by_its_own_factor():
+    h = History(ForecastConfig(bias_half_life=4, bias_prior_windows=0))
+    h.decode_tool, h.decode_done = 0.0, 1.0
+    h.tool = fixed("tool", *[4.0] * 50)
+    h.start[START_PREWARM] = fixed("prewarm", *[3.0] * 20)
+    for name, ratio in (("tool", 1.5), ("sandbox", 0.5)):
+        for _ in range(10):
+            h.bias_source[name].update(predicted=100.0, realised=100.0 * ratio)
+    # The shared factor (not used per source) would say 2.
+    for _ in range(10):
+        h.bias_prefill.update(predicted=100.0, realised=200.0)
+    snap = Snapshot(
+        t=0.0, tool_elapsed=np.zeros(1), tool_context=np.array([1000.0]), tool_growth=np.zeros(1),
+        tool_result=np.array([-1.0]),
+        start_elapsed=np.array([1.0]), start_mode=np.array([START_PREWARM]), start_prompt=np.array([400.0]),
+        ready_prompt=np.array([500.0]), ready_since=np.array([-1.0]), ready_instance=np.array([-1]),
+        ready_growth=np.zeros(1),
+    )
+    f = forecast(snap, h, ForecastConfig(bias_half_life=4))
+    assert f.components["tool"] == pytest.approx(1000) and f.components["sandbox"] == pytest.approx(400)
+    assert f.prefill_tokens == pytest.approx(500 + 1.5 * 1000 + 0.5 * 400)
+    assert f.bias == pytest.approx(500 - 200)
+    shared = forecast(snap, h, ForecastConfig(bias_half_life=4, bias_per_source=False))
+    assert shared.prefill_tokens == pytest.approx(500 + 2.0 * 1400)
+
+
+def test_bias_factor_shrinks_towards_one_with_few_windows():
+    b = BiasCorrector(half_life=1e9, clip=2.0, prior=2.0)
+    b.update(predicted=100.0, realised=150.0)
+    assert b.factor == 1.0  # one window is not a bias yet
+    b.update(predicted=100.0, realised=150.0)
+    # Two windows at 1.5 against two pseudo-windows of the same volume at 1: (300 + 200) / 400.
+    assert b.factor == pytest.approx(1.25)
+    for _ in range(198):
+        b.update(predicted=100.0, realised=150.0)
+    assert b.factor == pytest.approx((200 * 150 + 2 * 100) / (200 * 100 + 2 * 100))
 
 
 def test_bias_factor_is_clipped_and_neutral_without_history():

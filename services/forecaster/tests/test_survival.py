@@ -62,3 +62,15 @@ def test_forgetting_follows_a_drifting_workload():
         m.observe(1.0)
     # After 10 half-lives the old long durations weigh ~0.1%.
     assert m.conditional(np.array([0.0]), 5.0)[0] > 0.99
+
+
+def test_prior_fades_as_observations_come_in():
+    # A duration seen once per step (training): the prior's tail must not hold back mass
+    # the observations put inside the horizon.
+    m = DurationModel("train", prior_mean=30.0, prior_weight=3.0)
+    for _ in range(7):
+        m.observe(30.0)
+    w = 3.0 / (1 + 7)  # the prior now stands in for 3/8 of an observation
+    tail, within = math.exp(-27.7 / 30.0), math.exp(-27.7 / 30.0) - math.exp(-37.7 / 30.0)
+    assert m.conditional(np.array([27.7]), 10.0)[0] == pytest.approx((7 + w * within) / (7 + w * tail), rel=1e-2)
+    assert m.count == 7

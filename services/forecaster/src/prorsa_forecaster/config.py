@@ -19,6 +19,9 @@ class ForecastConfig:
         bias_half_life: windows over which forecast residuals are averaged for the online
             bias correction (0 turns the correction off).
         bias_clip: the correction factor is kept within [1/bias_clip, bias_clip].
+        bias_per_source: one correction per predicted source (sampler, sandbox, tool,
+            reprefill), each learnt from the arrivals of the trajectories that were in
+            that source's state at t; False: one factor for their sum.
         kv_page_tokens: kappa^D rounds a prompt up to whole KV pages of this many tokens.
         duration_half_life: observations over which old durations are forgotten.
         prior_reward_s, prior_sandbox_prewarm_s, prior_sandbox_cold_s, prior_start_s,
@@ -34,6 +37,9 @@ class ForecastConfig:
     tool_ema_alpha: float = 0.1
     bias_half_life: float = 6.0
     bias_clip: float = 2.0
+    bias_per_source: bool = True
+    bias_prior_windows: float = 2.0
+    second_pass: bool = True
     kv_page_tokens: int = 1
     duration_half_life: float | None = 5000.0
     prior_reward_s: float = 5.0

@@ -179,7 +179,17 @@ def _tool(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray) 
     growth = np.where(result >= 0, result + hist.tool_overhead.value, _clean(snap.tool_growth))
     x = np.clip(_clean(snap.tool_context) + np.clip(growth, 0.0, None), 0.0, _BIG)
     cached = snap.column("tool_cached", "tool_elapsed")
-    return _spread(hist.tool, _clean(snap.tool_elapsed), x, cached, snap, cost, cfg)
+    elapsed = _clean(snap.tool_elapsed)
+    out = _spread(hist.tool, elapsed, x, cached, snap, cost, cfg)
+    if cfg.second_pass:
+        # Beyond B.1: a trajectory back from its tool early in the window can be back again
+        # before its end: its request waits and prefills, decodes, calls a tool (the learnt
+        # tool fraction) and returns with the response and the next result appended.
+        x2 = x + max(hist.output.value, 0.0) + np.clip(_clean(snap.tool_growth), 0.0, None)
+        chain = _kernel(hist.prefill_wait, cfg.horizon, steps) @ _kernel(hist.decode, cfg.horizon, steps)
+        chain = chain @ (_kernel(hist.tool, cfg.horizon, steps) * hist.tool_fraction)
+        out = out + _spread(hist.tool, elapsed, x2, x, snap, cost, cfg) @ chain
+    return out
 
 
 def _kernel(model, horizon: float, steps: int) -> np.ndarray:
@@ -260,12 +270,12 @@ def _forecast(snap: Snapshot, hist: History, cfg: ForecastConfig) -> Forecast:
     }
     predicted = comps["sampler"] + comps["sandbox"] + comps["tool"] + comps["reprefill"]
     known = comps["ready"] + comps["inflight"]
-    factor = hist.bias_prefill.factor
-    prefill = known + factor * predicted
+    fs = hist.prefill_factors(cfg.bias_per_source)
+    prefill = known + sum(fs[k] * comps[k] for k in ("sampler", "sandbox", "tool", "reprefill"))
     bias = prefill - known - predicted
 
     # Predicted arrivals (loads per sub-step), scaled like the prefill forecast.
-    future = _clean(samp + start + tool + re) * factor
+    future = _clean(samp * fs["sampler"] + start * fs["sandbox"] + tool * fs["tool"] + re * fs["reprefill"])
     admit, kv = decode_admissions(snap, cfg, future)
     dfactor = hist.bias_decode.factor
     decode = admit * dfactor

@@ -67,13 +67,15 @@ class BiasCorrector:
     for [t, t+S) is corrected by residuals of windows ending at or before t.
     """
 
-    __slots__ = ("_num", "_den", "_keep", "clip", "windows")
+    __slots__ = ("_num", "_den", "_eff", "_keep", "clip", "prior", "windows")
 
-    def __init__(self, half_life: float, clip: float) -> None:
+    def __init__(self, half_life: float, clip: float, prior: float = 0.0) -> None:
         self._keep = 0.5 ** (1.0 / half_life) if half_life > 0 else 0.0
         self._num = 0.0
         self._den = 0.0
+        self._eff = 0.0  # the windows in the sums, weighted as they are
         self.clip = clip
+        self.prior = prior
         self.windows = 0
 
     @property
@@ -97,13 +99,17 @@ class BiasCorrector:
         r = min(max(r, 1.0 / self.clip), self.clip)
         self._num = self._num * self._keep + r * predicted
         self._den = self._den * self._keep + predicted
+        self._eff = self._eff * self._keep + 1.0
         self.windows += 1
 
     @property
     def factor(self) -> float:
         if not self.enabled or self.windows < 2 or self._den <= 0:
             return 1.0
-        r = self._num / self._den
+        # ``prior`` windows of average volume at ratio 1: a factor learnt from two
+        # windows is mostly noise (the first windows of a run are forecast from priors).
+        w = self.prior * self._den / self._eff
+        r = (self._num + w) / (self._den + w)
         return float(min(max(r, 1.0 / self.clip), self.clip))
 
 
@@ -165,8 +171,20 @@ class History:
         # Seconds from policy.updated until prefill resumes (the weight-sync pause).
         self.update_pause = RunningMean(0.0, alpha=0.2)
         self.prefill: dict[str, PrefillTimeModel] = {}
-        self.bias_prefill = BiasCorrector(cfg.bias_half_life, cfg.bias_clip)
-        self.bias_decode = BiasCorrector(cfg.bias_half_life, cfg.bias_clip)
+        self.bias_prefill = BiasCorrector(cfg.bias_half_life, cfg.bias_clip, cfg.bias_prior_windows)
+        self.bias_decode = BiasCorrector(cfg.bias_half_life, cfg.bias_clip, cfg.bias_prior_windows)
+        # One per predicted source (config.bias_per_source): the window loop attributes each
+        # arrival to the source its trajectory was in at t.
+        self.bias_source = {
+            name: BiasCorrector(cfg.bias_half_life, cfg.bias_clip, cfg.bias_prior_windows) for name in ("sampler", "sandbox", "tool", "reprefill")
+        }
+
+    def prefill_factors(self, per_source: bool = True) -> dict[str, float]:
+        """The correction factor of each predicted source (one shared factor unless
+        ``per_source``)."""
+        if per_source:
+            return {name: b.factor for name, b in self.bias_source.items()}
+        return dict.fromkeys(self.bias_source, self.bias_prefill.factor)
 
     @property
     def admit_rate(self) -> float:

@@ -184,6 +184,8 @@ class WindowLoop:
         prefill = self._backlog + self.meter.arrivals
         decode = self.meter.admissions
         h.bias_prefill.update(f.predicted_prefill, prefill - self._backlog)
+        for name, corrector in h.bias_source.items():
+            corrector.update(f.components.get(name, 0.0), self._sources.get(name, 0.0))
         h.bias_decode.update(f.raw_decode, decode)
         res = WindowResult(f.t, f.horizon, f, prefill, decode, self._backlog, self._sources, self._sd)
         self._k += 1
