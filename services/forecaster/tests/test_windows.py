@@ -40,6 +40,7 @@ def test_actuals_follow_the_contract_definition_by_hand():
     assert [w.t for w in ws] == [0.0, 10.0, 20.0]
     assert [w.prefill_actual for w in ws] == [1300, 1000 + 50 + 400, 50 + 400 + 7]
     assert [w.decode_actual for w in ws] == [300, 1000, 0]
+    assert [w.decode_known for w in ws] == [0, 1000, 0]  # a0 was queued before t = 10
     assert [w.backlog for w in ws] == [0, 1000, 450]
 
 

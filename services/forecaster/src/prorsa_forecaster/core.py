@@ -31,7 +31,7 @@ import numpy as np
 
 from .config import ForecastConfig
 from .history import History
-from .decode_admit import N_CLASSES, class_sums, decode_admissions, pooled_cost, request_rows, service_class
+from .decode_admit import N_CLASSES, class_sums, decode_admissions_split, pooled_cost, request_rows, service_class
 from .guards import BIG, clean, finite_sum
 from .snapshot import START_DISPATCHED, START_MODES, Snapshot
 
@@ -47,7 +47,8 @@ class Forecast:
     uncorrected per-source prefill terms; ``bias`` the token amount the correction added
     (may be negative). ``predicted_prefill`` is the part that is a prediction (sampler +
     sandbox + tool), which is what the bias correction scales; ``raw_decode`` the
-    uncorrected A-hat^D.
+    uncorrected A-hat^D, ``raw_decode_known`` its part from requests queued or in
+    prefill at t.
     """
 
     t: float
@@ -61,6 +62,7 @@ class Forecast:
     decode_bias: float = 0.0
     predicted_prefill: float = 0.0
     raw_decode: float = 0.0
+    raw_decode_known: float = 0.0
 
 
 _finite_sum, _clean, _BIG = finite_sum, clean, BIG
@@ -276,10 +278,14 @@ def _forecast(snap: Snapshot, hist: History, cfg: ForecastConfig) -> Forecast:
 
     # Predicted arrivals (loads per sub-step), scaled like the prefill forecast.
     future = _clean(samp * fs["sampler"] + start * fs["sandbox"] + tool * fs["tool"] + re * fs["reprefill"])
-    admit, kv = decode_admissions(snap, cfg, future)
-    dfactor = hist.bias_decode.factor
-    decode = admit * dfactor
-    kv_hat = kv * dfactor
+    known_admit, new_admit, kv = decode_admissions_split(snap, cfg, future)
+    admit = known_admit + new_admit
+    if cfg.bias_per_source:
+        # The queue model (requests known at t) and the arrivals have their own errors.
+        decode = known_admit * hist.bias_decode_known.factor + new_admit * hist.bias_decode_new.factor
+    else:
+        decode = admit * hist.bias_decode.factor
+    kv_hat = kv * (decode / admit) if admit > 0 else kv
 
     def ok(v: float) -> float:
         return float(v) if np.isfinite(v) and v > 0 else 0.0
@@ -296,4 +302,5 @@ def _forecast(snap: Snapshot, hist: History, cfg: ForecastConfig) -> Forecast:
         decode_bias=float(decode - admit) if np.isfinite(decode - admit) else 0.0,
         predicted_prefill=ok(predicted),
         raw_decode=ok(admit),
+        raw_decode_known=ok(known_admit),
     )

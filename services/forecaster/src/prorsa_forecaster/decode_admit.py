@@ -108,7 +108,15 @@ def _run_rank(sorted_keys: np.ndarray) -> np.ndarray:
 
 
 def decode_admissions(snap: Snapshot, cfg: ForecastConfig, future: np.ndarray) -> tuple[float, float]:
-    """``(A-hat^D, K-hat^D)`` for the window at ``snap.t``.
+    """A^D and K^D: see :func:`decode_admissions_split`."""
+    known, arriving, kv = decode_admissions_split(snap, cfg, future)
+    return known + arriving, kv
+
+
+def decode_admissions_split(snap: Snapshot, cfg: ForecastConfig, future: np.ndarray) -> tuple[float, float, float]:
+    """``(known, arriving, K-hat^D)`` for the window at ``snap.t``: A-hat^D is
+    ``known + arriving``, the admissions of requests queued or in prefill at t and of the
+    predicted arrivals.
 
     Args:
         snap: the snapshot (times in it are absolute; the simulation runs relative to t).
@@ -210,7 +218,7 @@ def decode_admissions(snap: Snapshot, cfg: ForecastConfig, future: np.ndarray) -
     w_in = p_in * (started + gh_in < S) + (1.0 - p_in) * (started + gm_in < S)
     s_rd = b_rd - svc_rd
     w_rd = hit_rd * (s_rd + gh_rd < S) + (1.0 - hit_rd) * (s_rd + gm_rd < S)
-    admit = finite_sum(x_in * w_in) + finite_sum(x_rd * w_rd)
+    known = finite_sum(x_in * w_in) + finite_sum(x_rd * w_rd)
     # Predicted requests start as their server's fluid queue reaches them (spread over
     # [start, start + svc_f]) and finish after their own class's mean prefill time.
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -226,8 +234,7 @@ def decode_admissions(snap: Snapshot, cfg: ForecastConfig, future: np.ndarray) -
         frac = np.where(spread > 0, (S - begin) / spread, (begin < S).astype(float))
     frac = np.clip(np.nan_to_num(frac, nan=0.0), 0.0, 1.0)
     admit_f = finite_sum(fut[1].T[k] / V * frac)
-    admit += admit_f
     page = cfg.kv_page_tokens
     kv = finite_sum(np.ceil(x_in / page) * page * w_in) + finite_sum(np.ceil(x_rd / page) * page * w_rd)
     kv += admit_f  # aggregated tokens: page rounding averages out
-    return admit, kv
+    return known, admit_f, kv

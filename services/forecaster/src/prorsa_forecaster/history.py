@@ -173,6 +173,9 @@ class History:
         self.prefill: dict[str, PrefillTimeModel] = {}
         self.bias_prefill = BiasCorrector(cfg.bias_half_life, cfg.bias_clip, cfg.bias_prior_windows)
         self.bias_decode = BiasCorrector(cfg.bias_half_life, cfg.bias_clip, cfg.bias_prior_windows)
+        # Per source: admissions of requests queued or in prefill at t, and of arrivals.
+        self.bias_decode_known = BiasCorrector(cfg.bias_half_life, cfg.bias_clip, cfg.bias_prior_windows)
+        self.bias_decode_new = BiasCorrector(cfg.bias_half_life, cfg.bias_clip, cfg.bias_prior_windows)
         # One per predicted source (config.bias_per_source): the window loop attributes each
         # arrival to the source its trajectory was in at t.
         self.bias_source = {

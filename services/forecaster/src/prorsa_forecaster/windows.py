@@ -34,15 +34,21 @@ class ActualsMeter:
     """Measures a window's actual prefill demand and decode admissions from events."""
 
     def __init__(self) -> None:
-        self._open: dict[tuple[str, str], tuple[str, float]] = {}  # (run, traj) -> (req, prompt)
+        # (run, traj) -> (req, prompt, window count when queued)
+        self._open: dict[tuple[str, str], tuple[str, float, int]] = {}
         self.backlog = 0.0
         self.arrivals = 0.0
         self.admissions = 0.0
+        self.admissions_known = 0.0
+        """Admissions of requests already queued at the window's start."""
+        self._window = 0
 
     def start_window(self) -> float:
         """Reset the window's counters; returns the backlog (ready + prefill) at its start."""
         self.arrivals = 0.0
         self.admissions = 0.0
+        self.admissions_known = 0.0
+        self._window += 1
         return self.backlog
 
     def _close(self, key: tuple[str, str]) -> tuple[str, float] | None:
@@ -56,7 +62,7 @@ class ActualsMeter:
         if kind == "request.queued":
             key = (ev.run, ev.traj)
             self._close(key)  # a re-queue replaces the trajectory's earlier request
-            self._open[key] = (ev.req, float(ev.prompt_tokens))
+            self._open[key] = (ev.req, float(ev.prompt_tokens), self._window)
             self.backlog += ev.prompt_tokens
             self.arrivals += ev.prompt_tokens
         elif kind == "prefill.finished":
@@ -65,6 +71,8 @@ class ActualsMeter:
             if cur is not None and cur[0] == ev.req:
                 self._close(key)
                 self.admissions += cur[1]
+                if cur[2] < self._window:
+                    self.admissions_known += cur[1]
         elif kind in ("trajectory.dropped", "reward.finished", "decode.finished"):
             # The request (if any) left the ready queue / prefill without a prefill.finished
             # (aborted or never observed): it no longer counts as backlog.
@@ -87,6 +95,8 @@ class WindowResult:
     prefill_sd: float | None = None
     """Spread of the window's predicted arrivals (``uncertainty.prefill_sd``), when the
     loop was asked for it."""
+    decode_known: float = 0.0
+    """The part of ``decode_actual`` from requests queued before t."""
 
 
 class TrackerGate:
@@ -186,8 +196,11 @@ class WindowLoop:
         h.bias_prefill.update(f.predicted_prefill, prefill - self._backlog)
         for name, corrector in h.bias_source.items():
             corrector.update(f.components.get(name, 0.0), self._sources.get(name, 0.0))
+        known = self.meter.admissions_known
         h.bias_decode.update(f.raw_decode, decode)
-        res = WindowResult(f.t, f.horizon, f, prefill, decode, self._backlog, self._sources, self._sd)
+        h.bias_decode_known.update(f.raw_decode_known, known)
+        h.bias_decode_new.update(f.raw_decode - f.raw_decode_known, decode - known)
+        res = WindowResult(f.t, f.horizon, f, prefill, decode, self._backlog, self._sources, self._sd, known)
         self._k += 1
         if reopen:
             self._open()
