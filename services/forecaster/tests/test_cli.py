@@ -41,6 +41,11 @@ def test_json_report_shape_and_baselines(tmp_path):
     assert arr["actual_tokens"] < r["prefill"]["actual_tokens"]
     assert set(arr["baselines"]) == {"last_value", "ema", "kalman"} and arr["wape"] >= r["prefill"]["wape"]
     assert r["invalid_lines"] == 2 and r["partial_windows"] == 1
+    # Decode admissions split into requests queued at t and arrivals: the parts add up.
+    dc = r["decode"]["components"]
+    assert set(dc) == {"known", "arrivals"}
+    assert dc["known"]["actual_tokens"] + dc["arrivals"]["actual_tokens"] == r["decode"]["actual_tokens"]
+    assert dc["known"]["actual_tokens"] > 0 and dc["arrivals"]["actual_tokens"] > 0
 
 
 def test_table_output_and_windows_csv(tmp_path):
@@ -49,7 +54,7 @@ def test_table_output_and_windows_csv(tmp_path):
     csv = tmp_path / "w.csv"
     res = runner.invoke(app, ["forecast-eval", str(log), "--windows", str(csv)])
     assert res.exit_code == 0, res.output
-    assert "prorsa WAPE" in res.stdout and "kalman" in res.stdout
+    assert "prorsa WAPE" in res.stdout and "kalman" in res.stdout and "known at t" in res.stdout
     lines = csv.read_text().splitlines()
     assert lines[0].startswith("t,prefill_forecast") and len(lines) > 3
 

@@ -143,27 +143,22 @@ def test_decode_admissions_by_queue_simulation_and_kv_pages():
     assert f.decode_kv_tokens == pytest.approx(1008 + 8000)
 
 
-def test_decode_correction_per_source_known_requests_and_arrivals():
-    cfg = ForecastConfig(horizon=10.0, steps=10, bias_half_life=4, bias_prior_windows=0)
-    h = History(cfg)
-    h.decode_tool, h.decode_done = 0.0, 1.0
-    h.tool = fixed("tool", *[4.0] * 50)
+def test_bias_shrink_keeps_a_steady_bias_and_drops_a_noisy_one():
+    steady = BiasCorrector(half_life=1e9, clip=2.0, shrink=True)
     for _ in range(10):
-        h.bias_decode_known.update(predicted=100.0, realised=50.0)
-        h.bias_decode_new.update(predicted=100.0, realised=200.0)
-    snap = Snapshot(
-        t=0.0,
-        ready_prompt=np.array([1000.0]), ready_since=np.array([-1.0]), ready_instance=np.array([0]),
-        ready_growth=np.zeros(1),
-        tool_elapsed=np.zeros(1), tool_context=np.array([2000.0]), tool_growth=np.zeros(1),
-        tool_result=np.array([-1.0]),
-        instance_overhead=np.array([0.0]), instance_per_token=np.array([0.0001]),
-    )
-    f = forecast(snap, h, cfg)
-    # Both are prefilled well within the window: 1000 known, 2000 arriving at ~4 s.
-    assert f.raw_decode_known == pytest.approx(1000) and f.raw_decode == pytest.approx(3000)
-    assert f.decode_admit_tokens == pytest.approx(0.5 * 1000 + 2.0 * 2000)
-    assert f.decode_kv_tokens == pytest.approx(f.decode_admit_tokens)
+        steady.update(predicted=100.0, realised=130.0)
+    assert steady.factor == pytest.approx(1.3)
+    # Two windows at 1.3 and 1.1: mean 1.2, spread 0.01, variance of the mean 0.01 x 1/2;
+    # gain (0.04 - 0.005) / 0.04.
+    two = BiasCorrector(half_life=1e9, clip=2.0, shrink=True)
+    two.update(predicted=100.0, realised=130.0)
+    two.update(predicted=100.0, realised=110.0)
+    assert two.factor == pytest.approx(1.0 + 0.2 * 0.035 / 0.04, rel=1e-6)
+    # 1.10 and 0.96: a 3% mean inside a 7% spread is noise.
+    noisy = BiasCorrector(half_life=1e9, clip=2.0, shrink=True)
+    noisy.update(predicted=100.0, realised=110.0)
+    noisy.update(predicted=100.0, realised=96.0)
+    assert noisy.factor == 1.0
 
 
 def test_inflight_progress_counts_before_t():

@@ -90,6 +90,12 @@ def _print_table(report: dict, console, out) -> None:
     for name, c in report["prefill"]["components"].items():
         comps.add_row(name, pct(c["wape"]), f"{c['forecast_tokens']:,}", f"{c['actual_tokens']:,}")
     out.print(comps)
+    dec = Table(title="decode admissions before the correction: requests known at t / arriving in the window")
+    for col in ("part", "WAPE", "forecast tokens", "actual tokens"):
+        dec.add_column(col, justify="right" if col != "part" else "left")
+    for name, c in report["decode"].get("components", {}).items():
+        dec.add_row(name, pct(c["wape"]), f"{c['forecast_tokens']:,}", f"{c['actual_tokens']:,}")
+    out.print(dec)
     if report["invalid_lines"] or report["ignored_events"] or report["out_of_order"]:
         console.print(
             f"{report['invalid_lines']} invalid lines skipped, {report['ignored_events']} events ignored "

@@ -19,6 +19,10 @@ class ForecastConfig:
         bias_half_life: windows over which forecast residuals are averaged for the online
             bias correction (0 turns the correction off).
         bias_clip: the correction factor is kept within [1/bias_clip, bias_clip].
+        bias_prior_windows: the prefill corrections count this many windows of average
+            volume at ratio 1 (shrinking a factor learnt from a few noisy windows towards
+            1). The decode correction instead keeps the part of its ratio that stands
+            out of its own noise (see ``BiasCorrector``).
         bias_per_source: one correction per predicted source (sampler, sandbox, tool,
             reprefill), each learnt from the arrivals of the trajectories that were in
             that source's state at t; False: one factor for their sum.

@@ -280,11 +280,7 @@ def _forecast(snap: Snapshot, hist: History, cfg: ForecastConfig) -> Forecast:
     future = _clean(samp * fs["sampler"] + start * fs["sandbox"] + tool * fs["tool"] + re * fs["reprefill"])
     known_admit, new_admit, kv = decode_admissions_split(snap, cfg, future)
     admit = known_admit + new_admit
-    if cfg.bias_per_source:
-        # The queue model (requests known at t) and the arrivals have their own errors.
-        decode = known_admit * hist.bias_decode_known.factor + new_admit * hist.bias_decode_new.factor
-    else:
-        decode = admit * hist.bias_decode.factor
+    decode = admit * hist.bias_decode.factor
     kv_hat = kv * (decode / admit) if admit > 0 else kv
 
     def ok(v: float) -> float:

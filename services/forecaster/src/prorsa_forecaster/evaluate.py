@@ -64,6 +64,7 @@ class Evaluation:
     """Prefill demand without the backlog at t (known exactly at t by every predictor that
     reads the events): what is left to forecast, scored the same way."""
     components: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    decode_components: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     windows: list[WindowResult] = field(default_factory=list)
     events: int = 0
     invalid: int = 0
@@ -91,22 +92,20 @@ class Evaluation:
         }
         for name, pair in pairs.items():
             self.components.setdefault(name, []).append(pair)
+        # Decode admissions (before the correction) of requests queued or in prefill at t
+        # (the queue model's error) and of requests arriving in the window (the arrival
+        # forecast's).
+        known = (f.raw_decode_known, w.decode_known)
+        arriving = (f.raw_decode - f.raw_decode_known, w.decode_actual - w.decode_known)
+        self.decode_components.setdefault("known", []).append(known)
+        self.decode_components.setdefault("arrivals", []).append(arriving)
         if self.keep_windows:
             self.windows.append(w)
 
     def report(self) -> dict:
         """The JSON report (shape fixed by issue #5, extra keys beside it)."""
-        comps = {}
-        for name, pairs in self.components.items():
-            fc = [p[0] for p in pairs]
-            ac = [p[1] for p in pairs]
-            comps[name] = {
-                "wape": _r(wape(fc, ac)),
-                "forecast_tokens": round(sum(fc)),
-                "actual_tokens": round(sum(ac)),
-            }
         prefill = self.prefill.report()
-        prefill["components"] = comps
+        prefill["components"] = _component_report(self.components)
         total = sum(self.prefill.actual)
         # The WAPE a forecast with exact arrival probabilities would still have (uncertainty.py).
         prefill["noise_floor"] = _r(self.noise / total) if total > 0 else None
@@ -118,13 +117,22 @@ class Evaluation:
             "windows": len(self.prefill.actual),
             "horizon": self.horizon,
             "prefill": prefill,
-            "decode": self.decode.report(),
+            "decode": {**self.decode.report(), "components": _component_report(self.decode_components)},
             "events": self.events,
             "invalid_lines": self.invalid,
             "out_of_order": self.out_of_order,
             "ignored_events": self.ignored,
             "partial_windows": self.partial,
         }
+
+
+def _component_report(components: dict[str, list[tuple[float, float]]]) -> dict:
+    out = {}
+    for name, pairs in components.items():
+        fc = [p[0] for p in pairs]
+        ac = [p[1] for p in pairs]
+        out[name] = {"wape": _r(wape(fc, ac)), "forecast_tokens": round(sum(fc)), "actual_tokens": round(sum(ac))}
+    return out
 
 
 def evaluate_log(

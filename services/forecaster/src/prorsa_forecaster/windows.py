@@ -198,8 +198,6 @@ class WindowLoop:
             corrector.update(f.components.get(name, 0.0), self._sources.get(name, 0.0))
         known = self.meter.admissions_known
         h.bias_decode.update(f.raw_decode, decode)
-        h.bias_decode_known.update(f.raw_decode_known, known)
-        h.bias_decode_new.update(f.raw_decode - f.raw_decode_known, decode - known)
         res = WindowResult(f.t, f.horizon, f, prefill, decode, self._backlog, self._sources, self._sd, known)
         self._k += 1
         if reopen:
