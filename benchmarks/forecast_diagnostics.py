@@ -11,10 +11,8 @@ Prints:
 * tool-return calibration: for trajectories in Tool at a window's start, the mean
   predicted probability of returning within the window against the observed share, by
   elapsed time in the tool;
-* decode admissions split: the prompt tokens admitted in each window from requests
-  already queued or in prefill at t ("known") and from requests that arrive within the
-  window ("new"), forecast against actual (the known part is the queue simulation run
-  with no predicted arrivals);
+* (the decode admissions split into requests known at t and arrivals is in
+  ``prorsa forecast-eval``'s report: ``decode.components``);
 * residuals of both series: signed bias (share of the actual demand) and lag-1
   autocorrelation (near 0: white, nothing slow left for a correction to learn).
 """
@@ -26,8 +24,7 @@ import argparse
 import numpy as np
 
 from prorsa_forecaster.config import ForecastConfig
-from prorsa_forecaster.decode_admit import N_CLASSES, decode_admissions
-from prorsa_forecaster.state import PREFILL, QUEUED, TOOL
+from prorsa_forecaster.state import TOOL
 from prorsa_forecaster.windows import WindowLoop
 from prorsa_schemas import read_log
 
@@ -72,8 +69,6 @@ class _Probe(WindowLoop):
     def __init__(self, cfg: ForecastConfig) -> None:
         super().__init__(cfg)
         self.tool_rows: dict[tuple[int, float], list[float]] = {}  # (slot, t) -> [elapsed, q, returned]
-        self.known_ids: set[tuple[str, str]] = set()
-        self.known_forecast: list[float] = []
 
     def _open(self) -> None:
         super()._open()
@@ -85,9 +80,6 @@ class _Probe(WindowLoop):
             q = st.history.tool.bucket_table(e, cfg.horizon, cfg.steps).sum(axis=1)
             for i, ee, qq in zip(tool.tolist(), e.tolist(), q.tolist()):
                 self.tool_rows[(i, t)] = [ee, qq, 0.0]
-        self.known_ids = {(traj, st._req[i]) for traj, i in st._slot.items() if st.state[i] in (QUEUED, PREFILL)}
-        snap = st.snapshot(t)
-        self.known_forecast.append(decode_admissions(snap, cfg, np.zeros((4, N_CLASSES, cfg.steps)))[0])
 
 
 def main() -> None:
@@ -98,32 +90,16 @@ def main() -> None:
     cache_by_engine(args.log)
 
     loop = _Probe(ForecastConfig(horizon=args.horizon))
-    prompts: dict[str, tuple[str, int]] = {}
-    known_act: list[float] = []  # per closed window
-    new_act: list[float] = []
-    cur = [0.0, 0.0]  # the open window's admissions: known at its start, arrived in it
     results = []
     for line in read_log(args.log):
         ev = line.event
         if ev is None:
             continue
-        if ev.type == "request.queued":
-            prompts[ev.traj] = (ev.req, ev.prompt_tokens)
-        closed = loop.feed(ev)
-        for _ in closed:  # the first one is the window just ended; any others were empty
-            known_act.append(cur[0])
-            new_act.append(cur[1])
-            cur = [0.0, 0.0]
-        results.extend(closed)
-        if loop.window_start is None:
-            continue
-        if ev.type == "request.queued":
+        results.extend(loop.feed(ev))
+        if loop.window_start is not None and ev.type == "request.queued":
             row = loop.tool_rows.get((loop.state._slot.get(ev.traj), loop.window_start))
             if row is not None:
                 row[2] = 1.0
-        elif ev.type == "prefill.finished" and ev.traj in prompts and prompts[ev.traj][0] == ev.req:
-            x = prompts.pop(ev.traj)[1]
-            cur[0 if (ev.traj, ev.req) in loop.known_ids else 1] += x
     # The window the log ends in is cut short (forecast-eval leaves it out too).
 
     rows = np.array(list(loop.tool_rows.values())) if loop.tool_rows else np.zeros((0, 3))
@@ -136,17 +112,6 @@ def main() -> None:
             if m.any():
                 print(f"  elapsed [{lo:g}, {hi:g}) s: n={int(m.sum()):6d} predicted {rows[m, 1].mean():.3f} "
                       f"observed {rows[m, 2].mean():.3f}")
-
-    n = min(len(results), len(loop.known_forecast), len(known_act))
-    if n:
-        fk = np.array(loop.known_forecast[:n])
-        fall = np.array([r.forecast.raw_decode for r in results[:n]])
-        ak, an = np.array(known_act[:n]), np.array(new_act[:n])
-        tot = max((ak + an).sum(), 1.0)
-        print(f"decode admissions (raw, before the bias correction), shares of the actual {tot / 1e6:.0f}M tokens:")
-        print(f"  known at t: forecast {fk.sum() / tot:.1%}, actual {ak.sum() / tot:.1%}, |error| {np.abs(fk - ak).sum() / tot:.1%}")
-        print(f"  arriving in the window: forecast {(fall - fk).sum() / tot:.1%}, actual {an.sum() / tot:.1%}, "
-              f"|error| {np.abs(fall - fk - an).sum() / tot:.1%}")
 
     for name, f_of, a_of in (
         ("prefill", lambda r: r.forecast.prefill_tokens, lambda r: r.prefill_actual),
