@@ -83,3 +83,24 @@ def test_bad_arguments_get_clear_errors(tmp_path):
     log.write_text("")
     res = runner.invoke(app, ["forecast-eval", str(log), "--horizon", "0"])
     assert res.exit_code == 2 and "horizon" in res.output
+
+
+def test_option_overrides_a_config_field_and_rejects_bad_ones(tmp_path):
+    log = tmp_path / "events.jsonl"
+    write(log, rollout(seed=9, concurrency=16, duration=60))
+    base = json.loads(runner.invoke(app, ["forecast-eval", str(log), "--json"]).stdout)
+    off = runner.invoke(app, ["forecast-eval", str(log), "--json", "-o", "bias_half_life=0", "-o", "second_pass=false"])
+    assert off.exit_code == 0, off.output
+    off = json.loads(off.stdout)
+    # Same windows and actuals, another forecast.
+    assert off["windows"] == base["windows"] and off["prefill"]["actual_tokens"] == base["prefill"]["actual_tokens"]
+    assert off["prefill"]["forecast_tokens"] != base["prefill"]["forecast_tokens"]
+    for bad, says in (
+        (["-o", "nope=1"], "unknown field 'nope'"),
+        (["-o", "second_pass"], "expected KEY=VALUE"),
+        (["-o", "second_pass=maybe"], "expected true or false"),
+        (["-o", "steps=many"], "invalid literal"),
+        (["-o", "steps=0"], "steps must be in 1..1000"),
+    ):
+        res = runner.invoke(app, ["forecast-eval", str(log), *bad])
+        assert res.exit_code == 2 and says in res.output, (bad, res.output)

@@ -22,6 +22,14 @@ def forecast_eval(
     windows_csv: Annotated[
         Optional[Path], typer.Option("--windows", help="Also write every window (t, forecast, actual) as CSV.")
     ] = None,
+    option: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--option", "-o",
+            help="Override a ForecastConfig field, KEY=VALUE (repeatable), e.g. -o second_pass=false "
+            "-o bias_prior_windows=5: to measure what one part of the forecaster is worth.",
+        ),
+    ] = None,
 ) -> None:
     """Replay a log through the tracker core and the forecaster; report WAPE beside baselines.
 
@@ -34,10 +42,11 @@ def forecast_eval(
     from .config import ForecastConfig
     from .evaluate import evaluate_log
 
+    overrides = _parse_options(option or [])
     try:
-        cfg = ForecastConfig(horizon=horizon)
+        cfg = ForecastConfig(horizon=horizon, **overrides)
     except ValueError as exc:
-        _fail(f"--horizon: {exc}")
+        _fail(f"invalid configuration: {exc}")
     if not log.exists():
         _fail(f"no such file: {log}")
     if log.is_dir():
@@ -62,6 +71,43 @@ def forecast_eval(
         out.print(json.dumps(report), highlight=False, soft_wrap=True)
         return
     _print_table(report, console, out)
+
+
+def _parse_options(items: list[str]) -> dict:
+    """``KEY=VALUE`` strings into ForecastConfig overrides, typed by the field's default."""
+    import dataclasses
+
+    from .config import ForecastConfig
+
+    fields = {f.name: f for f in dataclasses.fields(ForecastConfig) if f.name != "horizon"}
+    out: dict = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            _fail(f"--option {item!r}: expected KEY=VALUE")
+        if key not in fields:
+            _fail(f"--option {item!r}: unknown field {key!r}; one of: {', '.join(sorted(fields))}")
+        default = fields[key].default
+        raw = raw.strip()
+        try:
+            if isinstance(default, bool):
+                low = raw.lower()
+                if low not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+                    raise ValueError("expected true or false")
+                value = low in ("true", "1", "yes", "on")
+            elif isinstance(default, int):
+                value = int(raw)
+            elif raw.lower() == "none" and "None" in str(fields[key].type):
+                value = None
+            elif isinstance(default, float):
+                value = float(raw)
+            else:
+                value = raw
+        except ValueError as exc:
+            _fail(f"--option {item!r}: {exc}")
+        out[key] = value
+    return out
 
 
 def _print_table(report: dict, console, out) -> None:
