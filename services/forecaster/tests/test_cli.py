@@ -89,7 +89,7 @@ def test_option_overrides_a_config_field_and_rejects_bad_ones(tmp_path):
     log = tmp_path / "events.jsonl"
     write(log, rollout(seed=9, concurrency=16, duration=60))
     base = json.loads(runner.invoke(app, ["forecast-eval", str(log), "--json"]).stdout)
-    off = runner.invoke(app, ["forecast-eval", str(log), "--json", "-o", "bias_half_life=0", "-o", "second_pass=false"])
+    off = runner.invoke(app, ["forecast-eval", str(log), "--json", "-o", "bias_half_life=0", "-o", "second_pass=true"])
     assert off.exit_code == 0, off.output
     off = json.loads(off.stdout)
     # Same windows and actuals, another forecast.

@@ -53,12 +53,13 @@ def test_second_pass_a_tool_return_can_come_back_again_within_the_window():
     )
     # Back at ~1 s with 1000 + 100; queued, prefilled (1 s), decoded (1 s), tool (1 s):
     # back again at ~4 s with probability 3/4 and 1100 + 200 + 100 tokens.
-    f = forecast(snap, h, CFG)
+    on = ForecastConfig(horizon=10.0, steps=10, bias_half_life=0, second_pass=True)
+    f = forecast(snap, h, on)
     assert f.components["tool"] == pytest.approx(1100 + 0.75 * 1400, rel=1e-6)
-    off = forecast(snap, h, ForecastConfig(horizon=10.0, steps=10, bias_half_life=0, second_pass=False))
+    off = forecast(snap, h, CFG)  # off by default
     assert off.components["tool"] == pytest.approx(1100, rel=1e-6)
     # With 2 s left in the window there is no time for the second pass.
-    late = forecast(snap, h, ForecastConfig(horizon=2.0, steps=10, bias_half_life=0))
+    late = forecast(snap, h, ForecastConfig(horizon=2.0, steps=10, bias_half_life=0, second_pass=True))
     assert late.components["tool"] == pytest.approx(1100, rel=1e-6)
 
 

@@ -43,7 +43,7 @@ class ForecastConfig:
     bias_clip: float = 2.0
     bias_per_source: bool = True
     bias_prior_windows: float = 2.0
-    second_pass: bool = True
+    second_pass: bool = False
     kv_page_tokens: int = 1
     duration_half_life: float | None = 5000.0
     prior_reward_s: float = 5.0
