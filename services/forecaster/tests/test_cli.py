@@ -41,6 +41,7 @@ def test_json_report_shape_and_baselines(tmp_path):
     assert arr["actual_tokens"] < r["prefill"]["actual_tokens"]
     assert set(arr["baselines"]) == {"last_value", "ema", "kalman"} and arr["wape"] >= r["prefill"]["wape"]
     assert r["invalid_lines"] == 2 and r["partial_windows"] == 1
+    assert 0 < r["decode"]["noise_floor"] < 1
     # Decode admissions split into requests queued at t and arrivals: the parts add up.
     dc = r["decode"]["components"]
     assert set(dc) == {"known", "arrivals"}

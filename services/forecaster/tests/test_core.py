@@ -288,3 +288,31 @@ def test_prefill_spread_is_the_bernoulli_spread_of_tool_returns():
                     tool_result=snap.tool_result)
     assert prefill_sd(sure, h, CFG) == pytest.approx(0.0, abs=1e-6)
     assert prefill_sd(Snapshot(t=0.0), h, CFG) == 0.0
+
+
+def test_decode_spread_thins_arrivals_by_their_chance_of_admission():
+    from prorsa_forecaster.uncertainty import decode_sd, prefill_sd
+
+    h = quiet_history()
+    h.tool = fixed("tool", *([4.0] * 50 + [40.0] * 50))
+    base = dict(
+        t=0.0, tool_elapsed=np.zeros(1), tool_context=np.array([2000.0]), tool_growth=np.zeros(1),
+        tool_result=np.array([-1.0]),
+        ready_prompt=np.array([1000.0]), ready_since=np.array([-1.0]), ready_instance=np.array([0]),
+        ready_growth=np.zeros(1), instance_overhead=np.array([0.0]),
+    )
+    # Fast prefill: the queued request is surely through (no spread) and an arrival at
+    # ~4 s is too (alpha 1): the decode spread is the tool return's, 0.5 x 2000.
+    fast = Snapshot(**base, instance_per_token=np.array([1e-5]))
+    f = forecast(fast, h, CFG)
+    assert f.admit_detail.known_var == pytest.approx(0.0)
+    assert f.admit_detail.alpha[4] == pytest.approx(1.0)
+    assert decode_sd(fast, h, CFG, f.admit_detail) == pytest.approx(0.5 * 2000, rel=1e-3)
+    assert prefill_sd(fast, h, CFG) == pytest.approx(0.5 * 2000, rel=1e-3)
+    # Slow prefill (10 ms a token: 10 s for the queued one, 20 s for the arrival): the
+    # arrival cannot be admitted in the window and the queued one surely is not either.
+    slow = Snapshot(**base, instance_per_token=np.array([1e-2]))
+    f = forecast(slow, h, CFG)
+    assert f.admit_detail.alpha[4] == pytest.approx(0.0)
+    assert decode_sd(slow, h, CFG, f.admit_detail) == pytest.approx(0.0, abs=1e-6)
+    assert prefill_sd(slow, h, CFG) == pytest.approx(0.5 * 2000, rel=1e-3)

@@ -31,7 +31,7 @@ import numpy as np
 
 from .config import ForecastConfig
 from .history import History
-from .decode_admit import N_CLASSES, class_sums, decode_admissions_split, pooled_cost, request_rows, service_class
+from .decode_admit import N_CLASSES, AdmitDetail, class_sums, decode_admissions_split, pooled_cost, request_rows, service_class
 from .guards import BIG, clean, finite_sum
 from .snapshot import START_DISPATCHED, START_MODES, Snapshot
 
@@ -63,6 +63,7 @@ class Forecast:
     predicted_prefill: float = 0.0
     raw_decode: float = 0.0
     raw_decode_known: float = 0.0
+    admit_detail: AdmitDetail = field(default_factory=AdmitDetail)
 
 
 _finite_sum, _clean, _BIG = finite_sum, clean, BIG
@@ -278,7 +279,7 @@ def _forecast(snap: Snapshot, hist: History, cfg: ForecastConfig) -> Forecast:
 
     # Predicted arrivals (loads per sub-step), scaled like the prefill forecast.
     future = _clean(samp * fs["sampler"] + start * fs["sandbox"] + tool * fs["tool"] + re * fs["reprefill"])
-    known_admit, new_admit, kv = decode_admissions_split(snap, cfg, future)
+    known_admit, new_admit, kv, detail = decode_admissions_split(snap, cfg, future)
     admit = known_admit + new_admit
     decode = admit * hist.bias_decode.factor
     kv_hat = kv * (decode / admit) if admit > 0 else kv
@@ -299,4 +300,5 @@ def _forecast(snap: Snapshot, hist: History, cfg: ForecastConfig) -> Forecast:
         predicted_prefill=ok(predicted),
         raw_decode=ok(admit),
         raw_decode_known=ok(known_admit),
+        admit_detail=detail,
     )

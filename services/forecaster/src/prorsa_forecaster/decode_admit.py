@@ -27,6 +27,8 @@ What the physics asks beyond the paper's one-queue-per-instance recursion:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .config import ForecastConfig
@@ -109,12 +111,24 @@ def _run_rank(sorted_keys: np.ndarray) -> np.ndarray:
 
 def decode_admissions(snap: Snapshot, cfg: ForecastConfig, future: np.ndarray) -> tuple[float, float]:
     """A^D and K^D: see :func:`decode_admissions_split`."""
-    known, arriving, kv = decode_admissions_split(snap, cfg, future)
+    known, arriving, kv, _ = decode_admissions_split(snap, cfg, future)
     return known + arriving, kv
 
 
-def decode_admissions_split(snap: Snapshot, cfg: ForecastConfig, future: np.ndarray) -> tuple[float, float, float]:
-    """``(known, arriving, K-hat^D)`` for the window at ``snap.t``: A-hat^D is
+@dataclass(frozen=True)
+class AdmitDetail:
+    """What the decode noise floor needs (``uncertainty.decode_sd``)."""
+
+    alpha: tuple[float, ...] = ()
+    """Per sub-step: the share of the predicted arrivals' tokens in it admitted by t + S."""
+    known_var: float = 0.0
+    """sum w (1 - w) x^2 over the known requests, w their probability of admission."""
+
+
+def decode_admissions_split(
+    snap: Snapshot, cfg: ForecastConfig, future: np.ndarray
+) -> tuple[float, float, float, AdmitDetail]:
+    """``(known, arriving, K-hat^D, detail)`` for the window at ``snap.t``: A-hat^D is
     ``known + arriving``, the admissions of requests queued or in prefill at t and of the
     predicted arrivals.
 
@@ -237,4 +251,10 @@ def decode_admissions_split(snap: Snapshot, cfg: ForecastConfig, future: np.ndar
     page = cfg.kv_page_tokens
     kv = finite_sum(np.ceil(x_in / page) * page * w_in) + finite_sum(np.ceil(x_rd / page) * page * w_rd)
     kv += admit_f  # aggregated tokens: page rounding averages out
-    return known, admit_f, kv
+    tok = fut[1].T[k] / V
+    per_step = np.bincount(k, weights=tok.sum(axis=1), minlength=steps)
+    got = np.bincount(k, weights=(tok * frac).sum(axis=1), minlength=steps)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        alpha = np.clip(np.nan_to_num(np.where(per_step > 0, got / per_step, 0.0)), 0.0, 1.0)
+    known_var = finite_sum(np.square(x_in) * w_in * (1.0 - w_in)) + finite_sum(np.square(x_rd) * w_rd * (1.0 - w_rd))
+    return known, admit_f, kv, AdmitDetail(tuple(float(a) for a in alpha), known_var)

@@ -72,6 +72,7 @@ class Evaluation:
     ignored: int = 0
     partial: int = 0
     noise: float = 0.0
+    decode_noise: float = 0.0
     keep_windows: bool = False
 
     def add(self, w: WindowResult) -> None:
@@ -81,6 +82,8 @@ class Evaluation:
         self.arrivals.add(max(f.prefill_tokens - known, 0.0), max(w.prefill_actual - w.backlog, 0.0))
         if w.prefill_sd is not None:
             self.noise += ABS_NORMAL * w.prefill_sd
+        if w.decode_sd is not None:
+            self.decode_noise += ABS_NORMAL * w.decode_sd
         self.decode.add(f.decode_admit_tokens, w.decode_actual)
         pairs = {
             "sampler": (f.components["sampler"], w.sources["sampler"]),
@@ -113,11 +116,16 @@ class Evaluation:
         total = sum(self.arrivals.actual)
         arrivals["noise_floor"] = _r(self.noise / total) if total > 0 else None
         prefill["arrivals"] = arrivals
+        dtotal = sum(self.decode.actual)
         return {
             "windows": len(self.prefill.actual),
             "horizon": self.horizon,
             "prefill": prefill,
-            "decode": {**self.decode.report(), "components": _component_report(self.decode_components)},
+            "decode": {
+                **self.decode.report(),
+                "components": _component_report(self.decode_components),
+                "noise_floor": _r(self.decode_noise / dtotal) if dtotal > 0 else None,
+            },
             "events": self.events,
             "invalid_lines": self.invalid,
             "out_of_order": self.out_of_order,

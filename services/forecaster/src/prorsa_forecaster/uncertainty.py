@@ -25,6 +25,7 @@ import numpy as np
 
 from .config import ForecastConfig
 from .core import _kernel
+from .decode_admit import AdmitDetail
 from .guards import clean
 from .history import History
 from .snapshot import START_MODES, Snapshot
@@ -38,39 +39,74 @@ def _var(q: np.ndarray, x: np.ndarray) -> float:
     return float(np.sum(q * (1.0 - q) * np.square(clean(x))))
 
 
+def _coin_flips(snap: Snapshot, hist: History, cfg: ForecastConfig):
+    """The window's predicted arrivals as coin flips: yields ``(q, x, count)``, q the
+    ``(n, steps)`` probabilities of trajectory i's request arriving in each sub-step and
+    x its prompt; ``count`` marks launches of new trajectories (a count: Poisson
+    variance, one row of expected launches per sub-step)."""
+    S, steps = cfg.horizon, cfg.steps
+    if len(snap.tool_elapsed):
+        q = hist.tool.bucket_table(clean(snap.tool_elapsed), S, steps)
+        result = np.nan_to_num(np.asarray(snap.tool_result, dtype=float), nan=-1.0)
+        growth = np.where(result >= 0, result + hist.tool_overhead.value, clean(snap.tool_growth))
+        yield q, clean(snap.tool_context) + np.clip(growth, 0.0, None), False
+    back = _kernel(hist.tool, S, steps) * hist.tool_fraction  # a tool call in sub-step k, back in j
+    extra = max(hist.output.value, 0.0)
+    if len(snap.decode_elapsed):
+        q = hist.decode.bucket_table(clean(snap.decode_elapsed), S, steps) @ back
+        yield q, clean(snap.decode_prompt) + extra + clean(snap.decode_growth), False
+    since = np.concatenate((np.asarray(snap.ready_since, float), np.asarray(snap.inflight_since, float)))
+    if len(since):
+        chain = _kernel(hist.decode, S, steps) @ back
+        q = hist.prefill_wait.bucket_table(clean(snap.t - since), S, steps) @ chain
+        p = np.concatenate((clean(snap.ready_prompt), clean(snap.inflight_prompt)))
+        g = np.concatenate((clean(snap.ready_growth), clean(snap.inflight_growth)))
+        yield q, p + extra + g, False
+    if len(snap.start_elapsed):
+        elapsed = clean(snap.start_elapsed)
+        prompt = np.clip(clean(snap.start_prompt) + hist.first_overhead.value, 0.0, None)
+        mode = np.asarray(snap.start_mode)
+        for m in range(START_MODES):
+            sel = mode == m
+            if sel.any():
+                yield hist.start[m].bucket_table(elapsed[sel], S, steps), prompt[sel], False
+    if len(snap.reward_elapsed):
+        # Launches after completed rewards, placed by the learnt launch delay.
+        q = hist.reward.bucket_table(clean(snap.reward_elapsed), S, steps) @ _kernel(hist.launch, S, steps)
+        lam = np.clip(np.nan_to_num(q), 0.0, 1.0).sum(axis=0) * hist.admit_rate * hist.launches_per_admitted
+        yield lam[None, :], np.array([max(hist.first_prompt.value, 0.0)]), True
+
+
 def prefill_sd(snap: Snapshot, hist: History, cfg: ForecastConfig) -> float:
     """Standard deviation of the window's predicted prefill arrivals (tokens)."""
-    S, steps = cfg.horizon, cfg.steps
     var = 0.0
     with np.errstate(all="ignore"):
-        if len(snap.tool_elapsed):
-            q = hist.tool.bucket_table(clean(snap.tool_elapsed), S, steps).sum(axis=1)
-            result = np.nan_to_num(np.asarray(snap.tool_result, dtype=float), nan=-1.0)
-            growth = np.where(result >= 0, result + hist.tool_overhead.value, clean(snap.tool_growth))
-            var += _var(q, clean(snap.tool_context) + np.clip(growth, 0.0, None))
-        back = _kernel(hist.tool, S, steps).sum(axis=1) * hist.tool_fraction  # sub-step k -> back in the window
-        extra = max(hist.output.value, 0.0)
-        if len(snap.decode_elapsed):
-            q = hist.decode.bucket_table(clean(snap.decode_elapsed), S, steps) @ back
-            var += _var(q, clean(snap.decode_prompt) + extra + clean(snap.decode_growth))
-        since = np.concatenate((np.asarray(snap.ready_since, float), np.asarray(snap.inflight_since, float)))
-        if len(since):
-            chain = _kernel(hist.decode, S, steps) @ back
-            q = hist.prefill_wait.bucket_table(clean(snap.t - since), S, steps) @ chain
-            p = np.concatenate((clean(snap.ready_prompt), clean(snap.inflight_prompt)))
-            g = np.concatenate((clean(snap.ready_growth), clean(snap.inflight_growth)))
-            var += _var(q, p + extra + g)
-        if len(snap.start_elapsed):
-            elapsed = clean(snap.start_elapsed)
-            prompt = np.clip(clean(snap.start_prompt) + hist.first_overhead.value, 0.0, None)
-            mode = np.asarray(snap.start_mode)
-            for m in range(START_MODES):
-                sel = mode == m
-                if sel.any():
-                    var += _var(hist.start[m].bucket_table(elapsed[sel], S, steps).sum(axis=1), prompt[sel])
-        if len(snap.reward_elapsed):
-            # Launches after completed rewards: a count, so Poisson variance lambda x^2.
-            q = hist.reward.bucket_table(clean(snap.reward_elapsed), S, steps).sum(axis=1)
-            lam = float(np.sum(np.clip(np.nan_to_num(q), 0.0, 1.0))) * hist.admit_rate * hist.launches_per_admitted
-            var += max(lam, 0.0) * max(hist.first_prompt.value, 0.0) ** 2
+        for q, x, count in _coin_flips(snap, hist, cfg):
+            if count:
+                var += float(np.clip(np.nan_to_num(q), 0.0, None).sum()) * float(x[0]) ** 2
+            else:
+                var += _var(q.sum(axis=1), x)
+    return math.sqrt(var) if math.isfinite(var) and var > 0 else 0.0
+
+
+def decode_sd(snap: Snapshot, hist: History, cfg: ForecastConfig, detail: AdmitDetail) -> float:
+    """Standard deviation of the window's decode admissions (tokens).
+
+    Each known request (queued or in prefill at t) is admitted with its probability w;
+    each predicted arrival with q_i x alpha_k, alpha_k the share of the arrivals of
+    sub-step k that the queue model admits by t + S (``AdmitDetail``, from the forecast).
+    The same coin-flip reasoning as for prefill, and the same caveats; it also takes
+    alpha as the same for every request of a sub-step (a short prompt is more likely
+    through than a long one), and it leaves out the queue's own randomness.
+    """
+    alpha = np.asarray(detail.alpha, dtype=float)
+    var = max(detail.known_var, 0.0)
+    if len(alpha) != cfg.steps:
+        return math.sqrt(var)
+    with np.errstate(all="ignore"):
+        for q, x, count in _coin_flips(snap, hist, cfg):
+            if count:
+                var += float((np.clip(np.nan_to_num(q), 0.0, None) * alpha).sum()) * float(x[0]) ** 2
+            else:
+                var += _var(q @ alpha, x)
     return math.sqrt(var) if math.isfinite(var) and var > 0 else 0.0

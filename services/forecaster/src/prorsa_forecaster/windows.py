@@ -97,6 +97,8 @@ class WindowResult:
     loop was asked for it."""
     decode_known: float = 0.0
     """The part of ``decode_actual`` from requests queued before t."""
+    decode_sd: float | None = None
+    """Spread of the window's decode admissions (``uncertainty.decode_sd``), likewise."""
 
 
 class TrackerGate:
@@ -153,6 +155,7 @@ class WindowLoop:
         self._sources: dict[str, float] = {}
         self.spread = spread
         self._sd: float | None = None
+        self._dsd: float | None = None
 
     def _source_of(self, ev) -> str:
         """Which forecast source an arrival in the current window belongs to."""
@@ -178,9 +181,10 @@ class WindowLoop:
         snap = self.state.snapshot(t)
         self._current = forecast(snap, self.state.history, self.config)
         if self.spread:
-            from .uncertainty import prefill_sd
+            from .uncertainty import decode_sd, prefill_sd
 
             self._sd = prefill_sd(snap, self.state.history, self.config)
+            self._dsd = decode_sd(snap, self.state.history, self.config, self._current.admit_detail)
         self.opened.append(self._current)
         self._backlog = self.meter.start_window()
         # Each trajectory's state at t, to attribute the window's arrivals to a source.
@@ -198,7 +202,7 @@ class WindowLoop:
             corrector.update(f.components.get(name, 0.0), self._sources.get(name, 0.0))
         known = self.meter.admissions_known
         h.bias_decode.update(f.raw_decode, decode)
-        res = WindowResult(f.t, f.horizon, f, prefill, decode, self._backlog, self._sources, self._sd, known)
+        res = WindowResult(f.t, f.horizon, f, prefill, decode, self._backlog, self._sources, self._sd, known, self._dsd)
         self._k += 1
         if reopen:
             self._open()
