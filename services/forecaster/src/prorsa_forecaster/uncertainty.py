@@ -1,4 +1,4 @@
-"""How much of a window's prefill demand no forecast can know: the spread of the arrivals.
+"""How much of a window's demand no forecast can know: the spread of the arrivals.
 
 Every predicted arrival is a coin flip: trajectory i's tool returns (or its sandbox starts,
 or its decode ends and the tool after it returns) within the window with probability q_i,
@@ -14,7 +14,8 @@ the windows, divided by the total actual demand, as ``noise_floor``: the WAPE a 
 with exact probabilities would still have. It is a LOWER bound in one sense (prompt sizes
 are taken as known; the size of a tool result that has not come back is itself random)
 and an estimate in another (the q_i are the forecaster's own). Only the service's
-evaluation computes it; the live forecast does not pay for it.
+evaluation computes it; the live forecast does not pay for it. ``decode_sd`` does the same
+for decode admissions (``decode.noise_floor``).
 """
 
 from __future__ import annotations
