@@ -13,6 +13,9 @@ Prints:
   elapsed time in the tool;
 * (the decode admissions split into requests known at t and arrivals is in
   ``prorsa forecast-eval``'s report: ``decode.components``);
+* the admitted share of arrivals: of each window's prefill arrivals, the share (in
+  tokens) prefilled before the window ends, forecast against actual, and the decode
+  error on arrivals if the arrivals or the share were exact;
 * residuals of both series: signed bias (share of the actual demand) and lag-1
   autocorrelation (near 0: white, nothing slow left for a correction to learn).
 """
@@ -82,6 +85,26 @@ class _Probe(WindowLoop):
                 self.tool_rows[(i, t)] = [ee, qq, 0.0]
 
 
+def admitted_share(results) -> None:
+    """Of the prefill arrivals of each window, the share admitted to decode in the same
+    window (token-weighted), forecast (the queue model on the predicted arrivals) against
+    actual; and the decode error on arrivals if either factor were exact."""
+    fa = np.array([r.forecast.predicted_prefill for r in results])
+    aa = np.array([r.prefill_actual - r.backlog for r in results])
+    fd = np.array([r.forecast.raw_decode - r.forecast.raw_decode_known for r in results])
+    ad = np.array([r.decode_actual - r.decode_known for r in results])
+    m = (fa > 0) & (aa > 0)
+    if not m.any() or ad[m].sum() <= 0:
+        return
+    sf, sa = fd[m] / fa[m], ad[m] / aa[m]
+    total = ad[m].sum()
+    print(f"decode admissions of arrivals (raw): admitted share of the arrivals forecast "
+          f"{fd[m].sum() / fa[m].sum():.3f}, actual {ad[m].sum() / aa[m].sum():.3f} ({int(m.sum())} windows); "
+          f"WAPE {np.abs(fd[m] - ad[m]).sum() / total:.1%}, "
+          f"with the actual arrivals {np.abs(sf * aa[m] - ad[m]).sum() / total:.1%}, "
+          f"with the actual share {np.abs(sa * fa[m] - ad[m]).sum() / total:.1%}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("log")
@@ -112,6 +135,8 @@ def main() -> None:
             if m.any():
                 print(f"  elapsed [{lo:g}, {hi:g}) s: n={int(m.sum()):6d} predicted {rows[m, 1].mean():.3f} "
                       f"observed {rows[m, 2].mean():.3f}")
+
+    admitted_share(results)
 
     for name, f_of, a_of in (
         ("prefill", lambda r: r.forecast.prefill_tokens, lambda r: r.prefill_actual),
