@@ -189,8 +189,7 @@ def _tool(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray) 
         # before its end: its request waits and prefills, decodes, calls a tool (the learnt
         # tool fraction) and returns with the response and the next result appended.
         x2 = x + max(hist.output.value, 0.0) + np.clip(_clean(snap.tool_growth), 0.0, None)
-        chain = _kernel(hist.prefill_wait, cfg.horizon, steps) @ _kernel(hist.decode, cfg.horizon, steps)
-        chain = chain @ (_kernel(hist.tool, cfg.horizon, steps) * hist.tool_fraction)
+        chain = _kernel(hist.prefill_wait, cfg.horizon, steps) @ _turn_kernels(hist, cfg.horizon, steps)[1]
         out = out + _spread(hist.tool, elapsed, x2, x, snap, cost, cfg) @ chain
     return out
 
@@ -202,6 +201,14 @@ def _kernel(model, horizon: float, steps: int) -> np.ndarray:
     k = np.arange(steps)
     lag = k[None, :] - k[:, None]
     return np.where(lag >= 0, pmf[np.clip(lag, 0, steps - 1)], 0.0)
+
+
+def _turn_kernels(hist: History, horizon: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """Kernels of the rest of a turn: a response ending in sub-step k calls a tool (the
+    learnt tool fraction) and is back in sub-step j; and the same from a decode start
+    (decode, then tool)."""
+    back = _kernel(hist.tool, horizon, steps) * hist.tool_fraction
+    return back, _kernel(hist.decode, horizon, steps) @ back
 
 
 def _next_turn(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray) -> np.ndarray:
@@ -216,14 +223,13 @@ def _next_turn(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndar
     out = np.zeros((4, N_CLASSES, steps))
     extra = max(hist.output.value, 0.0)
     # The current prompt will be cached by then: it is the next request's prefix.
-    tool_k = _kernel(hist.tool, S, steps) * hist.tool_fraction
+    tool_k, chain = _turn_kernels(hist, S, steps)
     if len(snap.decode_elapsed):
         p = _clean(snap.decode_prompt)
         x = p + extra + _clean(snap.decode_growth)
         out += _spread(hist.decode, _clean(snap.decode_elapsed), x, p, snap, cost, cfg) @ tool_k
     since = np.concatenate((np.asarray(snap.ready_since, float), np.asarray(snap.inflight_since, float)))
     if len(since):
-        chain = _kernel(hist.decode, S, steps) @ tool_k
         p = np.concatenate((_clean(snap.ready_prompt), _clean(snap.inflight_prompt)))
         x = p + extra + np.concatenate((_clean(snap.ready_growth), _clean(snap.inflight_growth)))
         out += _spread(hist.prefill_wait, _clean(snap.t - since), x, p, snap, cost, cfg) @ chain

@@ -247,11 +247,11 @@ def decode_admissions_split(
         spread = svc_f[:, None]
         frac = np.where(spread > 0, (S - begin) / spread, (begin < S).astype(float))
     frac = np.clip(np.nan_to_num(frac, nan=0.0), 0.0, 1.0)
-    admit_f = finite_sum(fut[1].T[k] / V * frac)
+    tok = fut[1].T[k] / V
+    admit_f = finite_sum(tok * frac)
     page = cfg.kv_page_tokens
     kv = finite_sum(np.ceil(x_in / page) * page * w_in) + finite_sum(np.ceil(x_rd / page) * page * w_rd)
     kv += admit_f  # aggregated tokens: page rounding averages out
-    tok = fut[1].T[k] / V
     per_step = np.bincount(k, weights=tok.sum(axis=1), minlength=steps)
     got = np.bincount(k, weights=(tok * frac).sum(axis=1), minlength=steps)
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from .config import ForecastConfig
-from .core import _kernel
+from .core import _kernel, _turn_kernels
 from .decode_admit import AdmitDetail
 from .guards import clean
 from .history import History
@@ -51,14 +51,13 @@ def _coin_flips(snap: Snapshot, hist: History, cfg: ForecastConfig):
         result = np.nan_to_num(np.asarray(snap.tool_result, dtype=float), nan=-1.0)
         growth = np.where(result >= 0, result + hist.tool_overhead.value, clean(snap.tool_growth))
         yield q, clean(snap.tool_context) + np.clip(growth, 0.0, None), False
-    back = _kernel(hist.tool, S, steps) * hist.tool_fraction  # a tool call in sub-step k, back in j
+    back, chain = _turn_kernels(hist, S, steps)
     extra = max(hist.output.value, 0.0)
     if len(snap.decode_elapsed):
         q = hist.decode.bucket_table(clean(snap.decode_elapsed), S, steps) @ back
         yield q, clean(snap.decode_prompt) + extra + clean(snap.decode_growth), False
     since = np.concatenate((np.asarray(snap.ready_since, float), np.asarray(snap.inflight_since, float)))
     if len(since):
-        chain = _kernel(hist.decode, S, steps) @ back
         q = hist.prefill_wait.bucket_table(clean(snap.t - since), S, steps) @ chain
         p = np.concatenate((clean(snap.ready_prompt), clean(snap.inflight_prompt)))
         g = np.concatenate((clean(snap.ready_growth), clean(snap.inflight_growth)))

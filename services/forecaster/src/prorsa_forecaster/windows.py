@@ -51,7 +51,7 @@ class ActualsMeter:
         self._window += 1
         return self.backlog
 
-    def _close(self, key: tuple[str, str]) -> tuple[str, float] | None:
+    def _close(self, key: tuple[str, str]) -> tuple[str, float, int] | None:
         old = self._open.pop(key, None)
         if old is not None:
             self.backlog -= old[1]
