@@ -3,11 +3,14 @@ cases: data-parallel queues, computed (uncached) tokens and attention, cache hit
 each predicted request's own prefill time, the weight-sync pause; and how the fold
 learns them from events."""
 
+import math
+
 import numpy as np
 import pytest
 
 from prorsa_forecaster.config import ForecastConfig
-from prorsa_forecaster.decode_admit import N_CLASSES, decode_admissions, request_loads
+from prorsa_forecaster.decode_admit import N_CLASSES, decode_admissions, request_loads, request_rows
+from prorsa_forecaster.history import Ratio, SizeBinnedRatio
 from prorsa_forecaster.prefill_queue import PrefillTimeModel
 from prorsa_forecaster.snapshot import RunInfo, Snapshot
 from prorsa_forecaster.state import QUEUED, LiveState
@@ -202,6 +205,12 @@ def test_prefix_cache_lives_on_one_engine():
     assert list(snap.ready_cached) == [1500.0, 0.0, 1500.0]
     assert list(snap.ready_unrouted) == [0.0, 0.0, 1.0]
     assert snap.cache_hit_unrouted == pytest.approx(h.cache_warm.value * h.cache_same.value)
+    # By size: all eight warm requests had a 1000-token prefix (bin 9, [512, 1024)): 4 of
+    # 8 went back there, shrunk towards the pooled share by 20 pseudo-observations; a bin
+    # never seen answers the pooled share.
+    pooled = (1 + 4) / (1 + 8)
+    assert snap.cache_same_table[9] == pytest.approx((4 + 20 * pooled) / (8 + 20), rel=0.01)
+    assert snap.cache_same_table[14] == pytest.approx(pooled, rel=0.01)
 
 
 def test_a_request_without_an_engine_hits_like_a_future_one():
@@ -212,3 +221,61 @@ def test_a_request_without_an_engine_hits_like_a_future_one():
     known, _ = decode_admissions(Snapshot(t=0.0, **base, ready_unrouted=np.array([0.0])), CFG, NONE)
     unknown, _ = decode_admissions(Snapshot(t=0.0, **base, ready_unrouted=np.array([1.0])), CFG, NONE)
     assert known == pytest.approx(20000) and unknown == pytest.approx(0.4 * 20000)
+
+
+def test_predicted_requests_arrive_through_their_sub_step():
+    # One window, one sub-step: a 4000-token request (4 s) expected in [0, 10) on an idle
+    # queue arrives uniformly through it, so it is admitted if it arrives before 6 s:
+    # 60% of its tokens (placed at the sub-step's middle, 5 s, it would always be).
+    cfg = ForecastConfig(horizon=10.0, steps=1, bias_half_life=0)
+    fut = np.zeros((4, N_CLASSES, 1))
+    fut[:, 8, 0] = request_loads(np.array([4000.0]))[0]
+    f, _ = decode_admissions(Snapshot(t=0.0, **one_instance(1)), cfg, fut)
+    assert f == pytest.approx(0.6 * 4000)
+    # Two of them: 8 s of work arriving at 0.8 s per second, which the queue keeps up
+    # with; the request at position phi of the work starts at max(8 phi, 10 phi), its
+    # arrival binds: still 60%.
+    fut[:, 8, 0] = request_loads(np.array([4000.0, 4000.0])).sum(axis=0)
+    f, _ = decode_admissions(Snapshot(t=0.0, **one_instance(1)), cfg, fut)
+    assert f == pytest.approx(0.6 * 8000)
+    # Four of them (16 s of work): the queue binds, 16 phi + 4 <= 10: phi <= 0.375 (the
+    # fluid smears each request over its share of the work).
+    fut[:, 8, 0] = request_loads(np.full(4, 4000.0)).sum(axis=0)
+    f, _ = decode_admissions(Snapshot(t=0.0, **one_instance(1)), cfg, fut)
+    assert f == pytest.approx(0.375 * 16000)
+
+
+def test_routed_back_share_by_prefix_size():
+    # Hit rate 0.9 once routed back; routed back 50% overall, 80% for prefixes in
+    # [1024, 2048) and 20% in [16384, 32768).
+    table = np.full(20, 0.5)
+    table[10], table[14] = 0.8, 0.2
+    snap = Snapshot(t=0.0, cache_hit=0.9, cache_hit_unrouted=0.45, cache_same_table=table)
+    assert snap.unrouted_hit([1500.0, 20000.0, 300.0]) == pytest.approx([0.72, 0.18, 0.45])
+    # Without the table: one share for every size; without engines: the plain hit rate.
+    assert Snapshot(t=0.0, cache_hit=0.9, cache_hit_unrouted=0.45).unrouted_hit([1500.0]) == pytest.approx([0.45])
+    assert Snapshot(t=0.0, cache_hit=0.9, cache_same_table=table).unrouted_hit([1500.0]) == pytest.approx([0.9])
+    # A future request's cache outcome uses its own prefix's share: the 1500-token
+    # prefix of a 2000-token prompt (500 new tokens, 0.5 s) hits with 0.72, else misses
+    # (2 s): both finish in the window; its load rows split 0.72 / 0.28.
+    hit_rows, miss_rows = request_rows(np.array([2000.0]), np.array([1500.0]), snap.unrouted_hit([1500.0]))
+    assert hit_rows[0, 0] == pytest.approx(0.72) and miss_rows[0, 0] == pytest.approx(0.28)
+    assert hit_rows[0, 2] == pytest.approx(0.72 * 500) and miss_rows[0, 2] == pytest.approx(0.28 * 2000)
+
+
+def test_size_binned_ratio_shrinks_each_bin_towards_the_pooled_share():
+    pooled = Ratio(1.0, 1.0, half_life=math.inf)
+    r = SizeBinnedRatio(pooled, pseudo=20.0, half_life=math.inf)
+    for _ in range(10):
+        r.observe(20.0, 0.0, 1.0)  # bin 4: [16, 32)
+        r.observe(1500.0, 1.0, 1.0)  # bin 10
+    p = (1 + 10) / (1 + 20)
+    table = r.table()
+    assert pooled.value == pytest.approx(p)
+    assert table[4] == pytest.approx((0 + 20 * p) / (10 + 20))
+    assert table[10] == pytest.approx((10 + 20 * p) / (10 + 20))
+    assert table[20] == pytest.approx(p)
+    # inf pseudo-observations: the pooled share everywhere; bad input is ignored.
+    r.observe(float("nan"), 1.0, 1.0)
+    r.observe(20.0, float("inf"), 1.0)
+    assert SizeBinnedRatio(pooled, pseudo=math.inf).table() == pytest.approx(np.full(SizeBinnedRatio.BINS, pooled.value))

@@ -26,6 +26,10 @@ class ForecastConfig:
         bias_per_source: one correction per predicted source (sampler, sandbox, tool,
             reprefill), each learnt from the arrivals of the trajectories that were in
             that source's state at t; False: one factor for their sum.
+        cache_same_pseudo: the share of requests routed back to the engine that caches
+            their prefix is learnt per log2 bin of the prefix's size, each bin shrunk
+            towards the pooled share by this many observations of it (inf: one share
+            for every size).
         kv_page_tokens: kappa^D rounds a prompt up to whole KV pages of this many tokens.
         duration_half_life: observations over which old durations are forgotten.
         prior_reward_s, prior_sandbox_prewarm_s, prior_sandbox_cold_s, prior_start_s,
@@ -44,6 +48,7 @@ class ForecastConfig:
     bias_per_source: bool = True
     bias_prior_windows: float = 2.0
     second_pass: bool = False
+    cache_same_pseudo: float = 20.0
     kv_page_tokens: int = 1
     duration_half_life: float | None = 5000.0
     prior_reward_s: float = 5.0
@@ -66,6 +71,8 @@ class ForecastConfig:
             raise ValueError(f"bias_half_life must be >= 0, got {self.bias_half_life!r}")
         if not self.bias_clip >= 1:
             raise ValueError(f"bias_clip must be >= 1, got {self.bias_clip!r}")
+        if not self.cache_same_pseudo >= 0:  # inf allowed; NaN refused
+            raise ValueError(f"cache_same_pseudo must be >= 0 (inf: no size bins), got {self.cache_same_pseudo!r}")
         if self.kv_page_tokens < 1:
             raise ValueError(f"kv_page_tokens must be >= 1, got {self.kv_page_tokens!r}")
         for name in (

@@ -78,7 +78,7 @@ def _delay_pmf(model, horizon: float, steps: int) -> np.ndarray:
 
 def _rows(snap: Snapshot, x: np.ndarray, prefix=0.0) -> np.ndarray:
     """Load rows of requests (both cache outcomes stacked: ``(2n, 4)``)."""
-    hit = snap.cache_hit if np.isnan(snap.cache_hit_unrouted) else snap.cache_hit_unrouted
+    hit = snap.unrouted_hit(np.broadcast_to(np.asarray(prefix, dtype=float), np.shape(x)))
     h, m = request_rows(x, prefix, hit, snap.cache_cold)
     return np.concatenate((h, m))
 

@@ -77,7 +77,7 @@ def _definite(x: np.ndarray, cached: np.ndarray) -> np.ndarray:
     return out
 
 
-def request_rows(x, prefix=0.0, hit: float = 1.0, cold: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+def request_rows(x, prefix=0.0, hit=1.0, cold: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """The two outcomes of each request's prefix-cache lookup, as load rows.
 
     A request whose trajectory's previous prompt (``prefix`` tokens) is cached finds it
@@ -89,7 +89,7 @@ def request_rows(x, prefix=0.0, hit: float = 1.0, cold: float = 0.0) -> tuple[np
     """
     x = clean(np.atleast_1d(np.asarray(x, dtype=float)))
     p = np.broadcast_to(clean(prefix), x.shape)
-    hit = float(np.clip(np.nan_to_num(hit, nan=1.0), 0.0, 1.0))
+    hit = np.clip(np.nan_to_num(np.broadcast_to(np.asarray(hit, dtype=float), x.shape), nan=1.0), 0.0, 1.0)[:, None]
     cold = float(np.clip(np.nan_to_num(cold, nan=0.0), 0.0, 1.0))
     base = cold * x
     return hit * _definite(x, np.maximum(p, base)), (1.0 - hit) * _definite(x, base)
@@ -160,15 +160,16 @@ def decode_admissions_split(
         return a[inst] * load[:, 0] + b[inst] * load[:, 2] + d[inst] * load[:, 3]
 
     hit = float(np.clip(np.nan_to_num(snap.cache_hit, nan=1.0), 0.0, 1.0))
-    # Queued / in-flight requests whose engine is not known yet (request.queued without
-    # ``engine``) hit like a future request: routed back to their cache with the learnt
-    # share. NaN in the snapshot: the engine is known, the plain hit rate applies.
-    unrouted = snap.cache_hit if np.isnan(snap.cache_hit_unrouted) else snap.cache_hit_unrouted
-    unrouted = float(np.clip(np.nan_to_num(unrouted, nan=1.0), 0.0, 1.0))
 
-    def hit_of(flags) -> np.ndarray | float:
+    def hit_of(flags, prefix) -> np.ndarray | float:
+        """Queued / in-flight requests whose engine is not known yet (request.queued
+        without ``engine``) hit like a future request: routed back to their cache with
+        the learnt share (``Snapshot.unrouted_hit``). Known engine: the plain hit rate."""
         f = np.asarray(flags, dtype=bool)
-        return np.where(f, unrouted, hit) if f.size else hit
+        if not f.any():
+            return hit
+        far = np.clip(np.nan_to_num(snap.unrouted_hit(clean(prefix)), nan=1.0), 0.0, 1.0)
+        return np.where(f, far, hit)
 
     cold = float(np.clip(np.nan_to_num(snap.cache_cold, nan=0.0), 0.0, 1.0))
 
@@ -184,7 +185,7 @@ def decode_admissions_split(
     i_in = inst_of(snap.inflight_instance)
     started = np.clip(np.nan_to_num(np.asarray(snap.inflight_started, dtype=float) - snap.t, nan=0.0), -BIG, 0.0)
     gh_in, gm_in = outcomes(x_in, snap.column("inflight_cached", "inflight_prompt"), i_in)
-    hit_in = hit_of(snap.column("inflight_unrouted", "inflight_prompt", 0.0))
+    hit_in = hit_of(snap.column("inflight_unrouted", "inflight_prompt", 0.0), snap.column("inflight_cached", "inflight_prompt"))
     p_in = np.where(-started >= gh_in, 0.0, hit_in) * (gh_in < gm_in) + (gh_in >= gm_in)
     b_in = np.maximum(started + p_in * gh_in + (1.0 - p_in) * gm_in, 0.0)
     free = np.zeros(V)
@@ -211,15 +212,16 @@ def decode_admissions_split(
         pos = _run_rank(inst_s)
         srv_rd[order] = srv_order[offset[inst_s] + pos % c[inst_s]]
 
-    # Predicted arrivals: per sub-step, split evenly over every server, arriving mid-step.
+    # Predicted arrivals: per sub-step, split evenly over every server; the server's
+    # queue is open to them from the sub-step's start (they arrive through it).
     h = S / steps
     k = np.repeat(np.arange(steps), V)
     v = np.tile(np.arange(V), steps)
     fut = clean(np.asarray(future, dtype=float).reshape(4, N_CLASSES, steps))
     load_f = (fut.sum(axis=1)[:, k] / V).T
-    u_f = (k + 0.5) * h
+    u_f = k * h
 
-    hit_rd = hit_of(snap.column("ready_unrouted", "ready_prompt", 0.0))
+    hit_rd = hit_of(snap.column("ready_unrouted", "ready_prompt", 0.0), snap.column("ready_cached", "ready_prompt"))
     svc_rd = hit_rd * gh_rd + (1.0 - hit_rd) * gm_rd  # a server is held for the expected time
     svc_f = g(srv_inst[v], load_f)
     done = simulate_queues(
@@ -233,8 +235,12 @@ def decode_admissions_split(
     s_rd = b_rd - svc_rd
     w_rd = hit_rd * (s_rd + gh_rd < S) + (1.0 - hit_rd) * (s_rd + gm_rd < S)
     known = finite_sum(x_in * w_in) + finite_sum(x_rd * w_rd)
-    # Predicted requests start as their server's fluid queue reaches them (spread over
-    # [start, start + svc_f]) and finish after their own class's mean prefill time.
+    # Predicted requests arrive evenly through their sub-step [kh, kh + h] and start as
+    # their server's fluid queue reaches them: the request at position phi of the
+    # sub-step's work starts at max(start + phi svc_f, kh + phi h) (the queue ahead of
+    # it, or its own arrival) and finishes after its own class's mean prefill time g.
+    # Both terms grow with phi, so the admitted share is the phi where either reaches
+    # S - g.
     with np.errstate(divide="ignore", invalid="ignore"):
         per_req = fut[0] > 0
         inst_f = srv_inst[v]
@@ -246,6 +252,7 @@ def decode_admissions_split(
         begin = (b_f - svc_f)[:, None] + g_cls
         spread = svc_f[:, None]
         frac = np.where(spread > 0, (S - begin) / spread, (begin < S).astype(float))
+        frac = np.minimum(frac, (S - u_f[:, None] - g_cls) / h)
     frac = np.clip(np.nan_to_num(frac, nan=0.0), 0.0, 1.0)
     tok = fut[1].T[k] / V
     admit_f = finite_sum(tok * frac)

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .config import ForecastConfig
 from .prefill_queue import PrefillTimeModel
-from .snapshot import START_COLD, START_DISPATCHED, START_MODES, START_PREWARM, START_READY
+from .snapshot import START_COLD, START_DISPATCHED, START_MODES, START_PREWARM, START_READY, size_bin
 from .survival import DurationModel
 
 
@@ -56,6 +58,39 @@ class Ratio:
     @property
     def value(self) -> float:
         return self._num / self._den if self._den > 0 else 0.0
+
+
+class SizeBinnedRatio:
+    """A :class:`Ratio` per log2 bin of a size (bin ``b`` holds sizes in [2^b, 2^(b+1))),
+    each shrunk towards the pooled ratio by ``pseudo`` observations' worth of it:
+    ``(num_b + pseudo * pooled) / (den_b + pseudo)``. A bin seen rarely answers the
+    pooled value; a bin seen often, its own."""
+
+    BINS = 40  # 2^40 tokens: beyond any context
+
+    __slots__ = ("pooled", "_bins", "pseudo")
+
+    def __init__(self, pooled: Ratio, pseudo: float = 20.0, half_life: float = 2000.0) -> None:
+        self.pooled = pooled
+        self.pseudo = float(pseudo)
+        self._bins = [Ratio(0.0, 0.0, half_life) for _ in range(self.BINS)]
+
+    def observe(self, size: float, num: float, den: float) -> None:
+        """One observation of the ratio (and of the pooled one) at ``size``."""
+        self.pooled.observe(num, den)
+        if math.isfinite(size):
+            self._bins[min(int(size_bin(size)), self.BINS - 1)].observe(num, den)
+
+    def table(self) -> np.ndarray:
+        """The shrunk ratio of every bin."""
+        p = self.pooled.value
+        if not math.isfinite(self.pseudo):
+            return np.full(self.BINS, p)
+        num = np.array([b._num for b in self._bins])
+        den = np.array([b._den for b in self._bins])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out = (num + self.pseudo * p) / (den + self.pseudo)
+        return np.where(den + self.pseudo > 0, out, p)
 
 
 class BiasCorrector:
@@ -183,6 +218,11 @@ class History:
         # learnt on those alone, and a request queued at another engine is cold). Prior 1:
         # until engines are seen, every warm request counts as routed back.
         self.cache_same = Ratio(1.0, 1.0)
+        # The same share by the size of the cached prefix: a cache-aware router weighs
+        # the prefix it would reuse against the queue it would wait in, so how often a
+        # request goes back depends on how much it has cached (and on eviction, which
+        # favours some sizes). Each bin is shrunk towards cache_same.
+        self.cache_same_size = SizeBinnedRatio(self.cache_same, cfg.cache_same_pseudo)
         # Seconds from policy.updated until prefill resumes (the weight-sync pause).
         self.update_pause = RunningMean(0.0, alpha=0.2)
         self.prefill: dict[str, PrefillTimeModel] = {}

@@ -33,6 +33,13 @@ def _i(n: int = 0) -> np.ndarray:
     return np.zeros(n, dtype=_I)
 
 
+def size_bin(size) -> np.ndarray:
+    """The log2 bin of each size: bin ``b`` holds [2^b, 2^(b+1)) (sizes below 1, and
+    NaN, fall in bin 0)."""
+    s = np.nan_to_num(np.asarray(size, dtype=float), nan=1.0, posinf=2.0**62)
+    return np.clip(np.floor(np.log2(np.maximum(s, 1.0))), 0, 62).astype(np.int64)
+
+
 @dataclass(frozen=True)
 class RunInfo:
     """What ``run.started`` says about the sampler (defaults: async, replace)."""
@@ -131,10 +138,25 @@ class Snapshot:
     cache_hit_unrouted: float = float("nan")
     """Hit probability of a request not routed yet (a future arrival): ``cache_hit`` times
     the share of requests routed back to the engine that caches them; NaN: ``cache_hit``."""
+    cache_same_table: np.ndarray = field(default_factory=_f)
+    """Optional: the share routed back by the size of the cached prefix, per log2 bin
+    (:func:`size_bin`); a future request then hits with ``cache_hit`` times its bin's
+    share instead of ``cache_hit_unrouted``. Empty: one share for every size."""
     cache_cold: float = 0.0
     next_batch_elapsed: float = float("nan")
     """Sync runs: seconds since the policy update after which the next batch is due
     (NaN when none is due: a batch is out, or the run is async)."""
+
+    def unrouted_hit(self, prefix) -> np.ndarray:
+        """Hit probability of each request not routed yet whose cached prefix would be
+        ``prefix`` tokens (see ``cache_hit_unrouted`` and ``cache_same_table``)."""
+        p = np.atleast_1d(np.asarray(prefix, dtype=float))
+        table = np.asarray(self.cache_same_table, dtype=float)
+        if np.isnan(self.cache_hit_unrouted):
+            return np.full(p.shape, self.cache_hit)
+        if len(table) == 0:
+            return np.full(p.shape, self.cache_hit_unrouted)
+        return self.cache_hit * table[np.minimum(size_bin(p), len(table) - 1)]
 
     def column(self, name: str, like: str, fill: float = 0.0) -> np.ndarray:
         """An optional column, or ``fill`` repeated to the length of ``like`` when empty."""

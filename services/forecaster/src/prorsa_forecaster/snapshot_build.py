@@ -132,6 +132,7 @@ def build_snapshot(state: "LiveState", t: float) -> Snapshot:
         prefill_pause=pause if np.isfinite(pause) else 0.0,
         cache_hit=h.cache_warm.value,
         cache_hit_unrouted=h.cache_warm.value * h.cache_same.value,
+        cache_same_table=h.cache_same_size.table(),
         next_batch_elapsed=t - state.sync_wait if state.sync_wait is not None else float("nan"),
         cache_cold=h.cache_cold.value,
         live=state.live,

@@ -85,7 +85,7 @@ class EngineFold:
                 # finds it only if the router sent it back there (cache-aware routing
                 # does, unless that engine's queue is too long).
                 same = c == held
-                h.cache_same.observe(float(same), 1.0)
+                h.cache_same_size.observe(min(self.cache_prompt[i], x), float(same), 1.0)
                 if same:
                     h.cache_warm.observe(cached, min(self.cache_prompt[i], x))
                 else:
