@@ -6,8 +6,9 @@ analysis in docs/forecaster.md).
 Prints:
 
 * prefix cache by engine: of the warm requests (the trajectory's previous prompt cached,
-  no weight update since), the share routed back to the engine that cached it, and the
-  hit rate (cached_tokens > 0) of those routed back and of the others;
+  no weight update since), the share routed back to the engine that cached it (overall
+  and by the log2 bin of the prefix's size), and the hit rate (cached_tokens > 0) of
+  those routed back and of the others;
 * tool-return calibration: for trajectories in Tool at a window's start, the mean
   predicted probability of returning within the window against the observed share, by
   elapsed time in the tool;
@@ -27,15 +28,17 @@ import argparse
 import numpy as np
 
 from prorsa_forecaster.config import ForecastConfig
+from prorsa_forecaster.snapshot import size_bin
 from prorsa_forecaster.state import TOOL
 from prorsa_forecaster.windows import WindowLoop
 from prorsa_schemas import read_log
 
 
 def cache_by_engine(path: str) -> None:
-    held: dict[str, str] = {}  # traj -> engine whose cache holds its previous prompt
-    queued: dict[str, tuple[str, str | None]] = {}  # traj -> (req, engine it was queued at)
+    held: dict[str, tuple[str, int]] = {}  # traj -> (engine caching its previous prompt, its tokens)
+    queued: dict[str, tuple[str, str | None, int]] = {}  # traj -> (req, engine queued at, prompt)
     same = hits_same = hits_other = other = 0
+    by_size: dict[int, list[int]] = {}  # log2 bin of the prefix -> [warm requests, routed back]
     for line in read_log(path):
         ev = line.event
         if ev is None:
@@ -43,27 +46,33 @@ def cache_by_engine(path: str) -> None:
         if ev.type == "policy.updated":
             held.clear()  # a weight update flushes every prefix cache
         elif ev.type == "request.queued":
-            queued[ev.traj] = (ev.req, ev.engine)
+            queued[ev.traj] = (ev.req, ev.engine, ev.prompt_tokens)
         elif ev.type == "prefill.finished" and ev.traj in queued and queued[ev.traj][0] == ev.req:
-            _, engine = queued.pop(ev.traj)
+            _, engine, prompt = queued.pop(ev.traj)
             engine = engine or ev.engine
             prev = held.get(ev.traj)
             if prev is not None and engine is not None and ev.cached_tokens is not None:
                 hit = ev.cached_tokens > 0
-                if engine == prev:
+                row = by_size.setdefault(int(size_bin(min(prev[1], prompt))), [0, 0])
+                row[0] += 1
+                if engine == prev[0]:
                     same += 1
                     hits_same += hit
+                    row[1] += 1
                 else:
                     other += 1
                     hits_other += hit
             if ev.engine is not None:
-                held[ev.traj] = ev.engine
+                held[ev.traj] = (ev.engine, prompt)
     n = same + other
     if n == 0:
         print("prefix cache by engine: no warm request with engines and cached_tokens in the log")
         return
     print(f"prefix cache by engine: {n} warm requests, {same / n:.1%} routed back to the caching engine; "
           f"hit rate routed back {hits_same / max(same, 1):.1%}, elsewhere {hits_other / max(other, 1):.1%}")
+    print("  routed back by prefix size (the trajectory's previous prompt):")
+    for b, (nb, sb) in sorted(by_size.items()):
+        print(f"    [{2**b:>7d}, {2 ** (b + 1):>7d}) tokens: n={nb:6d} routed back {sb / nb:.1%}")
 
 
 class _Probe(WindowLoop):
