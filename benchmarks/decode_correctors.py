@@ -12,7 +12,8 @@ windows closed before it). Prints the decode WAPE of each:
 * priorC: the windows' volume-weighted mean ratio (half-life 6 windows), shrunk towards
   1 by C pseudo-windows of average volume (what the prefill corrections use, C = 2);
 * shrink: the mean ratio, keeping only the part of it above its own noise (the default
-  decode correction).
+  decode correction); shrink_hl3 and shrink_hl12: the same with a half-life of 3 and 12
+  windows instead of ``bias_half_life`` (6).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ def main() -> None:
         "prior2": lambda: BiasCorrector(cfg.bias_half_life, cfg.bias_clip, 2.0),
         "prior5": lambda: BiasCorrector(cfg.bias_half_life, cfg.bias_clip, 5.0),
         "shrink": lambda: BiasCorrector(cfg.bias_half_life, cfg.bias_clip, 0.0, shrink=True),
+        "shrink_hl3": lambda: BiasCorrector(3.0, cfg.bias_clip, 0.0, shrink=True),
+        "shrink_hl12": lambda: BiasCorrector(12.0, cfg.bias_clip, 0.0, shrink=True),
     }
     for log in args.logs:
         windows = evaluate_log(log, cfg, keep_windows=True).windows
