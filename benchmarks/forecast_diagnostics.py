@@ -1,7 +1,7 @@
 """Where a forecaster's error comes from, on one contract log (the figures behind the
 analysis in docs/forecaster.md).
 
-    .venv/bin/python benchmarks/forecast_diagnostics.py LOG [--horizon 10]
+    .venv/bin/python benchmarks/forecast_diagnostics.py LOG [--horizon 10] [--revealed]
 
 Prints:
 
@@ -17,6 +17,10 @@ Prints:
 * the admitted share of arrivals: of each window's prefill arrivals, the share (in
   tokens) prefilled before the window ends, forecast against actual, and the decode
   error on arrivals if the arrivals or the share were exact;
+* with ``--revealed`` (a second replay): the decode forecast of the requests known at
+  t (queued or in prefill), as made and with each one's cache outcome revealed (the
+  ``cached_tokens`` its ``prefill.finished`` will report), to tell the cache's coin flips
+  from the queue model's placement;
 * residuals of both series: signed bias (share of the actual demand) and lag-1
   autocorrelation (near 0: white, nothing slow left for a correction to learn).
 """
@@ -24,12 +28,13 @@ Prints:
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 import numpy as np
 
 from prorsa_forecaster.config import ForecastConfig
 from prorsa_forecaster.snapshot import size_bin
-from prorsa_forecaster.state import TOOL
+from prorsa_forecaster.state import PREFILL, QUEUED, TOOL
 from prorsa_forecaster.windows import WindowLoop
 from prorsa_schemas import read_log
 
@@ -94,6 +99,64 @@ class _Probe(WindowLoop):
                 self.tool_rows[(i, t)] = [ee, qq, 0.0]
 
 
+class _Revealed(WindowLoop):
+    """The window loop with each known request's cache outcome revealed at t: a queued or
+    in-flight request's cached prefix is set to the ``cached_tokens`` its
+    ``prefill.finished`` will report, and it hits with certainty (predicted arrivals keep
+    their probabilities). What the decode forecast of the known requests would be worth
+    if the router's choice of rank inside an engine (not in the contract) were known."""
+
+    def __init__(self, cfg: ForecastConfig, cached: dict[str, int]) -> None:
+        super().__init__(cfg)
+        self.cached = cached
+
+    def _snapshot(self, t: float):
+        st = self.state
+        n = st._n
+        snap = st.snapshot(t)
+        reqs = np.array(st._req[:n], dtype=object)
+
+        def revealed(mask, old):
+            got = np.array([self.cached.get(r, np.nan) for r in reqs[mask]], dtype=float)
+            return np.where(np.isnan(got), old, got)
+
+        ready, inflight = st.state[:n] == QUEUED, st.state[:n] == PREFILL
+        return replace(
+            snap,
+            ready_cached=revealed(ready, snap.column("ready_cached", "ready_prompt")),
+            inflight_cached=revealed(inflight, snap.column("inflight_cached", "inflight_prompt")),
+            ready_unrouted=np.zeros(int(ready.sum())),
+            inflight_unrouted=np.zeros(int(inflight.sum())),
+            cache_hit=1.0,
+            # Predicted arrivals hit with cache_hit x their bin's share: unchanged.
+            cache_same_table=np.asarray(snap.cache_same_table) * snap.cache_hit,
+        )
+
+
+def known_revealed(path: str, results, horizon: float) -> None:
+    """Decode WAPE of the known requests' part, as forecast and with each known request's
+    cache outcome revealed (see :class:`_Revealed`)."""
+    cached = {}
+    for line in read_log(path):
+        ev = line.event
+        if ev is not None and ev.type == "prefill.finished" and ev.cached_tokens is not None:
+            cached[ev.req] = ev.cached_tokens
+    loop = _Revealed(ForecastConfig(horizon=horizon), cached)
+    revealed = []
+    for line in read_log(path):
+        if line.event is not None:
+            revealed.extend(loop.feed(line.event))
+    act = np.array([r.decode_known for r in results])
+    if act.sum() <= 0:
+        return
+    base = np.array([r.forecast.raw_decode_known for r in results])
+    rev = np.array([r.forecast.raw_decode_known for r in revealed[: len(results)]])
+    tot = act.sum()
+    print(f"decode admissions of known requests (raw): WAPE {np.abs(base - act).sum() / tot:.1%} "
+          f"(signed {(base - act).sum() / tot:+.1%}), with each one's cache outcome revealed "
+          f"{np.abs(rev - act).sum() / tot:.1%} (signed {(rev - act).sum() / tot:+.1%}; {len(results)} windows)")
+
+
 def admitted_share(results) -> None:
     """Of the prefill arrivals of each window, the share admitted to decode in the same
     window (token-weighted), forecast (the queue model on the predicted arrivals) against
@@ -118,6 +181,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("log")
     ap.add_argument("--horizon", type=float, default=10.0)
+    ap.add_argument("--revealed", action="store_true", help="also replay with the known requests' cache outcomes revealed (a second replay)")
     args = ap.parse_args()
     cache_by_engine(args.log)
 
@@ -146,6 +210,8 @@ def main() -> None:
                       f"observed {rows[m, 2].mean():.3f}")
 
     admitted_share(results)
+    if args.revealed:
+        known_revealed(args.log, results, args.horizon)
 
     for name, f_of, a_of in (
         ("prefill", lambda r: r.forecast.prefill_tokens, lambda r: r.prefill_actual),

@@ -25,6 +25,7 @@ from prorsa_schemas import Event
 
 from .config import ForecastConfig
 from .core import Forecast, forecast
+from .snapshot import Snapshot
 from .state import ABORTED, DECODE, PREFILL, QUEUED, START, TOOL, LiveState
 
 SOURCES = ("sampler", "sandbox", "tool", "reprefill", "other")
@@ -175,10 +176,14 @@ class WindowLoop:
     def window_start(self) -> float | None:
         return None if self._t0 is None else self._t0 + self._k * self.config.horizon
 
+    def _snapshot(self, t: float) -> Snapshot:
+        """The snapshot a window's forecast is made from (a hook for diagnostics)."""
+        return self.state.snapshot(t)
+
     def _open(self) -> None:
         t = self.window_start
         assert t is not None
-        snap = self.state.snapshot(t)
+        snap = self._snapshot(t)
         self._current = forecast(snap, self.state.history, self.config)
         if self.spread:
             from .uncertainty import decode_sd, prefill_sd
