@@ -49,6 +49,9 @@ def snapshots(draw):
         instance_per_pair=arr(draw, m if draw(st.booleans()) else 0),
         instance_servers=np.array(draw(st.lists(st.integers(-3, 40), min_size=m, max_size=m)), dtype=int)
         if draw(st.booleans()) else np.zeros(0, int),
+        ready_unrouted=arr(draw, n[2] if draw(st.booleans()) else 0),
+        inflight_unrouted=arr(draw, n[4] if draw(st.booleans()) else 0),
+        cache_hit_unrouted=draw(anyf), cache_same_table=arr(draw, draw(st.integers(0, 40))),
         prefill_pause=draw(anyf), cache_hit=draw(anyf), cache_cold=draw(anyf), next_batch_elapsed=draw(anyf),
         update_elapsed=draw(anyf),
     )
