@@ -59,6 +59,11 @@ class Ratio:
     def value(self) -> float:
         return self._num / self._den if self._den > 0 else 0.0
 
+    @property
+    def sums(self) -> tuple[float, float]:
+        """The decayed ``(sum num, sum den)``, prior included."""
+        return self._num, self._den
+
 
 class SizeBinnedRatio:
     """A :class:`Ratio` per log2 bin of a size (bin ``b`` holds sizes in [2^b, 2^(b+1))),
@@ -86,8 +91,7 @@ class SizeBinnedRatio:
         p = self.pooled.value
         if not math.isfinite(self.pseudo):
             return np.full(self.BINS, p)
-        num = np.array([b._num for b in self._bins])
-        den = np.array([b._den for b in self._bins])
+        num, den = np.array([b.sums for b in self._bins]).T
         with np.errstate(invalid="ignore", divide="ignore"):
             out = (num + self.pseudo * p) / (den + self.pseudo)
         return np.where(den + self.pseudo > 0, out, p)
