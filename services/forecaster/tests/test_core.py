@@ -316,3 +316,32 @@ def test_decode_spread_thins_arrivals_by_their_chance_of_admission():
     assert f.admit_detail.alpha[4] == pytest.approx(0.0)
     assert decode_sd(slow, h, CFG, f.admit_detail) == pytest.approx(0.0, abs=1e-6)
     assert prefill_sd(slow, h, CFG) == pytest.approx(0.5 * 2000, rel=1e-3)
+
+
+def test_share_correction_scales_the_arrivals_admissions_only():
+    h = quiet_history()
+    h.tool = fixed("tool", *[4.0] * 50)
+    base = dict(
+        t=0.0, tool_elapsed=np.zeros(1), tool_context=np.array([2000.0]), tool_growth=np.zeros(1),
+        tool_result=np.array([-1.0]),
+        ready_prompt=np.array([1000.0]), ready_since=np.array([-1.0]), ready_instance=np.array([0]),
+        ready_growth=np.zeros(1), instance_overhead=np.array([0.0]), instance_per_token=np.array([1e-4]),
+    )
+    snap = Snapshot(**base)
+    plain = forecast(snap, h, CFG)
+    # Arrives at ~4 s, 0.2 s of prefill: admitted (alpha 1); the queued one too.
+    assert plain.share_factor == 1.0
+    assert plain.raw_decode_known == pytest.approx(1000)
+    assert plain.decode_admit_tokens == pytest.approx(1000 + 2000, rel=1e-3)
+    # The queue model admitted 20% less of the arrivals than came through, window after window.
+    h.bias_share = BiasCorrector(half_life=1e9, clip=2.0, shrink=True)
+    for _ in range(10):
+        h.bias_share.update(predicted=1000.0, realised=800.0)
+    f = forecast(snap, h, CFG)
+    assert f.share_factor == pytest.approx(0.8)
+    assert f.raw_decode_known == pytest.approx(1000)  # the known requests are not scaled
+    assert f.decode_admit_tokens == pytest.approx(1000 + 0.8 * 2000, rel=1e-3)
+    assert f.decode_kv_tokens == pytest.approx(plain.decode_kv_tokens - 0.2 * 2000, rel=1e-3)
+    # The share it learns from stays the queue model's own; the spread sees the corrected one.
+    assert f.raw_alpha == plain.admit_detail.alpha
+    assert f.admit_detail.alpha[4] == pytest.approx(0.8 * plain.admit_detail.alpha[4])

@@ -131,3 +131,34 @@ def test_tool_growth_ema_uses_alpha():
         st.apply(f("request.queued", turn + 0.9, traj="a", req=f"a{turn + 1}", turn=turn + 1, prompt_tokens=ctx))
     # First observation seeds the EMA (1000), then 0.9 * 1000 twice.
     assert st.growth[st._slot["a"]] == pytest.approx(810.0)
+
+
+def test_share_correction_learns_from_the_actual_arrivals_per_sub_step():
+    """The admitted-share corrector sees, per closed window, sum_k alpha_k x (tokens queued
+    in sub-step k) against the tokens queued in the window and prefilled before its end:
+    measured here straight from the events and fed to a corrector of our own."""
+    from prorsa_forecaster.history import BiasCorrector
+
+    events = rollout(seed=5, concurrency=48, duration=150)
+    cfg = ForecastConfig(horizon=10.0, steps=5, share_half_life=4.0, bias_clip=2.0)
+    loop = WindowLoop(cfg)
+    results = []
+    for ev in events:
+        results += loop.feed(ev)
+    ours = BiasCorrector(4.0, 2.0, 0.0, shrink=True)
+    queued = {}
+    for w in results:
+        by_step, admitted = [0.0] * 5, 0.0
+        for e in events:
+            if w.t <= e.ts < w.t + 10.0:
+                if e.type == "request.queued":
+                    by_step[min(int((e.ts - w.t) / 2.0), 4)] += e.prompt_tokens
+                    queued[(e.traj, e.req)] = (e.ts, e.prompt_tokens)
+                elif e.type == "prefill.finished" and (e.traj, e.req) in queued:
+                    ts, x = queued[(e.traj, e.req)]
+                    admitted += x if ts >= w.t else 0.0
+        assert w.decode_actual - w.decode_known == pytest.approx(admitted)
+        ours.update(sum(a * x for a, x in zip(w.forecast.raw_alpha, by_step)), admitted)
+    assert ours.windows >= 5
+    assert loop.state.history.bias_share.factor == pytest.approx(ours.factor)
+    assert loop.state.history.bias_share.windows == ours.windows

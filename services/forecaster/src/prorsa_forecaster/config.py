@@ -30,6 +30,10 @@ class ForecastConfig:
             their prefix is learnt per log2 bin of the prefix's size, each bin shrunk
             towards the pooled share by this many observations of it (inf: one share
             for every size).
+        share_half_life: windows over which the admitted share of predicted arrivals is
+            corrected: each closed window compares the requests that arrived in it and
+            were prefilled before its end with what the queue model's per-sub-step
+            admitted share makes of the window's actual arrivals (0: no correction).
         kv_page_tokens: kappa^D rounds a prompt up to whole KV pages of this many tokens.
         duration_half_life: observations over which old durations are forgotten.
         prior_reward_s, prior_sandbox_prewarm_s, prior_sandbox_cold_s, prior_start_s,
@@ -49,6 +53,7 @@ class ForecastConfig:
     bias_prior_windows: float = 2.0
     second_pass: bool = False
     cache_same_pseudo: float = 20.0
+    share_half_life: float = 6.0
     kv_page_tokens: int = 1
     duration_half_life: float | None = 5000.0
     prior_reward_s: float = 5.0
@@ -73,6 +78,8 @@ class ForecastConfig:
             raise ValueError(f"bias_clip must be >= 1, got {self.bias_clip!r}")
         if not self.cache_same_pseudo >= 0:  # inf allowed; NaN refused
             raise ValueError(f"cache_same_pseudo must be >= 0 (inf: no size bins), got {self.cache_same_pseudo!r}")
+        if not (self.share_half_life >= 0 and math.isfinite(self.share_half_life)):
+            raise ValueError(f"share_half_life must be >= 0 (0: off), got {self.share_half_life!r}")
         if self.kv_page_tokens < 1:
             raise ValueError(f"kv_page_tokens must be >= 1, got {self.kv_page_tokens!r}")
         for name in (

@@ -25,7 +25,7 @@ request's load, not only its prompt: [count, prompt, computed tokens, attention 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -48,7 +48,8 @@ class Forecast:
     (may be negative). ``predicted_prefill`` is the part that is a prediction (sampler +
     sandbox + tool), which is what the bias correction scales; ``raw_decode`` the
     uncorrected A-hat^D, ``raw_decode_known`` its part from requests queued or in
-    prefill at t.
+    prefill at t. ``share_factor`` is the correction of the predicted arrivals' admitted
+    share (already in ``raw_decode``), ``raw_alpha`` that share per sub-step before it.
     """
 
     t: float
@@ -63,6 +64,8 @@ class Forecast:
     predicted_prefill: float = 0.0
     raw_decode: float = 0.0
     raw_decode_known: float = 0.0
+    share_factor: float = 1.0
+    raw_alpha: tuple[float, ...] = ()
     admit_detail: AdmitDetail = field(default_factory=AdmitDetail)
 
 
@@ -286,6 +289,14 @@ def _forecast(snap: Snapshot, hist: History, cfg: ForecastConfig) -> Forecast:
     # Predicted arrivals (loads per sub-step), scaled like the prefill forecast.
     future = _clean(samp * fs["sampler"] + start * fs["sandbox"] + tool * fs["tool"] + re * fs["reprefill"])
     known_admit, new_admit, kv, detail = decode_admissions_split(snap, cfg, future)
+    # The queue model's admitted share of the arrivals, corrected by what it made of the
+    # arrivals that actually came in closed windows (History.bias_share).
+    share = hist.bias_share.factor
+    raw_alpha = detail.alpha
+    if share != 1.0 and new_admit > 0:
+        kv += new_admit * (share - 1.0)  # K^D counts the arrivals' tokens as they are
+        new_admit *= share
+        detail = replace(detail, alpha=tuple(min(a * share, 1.0) for a in detail.alpha))
     admit = known_admit + new_admit
     decode = admit * hist.bias_decode.factor
     kv_hat = kv * (decode / admit) if admit > 0 else kv
@@ -306,5 +317,7 @@ def _forecast(snap: Snapshot, hist: History, cfg: ForecastConfig) -> Forecast:
         predicted_prefill=ok(predicted),
         raw_decode=ok(admit),
         raw_decode_known=ok(known_admit),
+        share_factor=float(share),
+        raw_alpha=raw_alpha,
         admit_detail=detail,
     )

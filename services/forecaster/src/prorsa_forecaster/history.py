@@ -236,6 +236,11 @@ class History:
         # fixed pull towards 1 would hold back; it keeps what stands out of the noise.
         self.bias_prefill = BiasCorrector(cfg.bias_half_life, cfg.bias_clip, cfg.bias_prior_windows, shrink=False)
         self.bias_decode = BiasCorrector(cfg.bias_half_life, cfg.bias_clip, 0.0, shrink=True)
+        # The queue model's admitted share of the predicted arrivals, against what it
+        # makes of the arrivals that actually came (so the arrival forecast's own error is
+        # not in it): the requests that arrive in a window and are prefilled before its
+        # end, over sum_k alpha_k x (actual arrival tokens in sub-step k).
+        self.bias_share = BiasCorrector(cfg.share_half_life, cfg.bias_clip, 0.0, shrink=True)
         # One per predicted source (config.bias_per_source): the window loop attributes each
         # arrival to the source its trajectory was in at t.
         self.bias_source = {

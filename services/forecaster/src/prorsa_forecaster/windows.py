@@ -154,6 +154,7 @@ class WindowLoop:
         self.opened: deque[Forecast] = deque(maxlen=100_000)
         self._wstate = None
         self._sources: dict[str, float] = {}
+        self._arrivals_by_step: list[float] = []
         self.spread = spread
         self._sd: float | None = None
         self._dsd: float | None = None
@@ -195,6 +196,7 @@ class WindowLoop:
         # Each trajectory's state at t, to attribute the window's arrivals to a source.
         self._wstate = self.state.state[: self.state._n].copy()
         self._sources = dict.fromkeys(SOURCES, 0.0)
+        self._arrivals_by_step = [0.0] * self.config.steps
 
     def _close(self, reopen: bool = True) -> WindowResult:
         f = self._current
@@ -206,6 +208,10 @@ class WindowLoop:
         for name, corrector in h.bias_source.items():
             corrector.update(f.components.get(name, 0.0), self._sources.get(name, 0.0))
         known = self.meter.admissions_known
+        if len(f.raw_alpha) == len(self._arrivals_by_step):
+            # What the queue model's admitted share makes of the arrivals that came.
+            expected = sum(a * x for a, x in zip(f.raw_alpha, self._arrivals_by_step, strict=True))
+            h.bias_share.update(expected, decode - known)
         h.bias_decode.update(f.raw_decode, decode)
         res = WindowResult(f.t, f.horizon, f, prefill, decode, self._backlog, self._sources, self._sd, known, self._dsd)
         self._k += 1
@@ -238,6 +244,10 @@ class WindowLoop:
         self.last_ts = max(self.last_ts, ev.ts)
         if ev.type == "request.queued":
             self._sources[self._source_of(ev)] += ev.prompt_tokens
+            steps = len(self._arrivals_by_step)
+            if steps:
+                k = int((ev.ts - self.window_start) / (self.config.horizon / steps))
+                self._arrivals_by_step[min(max(k, 0), steps - 1)] += ev.prompt_tokens
         self.state.apply(ev)
         self.meter.apply(ev)
         return closed
