@@ -345,3 +345,11 @@ def test_share_correction_scales_the_arrivals_admissions_only():
     # The share it learns from stays the queue model's own; the spread sees the corrected one.
     assert f.raw_alpha == plain.admit_detail.alpha
     assert f.admit_detail.alpha[4] == pytest.approx(0.8 * plain.admit_detail.alpha[4])
+    # 25% more than the model admits, but it admits all of it already: a share stays <= 1.
+    h.bias_share = BiasCorrector(half_life=1e9, clip=2.0, shrink=True)
+    for _ in range(10):
+        h.bias_share.update(predicted=1000.0, realised=1250.0)
+    up = forecast(snap, h, CFG)
+    assert up.share_factor == pytest.approx(1.25)
+    assert up.decode_admit_tokens == pytest.approx(plain.decode_admit_tokens)
+    assert max(up.admit_detail.alpha) == pytest.approx(1.0)

@@ -291,12 +291,15 @@ def _forecast(snap: Snapshot, hist: History, cfg: ForecastConfig) -> Forecast:
     known_admit, new_admit, kv, detail = decode_admissions_split(snap, cfg, future)
     # The queue model's admitted share of the arrivals, corrected by what it made of the
     # arrivals that actually came in closed windows (History.bias_share).
+    # A sub-step's share is at most 1: no more can be admitted than arrives.
     share = hist.bias_share.factor
     raw_alpha = detail.alpha
-    if share != 1.0 and new_admit > 0:
-        kv += new_admit * (share - 1.0)  # K^D counts the arrivals' tokens as they are
-        new_admit *= share
-        detail = replace(detail, alpha=tuple(min(a * share, 1.0) for a in detail.alpha))
+    if share != 1.0 and new_admit > 0 and len(detail.arrival_tokens) == len(raw_alpha):
+        alpha = np.minimum(np.asarray(raw_alpha) * share, 1.0)
+        corrected = _finite_sum(alpha * np.asarray(detail.arrival_tokens))
+        kv += corrected - new_admit  # K^D counts the arrivals' tokens as they are
+        new_admit = corrected
+        detail = replace(detail, alpha=tuple(float(a) for a in alpha))
     admit = known_admit + new_admit
     decode = admit * hist.bias_decode.factor
     kv_hat = kv * (decode / admit) if admit > 0 else kv

@@ -123,6 +123,8 @@ class AdmitDetail:
     """Per sub-step: the share of the predicted arrivals' tokens in it admitted by t + S."""
     known_var: float = 0.0
     """sum w (1 - w) x^2 over the known requests, w their probability of admission."""
+    arrival_tokens: tuple[float, ...] = ()
+    """Per sub-step: the predicted arrivals' prompt tokens (what ``alpha`` is a share of)."""
 
 
 def decode_admissions_split(
@@ -264,4 +266,4 @@ def decode_admissions_split(
     with np.errstate(divide="ignore", invalid="ignore"):
         alpha = np.clip(np.nan_to_num(np.where(per_step > 0, got / per_step, 0.0)), 0.0, 1.0)
     known_var = finite_sum(np.square(x_in) * w_in * (1.0 - w_in)) + finite_sum(np.square(x_rd) * w_rd * (1.0 - w_rd))
-    return known, admit_f, kv, AdmitDetail(tuple(float(a) for a in alpha), known_var)
+    return known, admit_f, kv, AdmitDetail(tuple(float(a) for a in alpha), known_var, tuple(float(x) for x in per_step))
