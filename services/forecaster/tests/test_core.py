@@ -353,3 +353,35 @@ def test_share_correction_scales_the_arrivals_admissions_only():
     assert up.share_factor == pytest.approx(1.25)
     assert up.decode_admit_tokens == pytest.approx(plain.decode_admit_tokens)
     assert max(up.admit_detail.alpha) == pytest.approx(1.0)
+
+
+def test_a_queued_request_start_spreads_with_the_cache_flips_ahead_of_it():
+    from math import erf, sqrt
+
+    def phi(z):
+        return 0.5 * (1.0 + erf(z / sqrt(2.0)))
+
+    # One server, 1 ms a computed token. A: 5000 tokens, 4000 cached: 1 s on a hit, 5 s on
+    # a miss (hit rate 0.5: expected 3 s, variance 0.5 x 0.5 x 4^2 = 4). B behind it:
+    # 6000 tokens, 5000 cached: 1 s or 6 s, starting at A's end, 3 s +- 2 s.
+    snap = Snapshot(
+        t=0.0,
+        ready_prompt=np.array([5000.0, 6000.0]), ready_since=np.array([-2.0, -1.0]),
+        ready_instance=np.array([0, 0]), ready_growth=np.zeros(2),
+        ready_cached=np.array([4000.0, 5000.0]),
+        instance_overhead=np.array([0.0]), instance_per_token=np.array([1e-3]),
+        cache_hit=0.5,
+    )
+    spread = forecast(snap, quiet_history(), CFG)
+    # A finishes by 5 s either way. B: a hit needs start < 9 s, a miss start < 4 s.
+    w_b = 0.5 * phi((9.0 - 3.0) / 2.0) + 0.5 * phi((4.0 - 3.0) / 2.0)
+    assert spread.decode_admit_tokens == pytest.approx(5000 + 6000 * w_b, rel=1e-6)
+    # At the mean start (3 s) both of B's outcomes finish in time: the hard cut says 1.
+    cut = forecast(snap, quiet_history(), ForecastConfig(horizon=10.0, steps=10, bias_half_life=0, queue_spread=False))
+    assert cut.decode_admit_tokens == pytest.approx(11000)
+    # The first in line has nothing ahead of it: no spread.
+    first = forecast(Snapshot(**{**snap.__dict__, "ready_prompt": np.array([6000.0, 5000.0]),
+                                 "ready_cached": np.array([5000.0, 4000.0])}), quiet_history(), CFG)
+    # B first (1 or 6 s, both < 10), A behind it: start 3.5 +- 2.5; hit 1 s, miss 5 s.
+    w_a = 0.5 * phi((9.0 - 3.5) / 2.5) + 0.5 * phi((5.0 - 3.5) / 2.5)
+    assert first.decode_admit_tokens == pytest.approx(6000 + 5000 * w_a, rel=1e-6)

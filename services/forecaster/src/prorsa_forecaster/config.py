@@ -34,6 +34,10 @@ class ForecastConfig:
             corrected: each closed window compares the requests that arrived in it and
             were prefilled before its end with what the queue model's per-sub-step
             admitted share makes of the window's actual arrivals (0: no correction).
+        queue_spread: a queued request's admission is the probability that it finishes
+            in time given the spread of its start, the sum of the cache flips (hit or
+            miss) of the requests ahead of it on its server; False: the indicator at the
+            mean start.
         kv_page_tokens: kappa^D rounds a prompt up to whole KV pages of this many tokens.
         duration_half_life: observations over which old durations are forgotten.
         prior_reward_s, prior_sandbox_prewarm_s, prior_sandbox_cold_s, prior_start_s,
@@ -54,6 +58,7 @@ class ForecastConfig:
     second_pass: bool = False
     cache_same_pseudo: float = 20.0
     share_half_life: float = 6.0
+    queue_spread: bool = True
     kv_page_tokens: int = 1
     duration_half_life: float | None = 5000.0
     prior_reward_s: float = 5.0

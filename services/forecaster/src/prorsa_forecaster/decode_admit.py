@@ -103,6 +103,18 @@ def request_loads(x, prefix=0.0, hit: float = 1.0, cold: float = 0.0) -> np.ndar
     return h + m
 
 
+def normal_below(margin: np.ndarray, sd: np.ndarray) -> np.ndarray:
+    """Pr(N(0, sd^2) < margin) (sd 0: the indicator margin > 0); Abramowitz-Stegun
+    7.1.26 for erf, error below 1.5e-7."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.where(sd > 0, margin / (np.sqrt(2.0) * sd), np.where(margin > 0, np.inf, -np.inf))
+    x = np.abs(np.nan_to_num(z, nan=0.0, posinf=1e6, neginf=-1e6))
+    t = 1.0 / (1.0 + 0.3275911 * x)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    erf = 1.0 - poly * np.exp(-x * x)
+    return 0.5 * (1.0 + np.sign(z) * erf)
+
+
 def _run_rank(sorted_keys: np.ndarray) -> np.ndarray:
     """Position of each element within its run of equal keys (keys sorted)."""
     n = len(sorted_keys)
@@ -191,13 +203,17 @@ def decode_admissions_split(
     p_in = np.where(-started >= gh_in, 0.0, hit_in) * (gh_in < gm_in) + (gh_in >= gm_in)
     b_in = np.maximum(started + p_in * gh_in + (1.0 - p_in) * gm_in, 0.0)
     free = np.zeros(V)
+    free_var = np.zeros(V)  # the variance of when a server frees (its holder's cache flip)
     if len(b_in):
         order = np.lexsort((-b_in, i_in))
         inst_s = i_in[order]
         r = _run_rank(inst_s)
         hold = r < c[inst_s]
         free[offset[inst_s[hold]] + r[hold]] = b_in[order][hold]
+        var_in = p_in * (1.0 - p_in) * np.square(gh_in - gm_in)
+        free_var[offset[inst_s[hold]] + r[hold]] = var_in[order][hold]
     pause = float(np.clip(np.nan_to_num(snap.prefill_pause, nan=0.0, posinf=0.0), 0.0, BIG))
+    free_var = np.where(free > pause, free_var, 0.0)  # a pause that ends later is certain
     free = np.maximum(free, pause)
 
     # Queued: in arrival order per instance, dealt round-robin over its servers from the
@@ -235,7 +251,24 @@ def decode_admissions_split(
     # outcomes that finish it in time (a long cold prompt may not, its hit would).
     w_in = p_in * (started + gh_in < S) + (1.0 - p_in) * (started + gm_in < S)
     s_rd = b_rd - svc_rd
-    w_rd = hit_rd * (s_rd + gh_rd < S) + (1.0 - hit_rd) * (s_rd + gm_rd < S)
+    if cfg.queue_spread and len(x_rd):
+        # When a queued request starts is its server's free time plus the service of
+        # those dealt before it there, each a cache flip (hit or miss) around the expected
+        # time the queue used. Their variances add up; the admission of each outcome is
+        # then Pr(start + g < S) under a normal of that spread. A hard cut at the mean
+        # start treats the sum as certain, which is not the model's own expectation:
+        # the chance that the request finishes in time is not the indicator at the mean.
+        var_req = hit_rd * (1.0 - hit_rd) * np.square(gh_rd - gm_rd)
+        o = np.lexsort((np.arange(len(x_rd)), u_rd, srv_rd))  # each server's FIFO order
+        srv_s = srv_rd[o]
+        cum = np.cumsum(var_req[o])
+        first = np.searchsorted(srv_s, srv_s, side="left")
+        ahead = np.zeros(len(x_rd))
+        ahead[o] = cum - var_req[o] - np.concatenate(([0.0], cum))[first]
+        sd = np.sqrt(np.clip(ahead + free_var[srv_rd], 0.0, None))
+        w_rd = hit_rd * normal_below(S - gh_rd - s_rd, sd) + (1.0 - hit_rd) * normal_below(S - gm_rd - s_rd, sd)
+    else:
+        w_rd = hit_rd * (s_rd + gh_rd < S) + (1.0 - hit_rd) * (s_rd + gm_rd < S)
     known = finite_sum(x_in * w_in) + finite_sum(x_rd * w_rd)
     # Predicted requests arrive evenly through their sub-step [kh, kh + h] and start as
     # their server's fluid queue reaches them: the request at position phi of the
