@@ -5,10 +5,12 @@ then times ``snapshot(t)`` + ``forecast(...)`` (what the service does once per w
 next to a baseline measured in the same run: one pass of Python over the trajectories
 (what a non-vectorised forecaster would at least cost).
 
-    .venv/bin/python benchmarks/bench_forecast.py [--sizes 10000 100000] [--repeat 20] [--attn-dp 16]
+    .venv/bin/python benchmarks/bench_forecast.py [--sizes 10000 100000] [--repeat 20] [--attn-dp 16] [-o KEY=VALUE ...]
 
 ``--attn-dp N`` registers the 8 prefill engines with N attention data-parallel ranks each
 (N prefill queues per engine in the queue simulation), as SGLang DP-attention engines do.
+``-o KEY=VALUE`` overrides a ``ForecastConfig`` field (as ``prorsa forecast-eval -o``
+does), to time what one part costs, e.g. ``-o queue_spread=false``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import statistics
 import time
 
 import numpy as np
+import typer
 
+from prorsa_forecaster.cli import parse_options
 from prorsa_forecaster.config import ForecastConfig
 from prorsa_forecaster.core import forecast
 from prorsa_forecaster.state import LiveState
@@ -78,8 +82,13 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--attn-dp", type=int, default=0, help="attention DP ranks per prefill engine (0: unregistered)")
+    ap.add_argument("-o", "--option", action="append", default=[], help="ForecastConfig override KEY=VALUE (repeatable)")
     args = ap.parse_args()
-    cfg = ForecastConfig()
+    try:
+        overrides = parse_options(args.option)
+    except typer.Exit as e:  # the message is printed already
+        raise SystemExit(e.exit_code) from None
+    cfg = ForecastConfig(**overrides)
     for n in args.sizes:
         st = build(n, attn_dp=args.attn_dp)
         t = 100.0

@@ -42,7 +42,7 @@ def forecast_eval(
     from .config import ForecastConfig
     from .evaluate import evaluate_log
 
-    overrides = _parse_options(option or [])
+    overrides = parse_options(option or [])
     try:
         cfg = ForecastConfig(horizon=horizon, **overrides)
     except ValueError as exc:
@@ -73,7 +73,7 @@ def forecast_eval(
     _print_table(report, console, out)
 
 
-def _parse_options(items: list[str]) -> dict:
+def parse_options(items: list[str]) -> dict:
     """``KEY=VALUE`` strings into ForecastConfig overrides, typed by the field's default."""
     import dataclasses
 
