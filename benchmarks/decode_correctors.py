@@ -4,7 +4,8 @@ the decode correction in docs/forecaster.md).
     .venv/bin/python benchmarks/decode_correctors.py LOG [LOG ...]
 
 The log is replayed once through the forecaster (default configuration); the raw decode
-forecast of every window (before any correction) and the actual admissions are then run
+forecast of every window (before the decode correction; after the admitted-share one,
+which is part of the queue model's output since session 5) and the actual admissions are then run
 through each corrector offline, as the window loop would (a window's factor only from
 windows closed before it). Prints the decode WAPE of each:
 

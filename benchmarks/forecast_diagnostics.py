@@ -152,7 +152,7 @@ def known_revealed(path: str, results, horizon: float) -> None:
     base = np.array([r.forecast.raw_decode_known for r in results])
     rev = np.array([r.forecast.raw_decode_known for r in revealed[: len(results)]])
     tot = act.sum()
-    print(f"decode admissions of known requests (raw): WAPE {np.abs(base - act).sum() / tot:.1%} "
+    print(f"decode admissions of known requests (before the decode correction): WAPE {np.abs(base - act).sum() / tot:.1%} "
           f"(signed {(base - act).sum() / tot:+.1%}), with each one's cache outcome revealed "
           f"{np.abs(rev - act).sum() / tot:.1%} (signed {(rev - act).sum() / tot:+.1%}; {len(results)} windows)")
 
@@ -170,7 +170,7 @@ def admitted_share(results) -> None:
         return
     sf, sa = fd[m] / fa[m], ad[m] / aa[m]
     total = ad[m].sum()
-    print(f"decode admissions of arrivals (raw): admitted share of the arrivals forecast "
+    print(f"decode admissions of arrivals (before the decode correction, after the admitted-share one): admitted share of the arrivals forecast "
           f"{fd[m].sum() / fa[m].sum():.3f}, actual {ad[m].sum() / aa[m].sum():.3f} ({int(m.sum())} windows); "
           f"WAPE {np.abs(fd[m] - ad[m]).sum() / total:.1%}, "
           f"with the actual arrivals {np.abs(sf * aa[m] - ad[m]).sum() / total:.1%}, "
