@@ -56,8 +56,17 @@ def test_table_output_and_windows_csv(tmp_path):
     res = runner.invoke(app, ["forecast-eval", str(log), "--windows", str(csv)])
     assert res.exit_code == 0, res.output
     assert "prorsa WAPE" in res.stdout and "kalman" in res.stdout and "known at t" in res.stdout
-    lines = csv.read_text().splitlines()
-    assert lines[0].startswith("t,prefill_forecast") and len(lines) > 3
+    import csv as csvmod
+
+    rows = list(csvmod.DictReader(csv.read_text().splitlines()))
+    assert len(rows) > 3
+    from prorsa_forecaster.core import COMPONENTS
+
+    assert set(COMPONENTS) <= set(rows[0]) and {"decode_known_forecast", "decode_known_actual", "share_factor"} <= set(rows[0])
+    # Backlog and forecast add up per window: ready + inflight are the known part of prefill.
+    for r in rows:
+        assert float(r["prefill_actual"]) >= float(r["ready"]) + float(r["inflight"]) - 2  # each rounded
+        assert float(r["decode_known_actual"]) <= float(r["decode_actual"])
 
 
 def test_empty_log_and_log_without_requests(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 from typing import Annotated, Optional
@@ -41,6 +42,7 @@ def forecast_eval(
 
     from .config import ForecastConfig
     from .evaluate import evaluate_log
+    from .core import COMPONENTS
 
     overrides = parse_options(option or [])
     try:
@@ -57,16 +59,18 @@ def forecast_eval(
         _fail(f"cannot read {log}: {exc}")
     report = ev.report()
     if windows_csv is not None:
-        with open(windows_csv, "w") as fh:
-            fh.write("t,prefill_forecast,prefill_actual,decode_forecast,decode_actual,sampler,sandbox,ready,tool,inflight,bias\n")
+        with open(windows_csv, "w", newline="") as fh:
+            out_csv = csv.writer(fh)
+            out_csv.writerow(
+                ["t", "prefill_forecast", "prefill_actual", "decode_forecast", "decode_actual", *COMPONENTS, "bias",
+                 "decode_known_forecast", "decode_known_actual", "decode_bias", "share_factor"]
+            )
             for w in ev.windows:
                 f = w.forecast
-                c = f.components
-                fh.write(
-                    f"{w.t},{f.prefill_tokens:.0f},{w.prefill_actual:.0f},{f.decode_admit_tokens:.0f},"
-                    f"{w.decode_actual:.0f},{c['sampler']:.0f},{c['sandbox']:.0f},{c['ready']:.0f},"
-                    f"{c['tool']:.0f},{c['inflight']:.0f},{f.bias:.0f}\n"
-                )
+                tokens = [f.prefill_tokens, w.prefill_actual, f.decode_admit_tokens, w.decode_actual]
+                tokens += [f.components.get(name, 0.0) for name in COMPONENTS]
+                tokens += [f.bias, f.raw_decode_known, w.decode_known, f.decode_bias]
+                out_csv.writerow([w.t, *(f"{v:.0f}" for v in tokens), f"{f.share_factor:.4f}"])
     if as_json:
         out.print(json.dumps(report), highlight=False, soft_wrap=True)
         return
