@@ -2,6 +2,8 @@
 
 import asyncio
 
+import pytest
+
 from nats.aio.client import Client as NATS
 
 from prorsa_forecaster.service import Forecaster
@@ -44,6 +46,12 @@ async def test_service_publishes_one_forecast_per_window_and_tracks_wape(nats_ur
     assert all(f.type == "forecast.window" and f.horizon == 10.0 for f in got)
     assert any(f.prefill_tokens > 0 and f.components.tool > 0 for f in got)
     assert svc.wape["prefill"].value is not None and svc.m_invalid._value.get() == 1
+    # The corrections the latest forecast was made with, as the history holds them.
+    h = svc.loop.state.history
+    reg = svc.registry
+    assert reg.get_sample_value("prorsa_forecaster_correction", {"kind": "prefill_tool"}) == h.prefill_factors()["tool"]
+    assert reg.get_sample_value("prorsa_forecaster_correction", {"kind": "admitted_share"}) == h.bias_share.factor
+    assert reg.get_sample_value("prorsa_forecaster_correction", {"kind": "decode"}) == pytest.approx(h.bias_decode.factor)
     # A tracker watermark past the next boundary closes the open window without events.
     before = svc.published
     await nc.publish(ns.watermark(), b'{"ts": %f}' % (last_t + 25))

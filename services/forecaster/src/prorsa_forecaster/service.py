@@ -87,6 +87,11 @@ class Forecaster:
         self.m_events = Counter("prorsa_forecaster_events", "events applied", registry=self.registry)
         self.m_invalid = Counter("prorsa_forecaster_invalid", "messages that are not valid events", registry=self.registry)
         self.m_forecast = Gauge("prorsa_forecaster_forecast_tokens", "latest forecast", ["series"], registry=self.registry)
+        self.m_correction = Gauge(
+            "prorsa_forecaster_correction",
+            "online correction factor of the latest forecast (1 = none): prefill per source, decode, admitted share",
+            ["kind"], registry=self.registry,
+        )
         self.wape = {"prefill": OnlineWape(), "decode": OnlineWape()}
         self.published = 0
         self.run_id = settings.run_label
@@ -119,6 +124,16 @@ class Forecaster:
             self.published += 1
             self.m_forecast.labels("prefill").set(f.prefill_tokens)
             self.m_forecast.labels("decode").set(f.decode_admit_tokens)
+            self._set_corrections(f)
+
+    def _set_corrections(self, f) -> None:
+        """The correction factors a forecast was made with: far from 1 for long, the
+        model itself is off in that part (an operator's first look when WAPE drifts)."""
+        h = self.loop.state.history
+        for name, factor in h.prefill_factors(self.loop.config.bias_per_source).items():
+            self.m_correction.labels(f"prefill_{name}").set(factor)
+        self.m_correction.labels("decode").set(f.decode_admit_tokens / f.raw_decode if f.raw_decode > 0 else 1.0)
+        self.m_correction.labels("admitted_share").set(f.share_factor)
 
     def apply_bytes(self, data: bytes) -> list[WindowResult]:
         """Decode and fold one message; a bad one is counted and logged, never fatal."""
