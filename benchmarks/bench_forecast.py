@@ -51,8 +51,11 @@ def build(n: int, seed: int = 0, attn_dp: int = 0) -> LiveState:
         st.apply(ev("request.queued", 1.0, traj=t, req=f"{t}-0", turn=0, prompt_tokens=3100, engine=f"p{i % 8}"))
         st.apply(ev("prefill.finished", 1.2, traj=t, req=f"{t}-0", engine=f"p{i % 8}"))
         st.apply(ev("decode.finished", 5.0, traj=t, req=f"{t}-0", output_tokens=300, finish="tool"))
-        st.apply(ev("request.queued", 5.0 + rng.lognormal(1, 1), traj=t, req=f"{t}-1", turn=1, prompt_tokens=4000))
-        st.apply(ev("prefill.finished", 20.0, traj=t, req=f"{t}-1"))
+        st.apply(ev("request.queued", 5.0 + rng.lognormal(1, 1), traj=t, req=f"{t}-1", turn=1, prompt_tokens=4000,
+                    engine=f"p{i % 8}"))
+        # Three in four find their previous prompt cached: a learnt hit rate, so that
+        # queued warm requests below have a cache flip (the start spread's work).
+        st.apply(ev("prefill.finished", 20.0, traj=t, req=f"{t}-1", engine=f"p{i % 8}", cached_tokens=3100 if i % 4 else 0))
         st.apply(ev("decode.finished", 25.0, traj=t, req=f"{t}-1", output_tokens=300, finish="stop"))
         st.apply(ev("reward.finished", 25.0 + rng.lognormal(1, 0.5), traj=t, admitted=bool(i % 3)))
     # n live trajectories spread over start-up, queued, prefill, decode, tool and reward.
@@ -64,7 +67,13 @@ def build(n: int, seed: int = 0, attn_dp: int = 0) -> LiveState:
         if phase == 0:
             st.apply(ev("sandbox.started", ts, traj=t, mode="prewarm" if i % 4 else "cold"))
             continue
-        st.apply(ev("request.queued", ts + 1, traj=t, req=f"{t}-0", turn=0, prompt_tokens=3000 + i % 5000, engine=f"p{i % 8}"))
+        if phase == 1 and i % 12 == 7:
+            # Half of the queued ones are on their second turn: warm, a cache flip each.
+            st.apply(ev("request.queued", ts, traj=t, req=f"{t}-w", turn=0, prompt_tokens=3000, engine=f"p{i % 8}"))
+            st.apply(ev("prefill.finished", ts + 0.2, traj=t, req=f"{t}-w", engine=f"p{i % 8}", cached_tokens=0))
+            st.apply(ev("decode.finished", ts + 0.5, traj=t, req=f"{t}-w", output_tokens=200, finish="tool"))
+        turn = 1 if phase == 1 and i % 12 == 7 else 0
+        st.apply(ev("request.queued", ts + 1, traj=t, req=f"{t}-0", turn=turn, prompt_tokens=3000 + i % 5000, engine=f"p{i % 8}"))
         if phase == 1:
             continue
         st.apply(ev("prefill.started", ts + 1.5, traj=t, req=f"{t}-0", engine=f"p{i % 8}"))

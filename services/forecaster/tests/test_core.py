@@ -385,3 +385,36 @@ def test_a_queued_request_start_spreads_with_the_cache_flips_ahead_of_it():
     # B first (1 or 6 s, both < 10), A behind it: start 3.5 +- 2.5; hit 1 s, miss 5 s.
     w_a = 0.5 * phi((9.0 - 3.5) / 2.5) + 0.5 * phi((5.0 - 3.5) / 2.5)
     assert first.decode_admit_tokens == pytest.approx(6000 + 5000 * w_a, rel=1e-6)
+
+
+def test_arrivals_behind_a_queue_average_over_its_cache_flips():
+    h = quiet_history()
+    h.tool = fixed("tool", *[4.0] * 50)
+    # One server, 1 ms a token. Queued: 5000 tokens, 4000 cached, hit rate 0.5: done at
+    # 1 s or 5 s (3 s +- 2 s). A tool return of 2000 uncached tokens (2 s) arrives ~4 s.
+    snap = Snapshot(
+        t=0.0, tool_elapsed=np.zeros(1), tool_context=np.array([2000.0]), tool_growth=np.zeros(1),
+        tool_result=np.array([-1.0]),
+        ready_prompt=np.array([5000.0]), ready_since=np.array([-1.0]), ready_instance=np.array([0]),
+        ready_growth=np.zeros(1), ready_cached=np.array([4000.0]),
+        instance_overhead=np.array([0.0]), instance_per_token=np.array([1e-3]), cache_hit=0.5,
+    )
+    cfg = dict(horizon=10.0, steps=10, bias_half_life=0, share_half_life=0)
+    at_mean = forecast(snap, h, ForecastConfig(**cfg, arrival_spread=False))
+    spread = forecast(snap, h, ForecastConfig(**cfg, arrival_spread=True))
+    # At the mean end of queue (3 s) the server is free when the return comes: all admitted.
+    assert at_mean.decode_admit_tokens - at_mean.raw_decode_known == pytest.approx(2000)
+    # Averaged over the queue's end 3 + 2z: a sub-step's work (w = its 2 s of prefill)
+    # starting at s = max(kh, 3 + 2z) is admitted in the share min((S - s - g) / w,
+    # (S - kh - g) / h), clipped to [0, 1]. The exact expectation by quadrature:
+    z = np.linspace(-8.0, 8.0, 160_001)
+    pdf = np.exp(-z * z / 2) / np.sqrt(2 * np.pi) * (z[1] - z[0])
+    expected = 0.0
+    for k, tokens in enumerate(spread.admit_detail.arrival_tokens):
+        if tokens > 0:
+            start = np.maximum(k * 1.0, 3.0 + 2.0 * z)
+            share = np.clip(np.minimum((10.0 - start - 2.0) / 2.0, (10.0 - k - 2.0) / 1.0), 0.0, 1.0)
+            expected += tokens * float((share * pdf).sum())
+    assert spread.raw_decode_known == pytest.approx(5000)
+    assert spread.decode_admit_tokens - spread.raw_decode_known == pytest.approx(expected, rel=2e-3)
+    assert expected < 1990  # the spread matters here

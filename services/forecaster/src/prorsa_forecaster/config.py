@@ -38,6 +38,9 @@ class ForecastConfig:
             in time given the spread of its start, the sum of the cache flips (hit or
             miss) of the requests ahead of it on its server; False: the indicator at the
             mean start.
+        arrival_spread: the predicted arrivals' admitted share is averaged over the same
+            spread of when each server gets to them (the cache flips of everything
+            queued on it); False: taken at the mean end of the queue.
         kv_page_tokens: kappa^D rounds a prompt up to whole KV pages of this many tokens.
         duration_half_life: observations over which old durations are forgotten.
         prior_reward_s, prior_sandbox_prewarm_s, prior_sandbox_cold_s, prior_start_s,
@@ -59,6 +62,7 @@ class ForecastConfig:
     cache_same_pseudo: float = 20.0
     share_half_life: float = 6.0
     queue_spread: bool = True
+    arrival_spread: bool = True
     kv_page_tokens: int = 1
     duration_half_life: float | None = 5000.0
     prior_reward_s: float = 5.0

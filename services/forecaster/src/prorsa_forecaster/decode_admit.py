@@ -40,6 +40,7 @@ MAX_SERVERS = 4096  # per instance; far beyond any data-parallel size
 # Service-time classes of predicted requests (upper edges, seconds; the last is open).
 CLASS_EDGES = np.geomspace(0.02, 60.0, 15)
 N_CLASSES = len(CLASS_EDGES) + 1
+GH_NODES = 8  # Gauss-Hermite nodes of the arrivals' average over the queue's spread
 
 
 def pooled_cost(snap: Snapshot) -> np.ndarray:
@@ -284,11 +285,32 @@ def decode_admissions_split(
             + b[inst_f][:, None] * np.where(per_req, fut[2] / fut[0], 0.0).T[k]
             + d[inst_f][:, None] * np.where(per_req, fut[3] / fut[0], 0.0).T[k]
         )
-        begin = (b_f - svc_f)[:, None] + g_cls
         spread = svc_f[:, None]
-        frac = np.where(spread > 0, (S - begin) / spread, (begin < S).astype(float))
-        frac = np.minimum(frac, (S - u_f[:, None] - g_cls) / h)
-    frac = np.clip(np.nan_to_num(frac, nan=0.0), 0.0, 1.0)
+        cap = (S - u_f[:, None] - g_cls) / h
+
+    def admitted_share(b_arr: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            begin = (b_arr - svc_f)[:, None] + g_cls
+            share = np.where(spread > 0, (S - begin) / spread, (begin < S).astype(float))
+            return np.clip(np.nan_to_num(np.minimum(share, cap), nan=0.0), 0.0, 1.0)
+
+    frac = admitted_share(b_f)
+    if cfg.arrival_spread and len(x_rd):
+        # The queued requests' cache flips move when each server gets to the arrivals
+        # too: average the arrivals' admission over that spread (Gauss-Hermite nodes of
+        # a normal shift of the server's end of queue; the arrivals' fluid is re-run).
+        var_q = np.bincount(srv_rd, weights=hit_rd * (1.0 - hit_rd) * np.square(gh_rd - gm_rd) * np.ones(len(x_rd)), minlength=V)
+        sd_v = np.sqrt(np.clip(var_q + free_var, 0.0, None))
+        if np.any(sd_v > 0):
+            end = free.copy()
+            np.maximum.at(end, srv_rd, b_rd)
+            nodes, weights = np.polynomial.hermite_e.hermegauss(GH_NODES)
+            weights = weights / weights.sum()
+            # All nodes in one scan: node i's copy of server v is server i V + v.
+            shifted = np.maximum(end[None, :] + sd_v[None, :] * nodes[:, None], pause).ravel()
+            copies = (np.arange(GH_NODES)[:, None] * V + v[None, :]).ravel()
+            b_all = simulate_queues(copies, np.tile(u_f, GH_NODES), np.tile(svc_f, GH_NODES), shifted).reshape(GH_NODES, -1)
+            frac = sum(wz * admitted_share(b_all[i]) for i, wz in enumerate(weights))
     tok = fut[1].T[k] / V
     admit_f = finite_sum(tok * frac)
     page = cfg.kv_page_tokens
