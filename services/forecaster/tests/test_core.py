@@ -318,16 +318,24 @@ def test_decode_spread_thins_arrivals_by_their_chance_of_admission():
     assert prefill_sd(slow, h, CFG) == pytest.approx(0.5 * 2000, rel=1e-3)
 
 
-def test_share_correction_scales_the_arrivals_admissions_only():
+def return_behind_queued(queued: float, per_token: float, **extra) -> tuple[History, Snapshot]:
+    """Tools that take 4 s, and one server (``per_token`` s a computed token) with one
+    queued request of ``queued`` tokens ahead of a trajectory in Tool whose 2000-token
+    prompt returns at ~4 s."""
     h = quiet_history()
     h.tool = fixed("tool", *[4.0] * 50)
-    base = dict(
+    snap = Snapshot(
         t=0.0, tool_elapsed=np.zeros(1), tool_context=np.array([2000.0]), tool_growth=np.zeros(1),
         tool_result=np.array([-1.0]),
-        ready_prompt=np.array([1000.0]), ready_since=np.array([-1.0]), ready_instance=np.array([0]),
-        ready_growth=np.zeros(1), instance_overhead=np.array([0.0]), instance_per_token=np.array([1e-4]),
+        ready_prompt=np.array([queued]), ready_since=np.array([-1.0]), ready_instance=np.array([0]),
+        ready_growth=np.zeros(1), instance_overhead=np.array([0.0]), instance_per_token=np.array([per_token]),
+        **extra,
     )
-    snap = Snapshot(**base)
+    return h, snap
+
+
+def test_share_correction_scales_the_arrivals_admissions_only():
+    h, snap = return_behind_queued(1000.0, 1e-4)
     plain = forecast(snap, h, CFG)
     # Arrives at ~4 s, 0.2 s of prefill: admitted (alpha 1); the queued one too.
     assert plain.share_factor == 1.0
@@ -388,17 +396,9 @@ def test_a_queued_request_start_spreads_with_the_cache_flips_ahead_of_it():
 
 
 def test_arrivals_behind_a_queue_average_over_its_cache_flips():
-    h = quiet_history()
-    h.tool = fixed("tool", *[4.0] * 50)
     # One server, 1 ms a token. Queued: 5000 tokens, 4000 cached, hit rate 0.5: done at
     # 1 s or 5 s (3 s +- 2 s). A tool return of 2000 uncached tokens (2 s) arrives ~4 s.
-    snap = Snapshot(
-        t=0.0, tool_elapsed=np.zeros(1), tool_context=np.array([2000.0]), tool_growth=np.zeros(1),
-        tool_result=np.array([-1.0]),
-        ready_prompt=np.array([5000.0]), ready_since=np.array([-1.0]), ready_instance=np.array([0]),
-        ready_growth=np.zeros(1), ready_cached=np.array([4000.0]),
-        instance_overhead=np.array([0.0]), instance_per_token=np.array([1e-3]), cache_hit=0.5,
-    )
+    h, snap = return_behind_queued(5000.0, 1e-3, ready_cached=np.array([4000.0]), cache_hit=0.5)
     cfg = dict(horizon=10.0, steps=10, bias_half_life=0, share_half_life=0)
     at_mean = forecast(snap, h, ForecastConfig(**cfg, arrival_spread=False))
     spread = forecast(snap, h, ForecastConfig(**cfg, arrival_spread=True))
