@@ -290,8 +290,8 @@ def _forecast(snap: Snapshot, hist: History, cfg: ForecastConfig) -> Forecast:
     future = _clean(samp * fs["sampler"] + start * fs["sandbox"] + tool * fs["tool"] + re * fs["reprefill"])
     known_admit, new_admit, kv, detail = decode_admissions_split(snap, cfg, future)
     # The queue model's admitted share of the arrivals, corrected by what it made of the
-    # arrivals that actually came in closed windows (History.bias_share).
-    # A sub-step's share is at most 1: no more can be admitted than arrives.
+    # arrivals that actually came in closed windows (History.bias_share); a sub-step's
+    # share stays at most 1: no more can be admitted than arrives.
     share = hist.bias_share.factor
     raw_alpha = detail.alpha
     if share != 1.0 and new_admit > 0 and len(detail.arrival_tokens) == len(raw_alpha):

@@ -242,6 +242,8 @@ def decode_admissions_split(
 
     hit_rd = hit_of(snap.column("ready_unrouted", "ready_prompt", 0.0), snap.column("ready_cached", "ready_prompt"))
     svc_rd = hit_rd * gh_rd + (1.0 - hit_rd) * gm_rd  # a server is held for the expected time
+    # ...around which each queued request's cache flip (hit or miss) varies.
+    var_rd = np.broadcast_to(hit_rd * (1.0 - hit_rd) * np.square(gh_rd - gm_rd), x_rd.shape)
     svc_f = g(srv_inst[v], load_f)
     done = simulate_queues(
         np.concatenate((srv_rd, v)), np.concatenate((u_rd, u_f)), np.concatenate((svc_rd, svc_f)), free
@@ -259,13 +261,12 @@ def decode_admissions_split(
         # then Pr(start + g < S) under a normal of that spread. A hard cut at the mean
         # start treats the sum as certain, which is not the model's own expectation:
         # the chance that the request finishes in time is not the indicator at the mean.
-        var_req = hit_rd * (1.0 - hit_rd) * np.square(gh_rd - gm_rd)
         o = np.lexsort((np.arange(len(x_rd)), u_rd, srv_rd))  # each server's FIFO order
         srv_s = srv_rd[o]
-        cum = np.cumsum(var_req[o])
+        cum = np.cumsum(var_rd[o])
         first = np.searchsorted(srv_s, srv_s, side="left")
         ahead = np.zeros(len(x_rd))
-        ahead[o] = cum - var_req[o] - np.concatenate(([0.0], cum))[first]
+        ahead[o] = cum - var_rd[o] - np.concatenate(([0.0], cum))[first]
         sd = np.sqrt(np.clip(ahead + free_var[srv_rd], 0.0, None))
         w_rd = hit_rd * normal_below(S - gh_rd - s_rd, sd) + (1.0 - hit_rd) * normal_below(S - gm_rd - s_rd, sd)
     else:
@@ -299,8 +300,7 @@ def decode_admissions_split(
         # The queued requests' cache flips move when each server gets to the arrivals
         # too: average the arrivals' admission over that spread (Gauss-Hermite nodes of
         # a normal shift of the server's end of queue; the arrivals' fluid is re-run).
-        var_q = np.bincount(srv_rd, weights=hit_rd * (1.0 - hit_rd) * np.square(gh_rd - gm_rd) * np.ones(len(x_rd)), minlength=V)
-        sd_v = np.sqrt(np.clip(var_q + free_var, 0.0, None))
+        sd_v = np.sqrt(np.clip(np.bincount(srv_rd, weights=var_rd, minlength=V) + free_var, 0.0, None))
         if np.any(sd_v > 0):
             end = free.copy()
             np.maximum.at(end, srv_rd, b_rd)
