@@ -43,6 +43,7 @@ def forecast_eval(
     from .config import ForecastConfig
     from .evaluate import evaluate_log
     from .core import COMPONENTS
+    from .windows import SOURCES
 
     overrides = parse_options(option or [])
     try:
@@ -63,14 +64,16 @@ def forecast_eval(
             out_csv = csv.writer(fh)
             out_csv.writerow(
                 ["t", "prefill_forecast", "prefill_actual", "decode_forecast", "decode_actual", *COMPONENTS, "bias",
-                 "decode_known_forecast", "decode_known_actual", "decode_bias", "share_factor"]
+                 "decode_known_forecast", "decode_known_actual", "decode_bias", "share_factor",
+                 *(f"actual_{name}" for name in SOURCES)]
             )
             for w in ev.windows:
                 f = w.forecast
                 tokens = [f.prefill_tokens, w.prefill_actual, f.decode_admit_tokens, w.decode_actual]
                 tokens += [f.components.get(name, 0.0) for name in COMPONENTS]
                 tokens += [f.bias, f.raw_decode_known, w.decode_known, f.decode_bias]
-                out_csv.writerow([w.t, *(f"{v:.0f}" for v in tokens), f"{f.share_factor:.4f}"])
+                actual = (f"{w.sources.get(name, 0.0):.0f}" for name in SOURCES)
+                out_csv.writerow([w.t, *(f"{v:.0f}" for v in tokens), f"{f.share_factor:.4f}", *actual])
     if as_json:
         out.print(json.dumps(report), highlight=False, soft_wrap=True)
         return

@@ -41,6 +41,10 @@ class ForecastConfig:
         arrival_spread: the predicted arrivals' admitted share is averaged over the same
             spread of when each server gets to them (the cache flips of everything
             queued on it); False: taken at the mean end of the queue.
+        update_interrupts: a pending weight update (triggered, landing in the window
+            with the learnt trigger -> update delay) cuts the turns still decoding when
+            it lands: their tool call and next request are not forecast after it; False:
+            only its re-prefill is.
         kv_page_tokens: kappa^D rounds a prompt up to whole KV pages of this many tokens.
         duration_half_life: observations over which old durations are forgotten.
         prior_reward_s, prior_sandbox_prewarm_s, prior_sandbox_cold_s, prior_start_s,
@@ -63,6 +67,7 @@ class ForecastConfig:
     share_half_life: float = 6.0
     queue_spread: bool = True
     arrival_spread: bool = True
+    update_interrupts: bool = True
     kv_page_tokens: int = 1
     duration_half_life: float | None = 5000.0
     prior_reward_s: float = 5.0

@@ -31,7 +31,7 @@ import numpy as np
 
 from .config import ForecastConfig
 from .history import History
-from .decode_admit import N_CLASSES, AdmitDetail, class_sums, decode_admissions_split, pooled_cost, request_rows, service_class
+from .decode_admit import N_CLASSES, AdmitDetail, PendingUpdate, class_sums, decode_admissions_split, pooled_cost, request_rows, service_class
 from .guards import BIG, clean, finite_sum
 from .snapshot import START_DISPATCHED, START_MODES, Snapshot
 
@@ -226,7 +226,10 @@ def _next_turn(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndar
     out = np.zeros((4, N_CLASSES, steps))
     extra = max(hist.output.value, 0.0)
     # The current prompt will be cached by then: it is the next request's prefix.
-    tool_k, chain = _turn_kernels(hist, S, steps)
+    tool_k, _ = _turn_kernels(hist, S, steps)
+    # A decode that a weight update cuts short does not end in a tool call (see
+    # _not_interrupted): the decode ends are weighted before the tool kernel.
+    tool_k = _not_interrupted(_update_steps(snap, hist, cfg), cfg)[:, None] * tool_k
     if len(snap.decode_elapsed):
         p = _clean(snap.decode_prompt)
         x = p + extra + _clean(snap.decode_growth)
@@ -235,8 +238,35 @@ def _next_turn(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndar
     if len(since):
         p = np.concatenate((_clean(snap.ready_prompt), _clean(snap.inflight_prompt)))
         x = p + extra + np.concatenate((_clean(snap.ready_growth), _clean(snap.inflight_growth)))
+        chain = _kernel(hist.decode, S, steps) @ tool_k
         out += _spread(hist.prefill_wait, _clean(snap.t - since), x, p, snap, cost, cfg) @ chain
     return _clean(out)
+
+
+def _update_steps(snap: Snapshot, hist: History, cfg: ForecastConfig) -> np.ndarray:
+    """Pr(the pending weight update lands in sub-step k), k = 0..steps-1: from the learnt
+    trigger -> policy.updated delay, once the update is triggered (zeros otherwise).
+
+    Before any trigger -> update delay is observed the prior alone spreads the update
+    over many windows and does more harm than good: zeros until then. (From the first
+    observation on it pays: on 10-step general-agent logs, requiring two left the second
+    update's re-prefill unforecast, 0.1-0.3 points of prefill WAPE.)"""
+    e = snap.update_elapsed
+    if not np.isfinite(e) or hist.train.count < 1:
+        return np.zeros(cfg.steps)
+    return _clean(hist.train.conditional_steps(np.array([max(e, 0.0)]), cfg.horizon, cfg.steps)[0])
+
+
+def _not_interrupted(update: np.ndarray, cfg: ForecastConfig) -> np.ndarray:
+    """Per sub-step: Pr(no weight update before a decode that ends mid-sub-step).
+
+    A weight update aborts every decoding request (it re-prefills after the pause and
+    decodes the rest of its answer), so a turn that would have ended after the update
+    does not end, and its tool call and return do not happen, in the window."""
+    if not cfg.update_interrupts or not update.any():
+        return np.ones(cfg.steps)
+    before = np.cumsum(update) - 0.5 * update
+    return np.clip(1.0 - before, 0.0, 1.0)
 
 
 def _reprefill(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray) -> np.ndarray:
@@ -246,14 +276,9 @@ def _reprefill(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndar
     from the learnt trigger -> policy.updated delay; the decoding set at t stands in for
     the set at the update."""
     steps = cfg.steps
-    e = snap.update_elapsed
-    # Before any trigger -> update delay is observed the prior alone spreads the update
-    # over many windows and the term does more harm than good: leave it out until then.
-    # (From the first observation on it pays: on 10-step general-agent logs, requiring two
-    # left the second update's re-prefill unforecast, 0.1-0.3 points of prefill WAPE.)
-    if not np.isfinite(e) or len(snap.decode_prompt) == 0 or hist.train.count < 1:
+    p = _update_steps(snap, hist, cfg)
+    if not p.any() or len(snap.decode_prompt) == 0:
         return np.zeros((4, N_CLASSES, steps))
-    p = hist.train.conditional_steps(np.array([max(e, 0.0)]), cfg.horizon, steps)[0]
     x = _clean(snap.decode_prompt) + 0.5 * max(hist.output.value, 0.0)
     # The update flushes the prefix caches: the re-prefill is cold.
     load = _rows(snap, x)  # the update flushed every cache: no prefix
@@ -287,8 +312,18 @@ def _forecast(snap: Snapshot, hist: History, cfg: ForecastConfig) -> Forecast:
     bias = prefill - known - predicted
 
     # Predicted arrivals (loads per sub-step), scaled like the prefill forecast.
-    future = _clean(samp * fs["sampler"] + start * fs["sandbox"] + tool * fs["tool"] + re * fs["reprefill"])
-    known_admit, new_admit, kv, detail = decode_admissions_split(snap, cfg, future)
+    future = _clean(samp * fs["sampler"] + start * fs["sandbox"] + tool * fs["tool"])
+    update = None
+    p_update = _update_steps(snap, hist, cfg)
+    if cfg.update_interrupts and p_update.sum() > 0:
+        # The re-prefills come with a pause and flushed caches: the queue model takes
+        # them as a mixture over when the update lands, not as ordinary arrivals.
+        load = re.sum(axis=(1, 2)) / p_update.sum() * fs["reprefill"]
+        pause = hist.update_pause.value if hist.update_pause.n else 0.0
+        update = PendingUpdate(p_update, pause, _clean(load))
+    else:
+        future = future + _clean(re * fs["reprefill"])
+    known_admit, new_admit, kv, detail = decode_admissions_split(snap, cfg, future, update)
     # The queue model's admitted share of the arrivals, corrected by what it made of the
     # arrivals that actually came in closed windows (History.bias_share); a sub-step's
     # share stays at most 1: no more can be admitted than arrives.

@@ -41,6 +41,7 @@ MAX_SERVERS = 4096  # per instance; far beyond any data-parallel size
 CLASS_EDGES = np.geomspace(0.02, 60.0, 15)
 N_CLASSES = len(CLASS_EDGES) + 1
 GH_NODES = 8  # Gauss-Hermite nodes of the arrivals' average over the queue's spread
+_P_MIN = 1e-4  # a sub-step less likely than this to see the weight update is left out
 
 
 def pooled_cost(snap: Snapshot) -> np.ndarray:
@@ -140,8 +141,25 @@ class AdmitDetail:
     """Per sub-step: the predicted arrivals' prompt tokens (what ``alpha`` is a share of)."""
 
 
+@dataclass(frozen=True)
+class PendingUpdate:
+    """A weight update that may land inside the window.
+
+    When it lands (at u) every decoding request is aborted and re-queued, prefill stops
+    for the weight sync (``pause`` seconds) and every cache is flushed: what was not
+    prefilled by u starts again, cold, at u + pause, behind nothing, and the re-prefills
+    queue behind it."""
+
+    p: np.ndarray
+    """Pr(the update lands in sub-step k), k = 0..steps-1 (sums to at most 1)."""
+    pause: float
+    """Seconds from the update until prefill resumes (learnt)."""
+    reprefill: np.ndarray
+    """``(4,)`` the re-prefills' loads if it lands (count, prompt, computed, pairs; cold)."""
+
+
 def decode_admissions_split(
-    snap: Snapshot, cfg: ForecastConfig, future: np.ndarray
+    snap: Snapshot, cfg: ForecastConfig, future: np.ndarray, update: PendingUpdate | None = None
 ) -> tuple[float, float, float, AdmitDetail]:
     """``(known, arriving, K-hat^D, detail)`` for the window at ``snap.t``: A-hat^D is
     ``known + arriving``, the admissions of requests queued or in prefill at t and of the
@@ -153,6 +171,9 @@ def decode_admissions_split(
         future: ``(4, N_CLASSES, steps)`` predicted arrival loads per service class and
             sub-step (count, prompt tokens, computed tokens, attention pairs; see
             :func:`request_loads`).
+        update: a weight update that may land in the window: the admissions are then a
+            mixture over when it lands (see :func:`_update_mixture`); the re-prefills'
+            admissions count with the known requests (they are requests decoding at t).
     """
     S, steps = cfg.horizon, cfg.steps
     # Per-instance g = a + b n + d n ctx, bounded so that no product overflows.
@@ -252,8 +273,8 @@ def decode_admissions_split(
 
     # A known request is admitted in the window with the probability of the cache
     # outcomes that finish it in time (a long cold prompt may not, its hit would).
-    w_in = p_in * (started + gh_in < S) + (1.0 - p_in) * (started + gm_in < S)
     s_rd = b_rd - svc_rd
+    sd = np.zeros(len(x_rd))
     if cfg.queue_spread and len(x_rd):
         # When a queued request starts is its server's free time plus the service of
         # those dealt before it there, each a cache flip (hit or miss) around the expected
@@ -268,9 +289,14 @@ def decode_admissions_split(
         ahead = np.zeros(len(x_rd))
         ahead[o] = cum - var_rd[o] - np.concatenate(([0.0], cum))[first]
         sd = np.sqrt(np.clip(ahead + free_var[srv_rd], 0.0, None))
-        w_rd = hit_rd * normal_below(S - gh_rd - s_rd, sd) + (1.0 - hit_rd) * normal_below(S - gm_rd - s_rd, sd)
-    else:
-        w_rd = hit_rd * (s_rd + gh_rd < S) + (1.0 - hit_rd) * (s_rd + gm_rd < S)
+
+    def known_by(end: float) -> tuple[np.ndarray, np.ndarray]:
+        """Each known request's probability of being admitted before ``end``."""
+        w_in = p_in * (started + gh_in < end) + (1.0 - p_in) * (started + gm_in < end)
+        w_rd = hit_rd * normal_below(end - gh_rd - s_rd, sd) + (1.0 - hit_rd) * normal_below(end - gm_rd - s_rd, sd)
+        return w_in, w_rd
+
+    w_in, w_rd = known_by(S)
     known = finite_sum(x_in * w_in) + finite_sum(x_rd * w_rd)
     # Predicted requests arrive evenly through their sub-step [kh, kh + h] and start as
     # their server's fluid queue reaches them: the request at position phi of the
@@ -287,15 +313,17 @@ def decode_admissions_split(
             + d[inst_f][:, None] * np.where(per_req, fut[3] / fut[0], 0.0).T[k]
         )
         spread = svc_f[:, None]
-        cap = (S - u_f[:, None] - g_cls) / h
 
-    def admitted_share(b_arr: np.ndarray) -> np.ndarray:
+    def admitted_share(b_arr: np.ndarray, end: float = S) -> np.ndarray:
         with np.errstate(divide="ignore", invalid="ignore"):
             begin = (b_arr - svc_f)[:, None] + g_cls
-            share = np.where(spread > 0, (S - begin) / spread, (begin < S).astype(float))
+            share = np.where(spread > 0, (end - begin) / spread, (begin < end).astype(float))
+            cap = (end - u_f[:, None] - g_cls) / h
             return np.clip(np.nan_to_num(np.minimum(share, cap), nan=0.0), 0.0, 1.0)
 
-    frac = admitted_share(b_f)
+    def arrivals_by(end: float = S) -> np.ndarray:
+        return admitted_share(b_f, end)
+
     if cfg.arrival_spread and len(x_rd):
         # The queued requests' cache flips move when each server gets to the arrivals
         # too: average the arrivals' admission over that spread (Gauss-Hermite nodes of
@@ -310,7 +338,11 @@ def decode_admissions_split(
             shifted = np.maximum(end[None, :] + sd_v[None, :] * nodes[:, None], pause).ravel()
             copies = (np.arange(GH_NODES)[:, None] * V + v[None, :]).ravel()
             b_all = simulate_queues(copies, np.tile(u_f, GH_NODES), np.tile(svc_f, GH_NODES), shifted).reshape(GH_NODES, -1)
-            frac = sum(wz * admitted_share(b_all[i]) for i, wz in enumerate(weights))
+
+            def arrivals_by(end: float = S) -> np.ndarray:
+                return sum(wz * admitted_share(b_all[i], end) for i, wz in enumerate(weights))
+
+    frac = arrivals_by(S)
     tok = fut[1].T[k] / V
     admit_f = finite_sum(tok * frac)
     page = cfg.kv_page_tokens
@@ -318,7 +350,82 @@ def decode_admissions_split(
     kv += admit_f  # aggregated tokens: page rounding averages out
     per_step = np.bincount(k, weights=tok.sum(axis=1), minlength=steps)
     got = np.bincount(k, weights=(tok * frac).sum(axis=1), minlength=steps)
+    if update is not None and np.any(update.p > _P_MIN):
+        # Cold prefill time of every known request and of the arrivals (the update
+        # flushed every cache): all of the prompt is computed.
+        cold_in, cold_rd = g(i_in, _definite(x_in, 0.0 * x_in)), g(i_rd, _definite(x_rd, 0.0 * x_rd))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            mean_x = np.where(fut[0] > 0, fut[1] / fut[0], 0.0)
+        pc = pooled_cost(snap)
+        cold_f = (pc[0] * fut[0] + pc[1] * fut[1] + pc[2] * fut[0] * 0.5 * np.square(mean_x)).sum(axis=0)
+        known_mix, got_mix = _update_mixture(
+            update, S, h, V, pc, x_in, x_rd, cold_in, cold_rd, known_by, arrivals_by, tok, k, per_step, cold_f,
+            known, got,
+        )
+        total = known + admit_f
+        known, got = known_mix, got_mix
+        admit_f = float(got.sum())
+        kv = kv * (known + admit_f) / total if total > 0 else known + admit_f
     with np.errstate(divide="ignore", invalid="ignore"):
         alpha = np.clip(np.nan_to_num(np.where(per_step > 0, got / per_step, 0.0)), 0.0, 1.0)
     known_var = finite_sum(np.square(x_in) * w_in * (1.0 - w_in)) + finite_sum(np.square(x_rd) * w_rd * (1.0 - w_rd))
     return known, admit_f, kv, AdmitDetail(tuple(float(a) for a in alpha), known_var, tuple(float(x) for x in per_step))
+
+
+def _update_mixture(update, S, h, V, pc, x_in, x_rd, cold_in, cold_rd, known_by, arrivals_by, tok, k, per_step, cold_f, known_full, got_full):
+    """Admissions as a mixture over when a pending weight update lands.
+
+    With probability 1 - sum(p) it does not land in the window (the plain forecast,
+    ``known_full`` and ``got_full``). If it lands at u (mid-sub-step k), what finished
+    before u is admitted as the queue model says (the tests cut at u, not S); prefill
+    then stops for the pause and every cache is flushed, so from u + pause on the
+    servers work through, first come first served and cold: the known requests not
+    finished by u, the arrivals of earlier sub-steps not admitted by u, the re-prefills
+    (queued at u), then the later arrivals. That line is a fluid over all V servers:
+    each part is admitted in the share of it that the servers' remaining time
+    V (S - u - pause) covers after the parts ahead of it.
+
+    Returns ``(known, got)``: the known requests' admitted tokens (the re-prefills
+    included: they are requests decoding at t) and the arrivals' per sub-step.
+    """
+    p = np.clip(np.nan_to_num(np.asarray(update.p, dtype=float)), 0.0, 1.0)
+    stay = max(1.0 - float(p.sum()), 0.0)
+    known, got = stay * known_full, stay * np.asarray(got_full, dtype=float)
+    pause = max(float(np.nan_to_num(update.pause)), 0.0)
+    re = np.clip(np.nan_to_num(np.asarray(update.reprefill, dtype=float)), 0.0, BIG)
+    re_svc = pc[0] * re[0] + pc[1] * re[2] + pc[2] * re[3]
+    steps = len(p)
+    tok_step = np.asarray(per_step, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        svc_per_tok = np.where(tok_step > 0, cold_f / tok_step, 0.0)  # cold seconds per arrival token
+    for j in np.flatnonzero(p > _P_MIN):
+        u = (j + 0.5) * h
+        w_in, w_rd = known_by(u)
+        frac = arrivals_by(u)
+        got_u = np.bincount(k, weights=(tok * frac).sum(axis=1), minlength=steps)
+        known_u = finite_sum(x_in * w_in) + finite_sum(x_rd * w_rd)
+        cap = V * max(S - u - pause, 0.0)  # server-seconds left after the pause
+        if cap > 0:
+            late = tok_step - got_u  # arrivals not prefilled by u, per sub-step
+            # The line, first come first served: (tokens, cold service seconds, where).
+            parts = [
+                (finite_sum(x_in * (1 - w_in)) + finite_sum(x_rd * (1 - w_rd)),
+                 finite_sum(cold_in * (1 - w_in)) + finite_sum(cold_rd * (1 - w_rd)), "known"),
+                *((late[i], late[i] * svc_per_tok[i], i) for i in range(j + 1)),
+                (re[1], re_svc, "known"),
+                *((late[i], late[i] * svc_per_tok[i], i) for i in range(j + 1, steps)),
+            ]
+            for tokens, svc, where in parts:
+                if tokens <= 0:
+                    continue
+                share = 1.0 if svc <= cap else cap / svc
+                cap -= min(svc, cap)
+                if where == "known":
+                    known_u += tokens * share
+                else:
+                    got_u[where] += tokens * share
+                if cap <= 0:
+                    break
+        known += p[j] * known_u
+        got += p[j] * got_u
+    return float(known), got

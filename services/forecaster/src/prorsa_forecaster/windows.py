@@ -168,9 +168,12 @@ class WindowLoop:
             return "other"  # a trajectory never dispatched in this log
         if st.dispatched_at[i] >= t or i >= len(self._wstate):
             return "sampler"
+        if st.state[i] == ABORTED:
+            # Aborted (a weight update) and re-queued: whatever it was at t, the forecast
+            # counts the update's re-prefills in one term (the decoding set at t stands
+            # in for the set when the update lands).
+            return "reprefill"
         was = int(self._wstate[i])
-        if was == DECODE and st.state[i] == ABORTED:
-            return "reprefill"  # aborted (weight update) and re-queued
         return {START: "sandbox", TOOL: "tool", QUEUED: "tool", PREFILL: "tool", DECODE: "tool"}.get(was, "other")
 
     @property
