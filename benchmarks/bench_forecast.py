@@ -5,12 +5,14 @@ then times ``snapshot(t)`` + ``forecast(...)`` (what the service does once per w
 next to a baseline measured in the same run: one pass of Python over the trajectories
 (what a non-vectorised forecaster would at least cost).
 
-    .venv/bin/python benchmarks/bench_forecast.py [--sizes 10000 100000] [--repeat 20] [--attn-dp 16] [-o KEY=VALUE ...]
+    .venv/bin/python benchmarks/bench_forecast.py [--sizes 10000 100000] [--repeat 20] [--attn-dp 16] [--pending-update] [-o KEY=VALUE ...]
 
 ``--attn-dp N`` registers the 8 prefill engines with N attention data-parallel ranks each
 (N prefill queues per engine in the queue simulation), as SGLang DP-attention engines do.
 ``-o KEY=VALUE`` overrides a ``ForecastConfig`` field (as ``prorsa forecast-eval -o``
-does), to time what one part costs, e.g. ``-o queue_spread=false``.
+does), to time what one part costs, e.g. ``-o queue_spread=false``. ``--pending-update``
+makes the run async with a weight update triggered and not yet landed, the worst case of
+the decode admissions (a mixture over every sub-step it may land in).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from prorsa_forecaster.state import LiveState
 from prorsa_schemas import EVENT_TYPES
 
 
-def build(n: int, seed: int = 0, attn_dp: int = 0) -> LiveState:
+def build(n: int, seed: int = 0, attn_dp: int = 0, pending_update: bool = False) -> LiveState:
     rng = np.random.default_rng(seed)
     st = LiveState(ForecastConfig())
     mk = EVENT_TYPES
@@ -40,6 +42,12 @@ def build(n: int, seed: int = 0, attn_dp: int = 0) -> LiveState:
         k += 1
         return mk[type_](id=f"b{k}", ts=ts, run="bench", **f)
 
+    if pending_update:
+        # Async run, 500 admitted samples per update: the history below triggers one
+        # (observed at ts 30, so the trigger -> update delay is learnt once) and, with
+        # 1333 admitted, the next one at once: it is pending at t = 100 and may land in
+        # any sub-step of the window, so the update mixture runs for each.
+        st.apply(ev("run.started", 0.0, mode="async", batch_size=500))
     if attn_dp:
         for e in range(8):
             st.apply(ev("engine.registered", 0.0, engine=f"p{e}", server=f"s{e}", role="prefill", gpus=16,
@@ -58,6 +66,8 @@ def build(n: int, seed: int = 0, attn_dp: int = 0) -> LiveState:
         st.apply(ev("prefill.finished", 20.0, traj=t, req=f"{t}-1", engine=f"p{i % 8}", cached_tokens=3100 if i % 4 else 0))
         st.apply(ev("decode.finished", 25.0, traj=t, req=f"{t}-1", output_tokens=300, finish="stop"))
         st.apply(ev("reward.finished", 25.0 + rng.lognormal(1, 0.5), traj=t, admitted=bool(i % 3)))
+    if pending_update:
+        st.apply(ev("policy.updated", 30.0, version=1))
     # n live trajectories spread over start-up, queued, prefill, decode, tool and reward.
     for i in range(n):
         t = f"t{i}"
@@ -91,6 +101,7 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--attn-dp", type=int, default=0, help="attention DP ranks per prefill engine (0: unregistered)")
+    ap.add_argument("--pending-update", action="store_true", help="a triggered weight update may land in the window (the update mixture runs)")
     ap.add_argument("-o", "--option", action="append", default=[], help="ForecastConfig override KEY=VALUE (repeatable)")
     args = ap.parse_args()
     try:
@@ -99,7 +110,7 @@ def main() -> None:
         raise SystemExit(e.exit_code) from None
     cfg = ForecastConfig(**overrides)
     for n in args.sizes:
-        st = build(n, attn_dp=args.attn_dp)
+        st = build(n, attn_dp=args.attn_dp, pending_update=args.pending_update)
         t = 100.0
         times, snaps = [], []
         for _ in range(args.repeat):
@@ -118,7 +129,7 @@ def main() -> None:
                 total += float(st.prompt[i])
         loop_s = time.perf_counter() - a
         print(
-            f"live={st.live:>7,} attn_dp={args.attn_dp}  forecast window: median {1e3 * statistics.median(times):6.1f} ms "
+            f"live={st.live:>7,} attn_dp={args.attn_dp} pending_update={args.pending_update}  forecast window: median {1e3 * statistics.median(times):6.1f} ms "
             f"(p90 {1e3 * sorted(times)[int(0.9 * len(times)) - 1]:6.1f} ms; snapshot {1e3 * statistics.median(snaps):5.1f} ms)  "
             f"| baseline python loop over trajectories: {1e3 * loop_s:6.1f} ms  "
             f"| W^P={f.prefill_tokens:,.0f} A^D={f.decode_admit_tokens:,.0f}"

@@ -3,6 +3,7 @@
 import gzip
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from prorsa_cli.main import app
@@ -67,6 +68,10 @@ def test_table_output_and_windows_csv(tmp_path):
     for r in rows:
         assert float(r["prefill_actual"]) >= float(r["ready"]) + float(r["inflight"]) - 2  # each rounded
         assert float(r["decode_known_actual"]) <= float(r["decode_actual"])
+        # The actual arrivals per source add up to the window's arrivals: its demand
+        # less the backlog at t (ready + in flight, known exactly), each rounded.
+        arrivals = sum(float(r[f"actual_{s}"]) for s in ("sampler", "sandbox", "tool", "reprefill", "other"))
+        assert arrivals == pytest.approx(float(r["prefill_actual"]) - float(r["ready"]) - float(r["inflight"]), abs=8)
 
 
 def test_empty_log_and_log_without_requests(tmp_path):

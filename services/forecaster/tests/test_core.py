@@ -418,3 +418,39 @@ def test_arrivals_behind_a_queue_average_over_its_cache_flips():
     assert spread.raw_decode_known == pytest.approx(5000)
     assert spread.decode_admit_tokens - spread.raw_decode_known == pytest.approx(expected, rel=2e-3)
     assert expected < 1990  # the spread matters here
+
+
+def _decoding_with_update(train_s: float, cfg: ForecastConfig = CFG):
+    """One trajectory decoding at t (its decode ends at 3.5 s, its tool takes 1 s) and a
+    weight update triggered at t that lands after ``train_s``."""
+    h = History(cfg)
+    h.decode = fixed("decode", *[3.5] * 50)
+    h.tool = fixed("tool", *[1.0] * 50)
+    h.train = fixed("train", train_s)
+    h.decode_tool, h.decode_done = 1.0, 1.0  # every response calls a tool
+    h.output.value = 200.0
+    snap = Snapshot(
+        t=0.0, decode_elapsed=np.array([0.0]), decode_prompt=np.array([1000.0]), decode_growth=np.array([100.0]),
+        update_elapsed=0.0,
+    )
+    return forecast(snap, h, cfg)
+
+
+def test_an_update_before_a_turn_ends_cuts_its_next_request():
+    # Without the update the turn ends at 3.5 s and is back at ~4.5 s with 1000 + 200
+    # + 100 tokens. An update at 2.5 s aborts it first: its re-prefill (1000 + half the
+    # expected output) is forecast instead of the next turn. One at 8.5 s comes after.
+    early = _decoding_with_update(2.5)
+    assert early.components["tool"] == pytest.approx(0.0, abs=1e-6)
+    assert early.components["reprefill"] == pytest.approx(1100, rel=1e-6)
+    late = _decoding_with_update(8.5)
+    assert late.components["tool"] == pytest.approx(1300, rel=1e-6)
+    off = _decoding_with_update(2.5, ForecastConfig(horizon=10.0, steps=10, bias_half_life=0, update_interrupts=False))
+    assert off.components["tool"] == pytest.approx(1300, rel=1e-6)
+
+
+def test_no_update_is_forecast_before_its_delay_was_seen_once():
+    h = History(CFG)
+    snap = Snapshot(t=0.0, decode_elapsed=np.array([0.0]), decode_prompt=np.array([1000.0]),
+                    decode_growth=np.array([100.0]), update_elapsed=0.0)
+    assert h.train.count == 0 and forecast(snap, h, CFG).components["reprefill"] == 0.0

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from prorsa_forecaster.config import ForecastConfig
-from prorsa_forecaster.decode_admit import N_CLASSES, decode_admissions, request_loads, request_rows
+from prorsa_forecaster.decode_admit import N_CLASSES, PendingUpdate, decode_admissions, decode_admissions_split, request_loads, request_rows
 from prorsa_forecaster.history import Ratio, SizeBinnedRatio
 from prorsa_forecaster.prefill_queue import PrefillTimeModel
 from prorsa_forecaster.snapshot import RunInfo, Snapshot
@@ -279,3 +279,41 @@ def test_size_binned_ratio_shrinks_each_bin_towards_the_pooled_share():
     r.observe(float("nan"), 1.0, 1.0)
     r.observe(20.0, float("inf"), 1.0)
     assert SizeBinnedRatio(pooled, pseudo=math.inf).table() == pytest.approx(np.full(SizeBinnedRatio.BINS, pooled.value))
+
+
+def test_an_update_in_the_window_pauses_prefill_and_restarts_it_cold():
+    # Two queued 2000-token prompts at 1 ms/token on one server: done at 2 s and 4 s.
+    # An update at 3.5 s (sub-step 3) admits the first; prefill resumes at 3.5 + 4 =
+    # 7.5 s, cold, with 2.5 s left: the second (2 s) again, then 0.5 s of the 3000-token
+    # re-prefill (3 s): a sixth of it.
+    snap = Snapshot(t=0.0, **ready(2000, 2000), **one_instance(1))
+    plain, _ = decode_admissions(snap, CFG, NONE)
+    assert plain == pytest.approx(4000)
+    p = np.zeros(10)
+    p[3] = 1.0
+    reprefill = np.array([1.0, 3000.0, 3000.0, 0.0])
+    known, arriving, _, _ = decode_admissions_split(snap, CFG, NONE, PendingUpdate(p, 4.0, reprefill))
+    assert known == pytest.approx(2000 + 2000 + 500) and arriving == 0.0
+    # Landing in the window with probability 1/2: the mixture of the two.
+    half, _, _, _ = decode_admissions_split(snap, CFG, NONE, PendingUpdate(p / 2, 4.0, reprefill))
+    assert half == pytest.approx(0.5 * 4000 + 0.5 * 4500)
+    # A pause past the window's end: only what finished before the update.
+    long, _, _, _ = decode_admissions_split(snap, CFG, NONE, PendingUpdate(p, 7.0, reprefill))
+    assert long == pytest.approx(2000)
+
+
+def test_arrivals_after_an_update_queue_behind_the_restarted_work():
+    # 1000 tokens predicted in sub-step 6 (1 s of prefill); the server is idle. An update
+    # at 0.5 s with a 2 s pause and a 3000-token re-prefill: resumes at 2.5 s, the
+    # re-prefill takes until 5.5 s, the arrivals (cold: 1 s) are admitted by 10 s.
+    fut = NONE.copy()
+    fut[:, 0, 6] = [1.0, 1000.0, 1000.0, 0.0]
+    snap = Snapshot(t=0.0, **one_instance(1))
+    p = np.zeros(10)
+    p[0] = 1.0
+    known, arriving, _, detail = decode_admissions_split(snap, CFG, fut, PendingUpdate(p, 2.0, np.array([1.0, 3000.0, 3000.0, 0.0])))
+    assert known == pytest.approx(3000) and arriving == pytest.approx(1000)
+    assert detail.alpha[6] == pytest.approx(1.0)
+    # With 8.5 s of pause nothing is prefilled after it.
+    known, arriving, _, _ = decode_admissions_split(snap, CFG, fut, PendingUpdate(p, 9.5, np.array([1.0, 3000.0, 3000.0, 0.0])))
+    assert known == 0.0 and arriving == 0.0

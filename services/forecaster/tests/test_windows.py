@@ -162,3 +162,36 @@ def test_share_correction_learns_from_the_actual_arrivals_per_sub_step():
     assert ours.windows >= 5
     assert loop.state.history.bias_share.factor == pytest.approx(ours.factor)
     assert loop.state.history.bias_share.windows == ours.windows
+
+
+def test_every_requeue_after_an_abort_counts_as_reprefill():
+    # "a" is in its tool at t = 10, comes back, is decoding when the update aborts it,
+    # and re-queues: its first request is a tool return, its re-queue a re-prefill,
+    # like "b"'s, which was decoding at t.
+    f = F()
+    events = [
+        f("run.started", 0.0, mode="async", batch_size=4),
+        f("trajectory.dispatched", 0.0, traj="a", prompt_tokens=100),
+        f("trajectory.dispatched", 0.0, traj="b", prompt_tokens=100),
+        f("request.queued", 1.0, traj="a", req="a0", turn=0, prompt_tokens=100),
+        f("request.queued", 1.0, traj="b", req="b0", turn=0, prompt_tokens=100),
+        f("prefill.finished", 2.0, traj="a", req="a0"),
+        f("prefill.finished", 2.0, traj="b", req="b0"),
+        f("decode.finished", 3.0, traj="a", req="a0", output_tokens=50, finish="tool"),
+        f("tool.finished", 11.0, traj="a", result_tokens=50),
+        f("request.queued", 11.0, traj="a", req="a1", turn=1, prompt_tokens=200),
+        f("prefill.finished", 12.0, traj="a", req="a1"),
+        f("policy.updated", 15.0, version=1),
+        f("decode.finished", 15.0, traj="a", req="a1", output_tokens=10, finish="abort"),
+        f("request.queued", 15.0, traj="a", req="a2", turn=1, prompt_tokens=210),
+        f("decode.finished", 15.0, traj="b", req="b0", output_tokens=30, finish="abort"),
+        f("request.queued", 15.0, traj="b", req="b1", turn=0, prompt_tokens=130),
+        f("trajectory.dispatched", 25.0, traj="z", prompt_tokens=1),
+    ]
+    ws = list(replay(events, CFG, gate=False))
+    assert ws[1].t == 10.0
+    assert ws[1].sources["tool"] == 200 and ws[1].sources["reprefill"] == 210 + 130
+    # Without update_interrupts only what was decoding at t is a re-prefill (session 5).
+    off = dataclasses.replace(CFG, update_interrupts=False)
+    ws = list(replay(events, off, gate=False))
+    assert ws[1].sources["tool"] == 200 + 210 and ws[1].sources["reprefill"] == 130

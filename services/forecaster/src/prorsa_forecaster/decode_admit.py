@@ -412,18 +412,24 @@ def _update_mixture(update, S, h, V, pc, x_in, x_rd, cold_in, cold_rd, known_by,
                 (finite_sum(x_in * (1 - w_in)) + finite_sum(x_rd * (1 - w_rd)),
                  finite_sum(cold_in * (1 - w_in)) + finite_sum(cold_rd * (1 - w_rd)), "known"),
                 *((late[i], late[i] * svc_per_tok[i], i) for i in range(j + 1)),
-                (re[1], re_svc, "known"),
+                (re[1], re_svc, "re"),
                 *((late[i], late[i] * svc_per_tok[i], i) for i in range(j + 1, steps)),
             ]
+            # An update only delays (a pause, cold caches, re-prefills ahead): no part is
+            # admitted more than without it, which also keeps an arrival that comes late in
+            # the window (the fluid ignores when it arrives) to what the plain model admits.
+            room = np.maximum(np.asarray(got_full, dtype=float) - got_u, 0.0)
             for tokens, svc, where in parts:
                 if tokens <= 0:
                     continue
                 share = 1.0 if svc <= cap else cap / svc
                 cap -= min(svc, cap)
                 if where == "known":
+                    known_u += min(tokens * share, max(known_full - known_u, 0.0))
+                elif where == "re":
                     known_u += tokens * share
                 else:
-                    got_u[where] += tokens * share
+                    got_u[where] += min(tokens * share, room[where])
                 if cap <= 0:
                     break
         known += p[j] * known_u

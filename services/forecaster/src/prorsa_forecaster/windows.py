@@ -168,12 +168,13 @@ class WindowLoop:
             return "other"  # a trajectory never dispatched in this log
         if st.dispatched_at[i] >= t or i >= len(self._wstate):
             return "sampler"
-        if st.state[i] == ABORTED:
-            # Aborted (a weight update) and re-queued: whatever it was at t, the forecast
-            # counts the update's re-prefills in one term (the decoding set at t stands
-            # in for the set when the update lands).
-            return "reprefill"
         was = int(self._wstate[i])
+        if st.state[i] == ABORTED and (was == DECODE or self.config.update_interrupts):
+            # Aborted (a weight update) and re-queued. With update_interrupts the forecast
+            # counts all of the update's re-prefills in one term, whatever each was at t
+            # (the decoding set at t stands in for the set when the update lands; the
+            # turns it cuts are not forecast as tool returns).
+            return "reprefill"
         return {START: "sandbox", TOOL: "tool", QUEUED: "tool", PREFILL: "tool", DECODE: "tool"}.get(was, "other")
 
     @property
