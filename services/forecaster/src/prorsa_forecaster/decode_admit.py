@@ -158,24 +158,77 @@ class PendingUpdate:
     """``(4,)`` the re-prefills' loads if it lands (count, prompt, computed, pairs; cold)."""
 
 
-def decode_admissions_split(
-    snap: Snapshot, cfg: ForecastConfig, future: np.ndarray, update: PendingUpdate | None = None
-) -> tuple[float, float, float, AdmitDetail]:
-    """``(known, arriving, K-hat^D, detail)`` for the window at ``snap.t``: A-hat^D is
-    ``known + arriving``, the admissions of requests queued or in prefill at t and of the
-    predicted arrivals.
+@dataclass(frozen=True)
+class KnownQueue:
+    """The requests queued or in prefill at t through the instances' queues: when each
+    is expected to finish, and the spread of that (see :func:`known_queue`). Predicted
+    arrivals queue behind them (FIFO), so this part does not depend on the arrivals and
+    is computed once per window for both the next turns' chain and the admissions."""
 
-    Args:
-        snap: the snapshot (times in it are absolute; the simulation runs relative to t).
-        cfg: horizon S, sub-steps and KV page size.
-        future: ``(4, N_CLASSES, steps)`` predicted arrival loads per service class and
-            sub-step (count, prompt tokens, computed tokens, attention pairs; see
-            :func:`request_loads`).
-        update: a weight update that may land in the window: the admissions are then a
-            mixture over when it lands (see :func:`_update_mixture`); the re-prefills'
-            admissions count with the known requests (they are requests decoding at t).
-    """
-    S, steps = cfg.horizon, cfg.steps
+    a: np.ndarray
+    b: np.ndarray
+    d: np.ndarray
+    """Per-instance g = a + b n + d n ctx (seconds; per computed token; per attention pair)."""
+    c: np.ndarray
+    """Servers (data-parallel queues) per instance."""
+    V: int
+    srv_inst: np.ndarray
+    """The instance of each of the V servers."""
+    x_in: np.ndarray
+    i_in: np.ndarray
+    started: np.ndarray
+    gh_in: np.ndarray
+    gm_in: np.ndarray
+    p_in: np.ndarray
+    """In flight: prompt, instance, start (s after t, <= 0), prefill time on a hit and a
+    miss, Pr(hit) given how long it has run."""
+    x_rd: np.ndarray
+    i_rd: np.ndarray
+    u_rd: np.ndarray
+    gh_rd: np.ndarray
+    gm_rd: np.ndarray
+    hit_rd: np.ndarray | float
+    svc_rd: np.ndarray
+    var_rd: np.ndarray
+    srv_rd: np.ndarray
+    b_rd: np.ndarray
+    s_rd: np.ndarray
+    sd: np.ndarray
+    """Queued: prompt, instance, queue time, prefill time on a hit and a miss, Pr(hit),
+    the expected service, its variance, server, expected finish and start, and the
+    start's spread (0 without ``queue_spread``)."""
+    free: np.ndarray
+    free_var: np.ndarray
+    pause: float
+    end: np.ndarray
+    """Per server: when it frees from its in-flight holder (and the weight-sync pause),
+    that time's variance, the pause, and when it is through its known queue."""
+
+    def g(self, inst: np.ndarray, load: np.ndarray) -> np.ndarray:
+        """Prefill seconds of load rows on their instances: g = a + b n + d n ctx."""
+        return self.a[inst] * load[:, 0] + self.b[inst] * load[:, 2] + self.d[inst] * load[:, 3]
+
+    def admitted_by(self, end: float) -> tuple[np.ndarray, np.ndarray]:
+        """Each in-flight and each queued request's probability of finishing before
+        ``end`` (seconds after t), over its cache outcomes and its start's spread."""
+        w_in = self.p_in * (self.started + self.gh_in < end) + (1.0 - self.p_in) * (self.started + self.gm_in < end)
+        hit, s, sd = self.hit_rd, self.s_rd, self.sd
+        w_rd = hit * normal_below(end - self.gh_rd - s, sd) + (1.0 - hit) * normal_below(end - self.gm_rd - s, sd)
+        return w_in, w_rd
+
+    def finish_steps(self, horizon: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """Pr(finishing in sub-step k) of each in-flight and each queued request,
+        ``(n, steps)`` each (what is overdue finishes in the first)."""
+        cdf = [self.admitted_by(horizon * (j + 1) / steps) for j in range(steps)]
+        out = []
+        for part in (0, 1):
+            c = np.stack([w[part] for w in cdf], axis=1) if cdf else np.zeros((0, steps))
+            out.append(np.clip(np.diff(c, axis=1, prepend=0.0), 0.0, 1.0))
+        return out[0], out[1]
+
+
+def known_queue(snap: Snapshot, spread: bool = True) -> KnownQueue:
+    """The known requests' queue (:class:`KnownQueue`); ``spread``: ``queue_spread``."""
     # Per-instance g = a + b n + d n ctx, bounded so that no product overflows.
     a = np.clip(clean(snap.instance_overhead), 0.0, 1e4)
     b = np.clip(clean(snap.instance_per_token), 0.0, 1.0)
@@ -252,30 +305,19 @@ def decode_admissions_split(
         pos = _run_rank(inst_s)
         srv_rd[order] = srv_order[offset[inst_s] + pos % c[inst_s]]
 
-    # Predicted arrivals: per sub-step, split evenly over every server; the server's
-    # queue is open to them from the sub-step's start (they arrive through it).
-    h = S / steps
-    k = np.repeat(np.arange(steps), V)
-    v = np.tile(np.arange(V), steps)
-    fut = clean(np.asarray(future, dtype=float).reshape(4, N_CLASSES, steps))
-    load_f = (fut.sum(axis=1)[:, k] / V).T
-    u_f = k * h
-
     hit_rd = hit_of(snap.column("ready_unrouted", "ready_prompt", 0.0), snap.column("ready_cached", "ready_prompt"))
     svc_rd = hit_rd * gh_rd + (1.0 - hit_rd) * gm_rd  # a server is held for the expected time
     # ...around which each queued request's cache flip (hit or miss) varies.
     var_rd = np.broadcast_to(hit_rd * (1.0 - hit_rd) * np.square(gh_rd - gm_rd), x_rd.shape)
-    svc_f = g(srv_inst[v], load_f)
-    done = simulate_queues(
-        np.concatenate((srv_rd, v)), np.concatenate((u_rd, u_f)), np.concatenate((svc_rd, svc_f)), free
-    )
-    b_rd, b_f = done[: len(x_rd)], done[len(x_rd) :]
+    b_rd = simulate_queues(srv_rd, u_rd, svc_rd, free)
+    end = free.copy()  # when each server is through its known queue
+    np.maximum.at(end, srv_rd, b_rd)
 
     # A known request is admitted in the window with the probability of the cache
     # outcomes that finish it in time (a long cold prompt may not, its hit would).
     s_rd = b_rd - svc_rd
     sd = np.zeros(len(x_rd))
-    if cfg.queue_spread and len(x_rd):
+    if spread and len(x_rd):
         # When a queued request starts is its server's free time plus the service of
         # those dealt before it there, each a cache flip (hit or miss) around the expected
         # time the queue used. Their variances add up; the admission of each outcome is
@@ -290,11 +332,54 @@ def decode_admissions_split(
         ahead[o] = cum - var_rd[o] - np.concatenate(([0.0], cum))[first]
         sd = np.sqrt(np.clip(ahead + free_var[srv_rd], 0.0, None))
 
-    def known_by(end: float) -> tuple[np.ndarray, np.ndarray]:
-        """Each known request's probability of being admitted before ``end``."""
-        w_in = p_in * (started + gh_in < end) + (1.0 - p_in) * (started + gm_in < end)
-        w_rd = hit_rd * normal_below(end - gh_rd - s_rd, sd) + (1.0 - hit_rd) * normal_below(end - gm_rd - s_rd, sd)
-        return w_in, w_rd
+    return KnownQueue(
+        a=a, b=b, d=d, c=c, V=V, srv_inst=srv_inst,
+        x_in=x_in, i_in=i_in, started=started, gh_in=gh_in, gm_in=gm_in, p_in=p_in,
+        x_rd=x_rd, i_rd=i_rd, u_rd=u_rd, gh_rd=gh_rd, gm_rd=gm_rd, hit_rd=hit_rd, svc_rd=svc_rd, var_rd=var_rd,
+        srv_rd=srv_rd, b_rd=b_rd, s_rd=s_rd, sd=sd, free=free, free_var=free_var, pause=pause, end=end,
+    )
+
+
+def decode_admissions_split(
+    snap: Snapshot,
+    cfg: ForecastConfig,
+    future: np.ndarray,
+    update: PendingUpdate | None = None,
+    known: KnownQueue | None = None,
+) -> tuple[float, float, float, AdmitDetail]:
+    """``(known, arriving, K-hat^D, detail)`` for the window at ``snap.t``: A-hat^D is
+    ``known + arriving``, the admissions of requests queued or in prefill at t and of the
+    predicted arrivals.
+
+    Args:
+        snap: the snapshot (times in it are absolute; the simulation runs relative to t).
+        cfg: horizon S, sub-steps and KV page size.
+        future: ``(4, N_CLASSES, steps)`` predicted arrival loads per service class and
+            sub-step (count, prompt tokens, computed tokens, attention pairs; see
+            :func:`request_loads`).
+        update: a weight update that may land in the window: the admissions are then a
+            mixture over when it lands (see :func:`_update_mixture`); the re-prefills'
+            admissions count with the known requests (they are requests decoding at t).
+        known: :func:`known_queue` of this snapshot, if the caller has it already.
+    """
+    S, steps = cfg.horizon, cfg.steps
+    kq = known if known is not None else known_queue(snap, cfg.queue_spread)
+    a, b, d, V, srv_inst, g = kq.a, kq.b, kq.d, kq.V, kq.srv_inst, kq.g
+    x_in, i_in, x_rd, i_rd, srv_rd = kq.x_in, kq.i_in, kq.x_rd, kq.i_rd, kq.srv_rd
+    var_rd, free_var, pause = kq.var_rd, kq.free_var, kq.pause
+    known_by = kq.admitted_by
+
+    # Predicted arrivals: per sub-step, split evenly over every server; the server's
+    # queue is open to them from the sub-step's start (they arrive through it), behind
+    # the known requests.
+    h = S / steps
+    k = np.repeat(np.arange(steps), V)
+    v = np.tile(np.arange(V), steps)
+    fut = clean(np.asarray(future, dtype=float).reshape(4, N_CLASSES, steps))
+    load_f = (fut.sum(axis=1)[:, k] / V).T
+    u_f = k * h
+    svc_f = g(srv_inst[v], load_f)
+    b_f = simulate_queues(v, u_f, svc_f, kq.end)
 
     w_in, w_rd = known_by(S)
     known = finite_sum(x_in * w_in) + finite_sum(x_rd * w_rd)
@@ -330,8 +415,7 @@ def decode_admissions_split(
         # a normal shift of the server's end of queue; the arrivals' fluid is re-run).
         sd_v = np.sqrt(np.clip(np.bincount(srv_rd, weights=var_rd, minlength=V) + free_var, 0.0, None))
         if np.any(sd_v > 0):
-            end = free.copy()
-            np.maximum.at(end, srv_rd, b_rd)
+            end = kq.end
             nodes, weights = np.polynomial.hermite_e.hermegauss(GH_NODES)
             weights = weights / weights.sum()
             # All nodes in one scan: node i's copy of server v is server i V + v.
