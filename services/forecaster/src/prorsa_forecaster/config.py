@@ -45,6 +45,10 @@ class ForecastConfig:
             with the learnt trigger -> update delay) cuts the turns still decoding when
             it lands: their tool call and next request are not forecast after it; False:
             only its re-prefill is.
+        chain_from_queue: the next turn of a request queued or in prefill at t starts
+            when the queue model finishes its prefill (its place in its server's queue,
+            a weight-sync pause); False: after the learnt prefill wait given its
+            elapsed wait.
         kv_page_tokens: kappa^D rounds a prompt up to whole KV pages of this many tokens.
         duration_half_life: observations over which old durations are forgotten.
         prior_reward_s, prior_sandbox_prewarm_s, prior_sandbox_cold_s, prior_start_s,
@@ -68,6 +72,7 @@ class ForecastConfig:
     queue_spread: bool = True
     arrival_spread: bool = True
     update_interrupts: bool = True
+    chain_from_queue: bool = True
     kv_page_tokens: int = 1
     duration_half_life: float | None = 5000.0
     prior_reward_s: float = 5.0

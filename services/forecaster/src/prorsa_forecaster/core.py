@@ -31,7 +31,18 @@ import numpy as np
 
 from .config import ForecastConfig
 from .history import History
-from .decode_admit import N_CLASSES, AdmitDetail, PendingUpdate, class_sums, decode_admissions_split, pooled_cost, request_rows, service_class
+from .decode_admit import (
+    N_CLASSES,
+    AdmitDetail,
+    KnownQueue,
+    PendingUpdate,
+    class_sums,
+    decode_admissions_split,
+    known_queue,
+    pooled_cost,
+    request_rows,
+    service_class,
+)
 from .guards import BIG, clean, finite_sum
 from .snapshot import START_DISPATCHED, START_MODES, Snapshot
 
@@ -214,13 +225,26 @@ def _turn_kernels(hist: History, horizon: float, steps: int) -> tuple[np.ndarray
     return back, _kernel(hist.decode, horizon, steps) @ back
 
 
-def _next_turn(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray) -> np.ndarray:
+def _by_step(load: np.ndarray, cls: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """``(4, N_CLASSES, steps)``: load rows summed per service class, each row spread
+    over the sub-steps by its ``(rows, steps)`` weights."""
+    out = np.zeros((4, N_CLASSES, weights.shape[1]))
+    for c in np.unique(cls):
+        sel = cls == c
+        out[:, c, :] = load[sel].T @ weights[sel]
+    return out
+
+
+def _next_turn(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray, kq: KnownQueue | None = None) -> np.ndarray:
     """Requests after a tool call from trajectories now queued, in prefill or decoding.
 
     Beyond the paper's simplification (B.1: no second pass within a horizon), which
     misses whole turns when decode + tool take less than S: a decoding trajectory finishes
     with Pr(T_dec < e + S | T_dec > e), calls a tool with the learnt tool fraction, and
-    returns after a fresh tool duration; a queued one goes through prefill wait first.
+    returns after a fresh tool duration. A queued one is prefilled first: when, the
+    queue model says (``kq``: its place in its server's queue, the pause after a weight
+    update, the caches it flushed; ``chain_from_queue``), or else the learnt prefill
+    wait given how long it has waited.
     """
     steps, S = cfg.steps, cfg.horizon
     out = np.zeros((4, N_CLASSES, steps))
@@ -239,7 +263,13 @@ def _next_turn(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndar
         p = np.concatenate((_clean(snap.ready_prompt), _clean(snap.inflight_prompt)))
         x = p + extra + np.concatenate((_clean(snap.ready_growth), _clean(snap.inflight_growth)))
         chain = _kernel(hist.decode, S, steps) @ tool_k
-        out += _spread(hist.prefill_wait, _clean(snap.t - since), x, p, snap, cost, cfg) @ chain
+        if kq is not None and cfg.chain_from_queue:
+            pmf_in, pmf_rd = kq.finish_steps(S, steps)
+            pmf = np.concatenate((pmf_rd, pmf_in))  # the order of ``since``: ready, then in flight
+            load = _rows(snap, x, p)
+            out += _by_step(load, service_class(load, cost), np.concatenate((pmf, pmf))) @ chain
+        else:
+            out += _spread(hist.prefill_wait, _clean(snap.t - since), x, p, snap, cost, cfg) @ chain
     return _clean(out)
 
 
@@ -293,9 +323,10 @@ def forecast(snap: Snapshot, hist: History, cfg: ForecastConfig | None = None) -
 
 def _forecast(snap: Snapshot, hist: History, cfg: ForecastConfig) -> Forecast:
     cost = pooled_cost(snap)
+    kq = known_queue(snap, cfg.queue_spread)
     samp = _sampler(snap, hist, cfg, cost)
     start = _startup(snap, hist, cfg, cost)
-    tool = _tool(snap, hist, cfg, cost) + _next_turn(snap, hist, cfg, cost)
+    tool = _tool(snap, hist, cfg, cost) + _next_turn(snap, hist, cfg, cost, kq)
     re = _reprefill(snap, hist, cfg, cost)
     comps = {
         "sampler": _finite_sum(samp[1]),
@@ -323,7 +354,7 @@ def _forecast(snap: Snapshot, hist: History, cfg: ForecastConfig) -> Forecast:
         update = PendingUpdate(p_update, pause, _clean(load))
     else:
         future = future + _clean(re * fs["reprefill"])
-    known_admit, new_admit, kv, detail = decode_admissions_split(snap, cfg, future, update)
+    known_admit, new_admit, kv, detail = decode_admissions_split(snap, cfg, future, update, kq)
     # The queue model's admitted share of the arrivals, corrected by what it made of the
     # arrivals that actually came in closed windows (History.bias_share); a sub-step's
     # share stays at most 1: no more can be admitted than arrives.
