@@ -454,3 +454,25 @@ def test_no_update_is_forecast_before_its_delay_was_seen_once():
     snap = Snapshot(t=0.0, decode_elapsed=np.array([0.0]), decode_prompt=np.array([1000.0]),
                     decode_growth=np.array([100.0]), update_elapsed=0.0)
     assert h.train.count == 0 and forecast(snap, h, CFG).components["reprefill"] == 0.0
+
+
+def test_a_queued_request_turns_again_when_the_queue_model_finishes_its_prefill():
+    # One server at 1 ms/token and two queued 5500-token prompts: prefilled at 5.5 s and
+    # 11 s. Decode takes 3 s and the tool 1 s: the first is back at ~9.5 s with 5500 +
+    # 200 (answer) + 100 (growth), the second not in the window. After the learnt wait
+    # (1 s, whatever the queue) both would be back.
+    h = History(CFG)
+    h.decode = fixed("decode", *[3.0] * 50)
+    h.tool = fixed("tool", *[1.0] * 50)
+    h.prefill_wait = fixed("wait", *[1.0] * 50)
+    h.decode_tool, h.decode_done = 1.0, 1.0
+    h.output.value = 200.0
+    snap = Snapshot(
+        t=0.0, ready_prompt=np.array([5500.0, 5500.0]), ready_since=np.array([-0.2, -0.1]),
+        ready_instance=np.zeros(2, int), ready_growth=np.array([100.0, 100.0]),
+        instance_overhead=np.array([0.0]), instance_per_token=np.array([0.001]),
+        instance_per_pair=np.array([0.0]), instance_servers=np.array([1]),
+    )
+    assert forecast(snap, h, CFG).components["tool"] == pytest.approx(5800, rel=1e-6)
+    off = ForecastConfig(horizon=10.0, steps=10, bias_half_life=0, chain_from_queue=False)
+    assert forecast(snap, h, off).components["tool"] == pytest.approx(2 * 5800, rel=1e-6)

@@ -9,7 +9,15 @@ import numpy as np
 import pytest
 
 from prorsa_forecaster.config import ForecastConfig
-from prorsa_forecaster.decode_admit import N_CLASSES, PendingUpdate, decode_admissions, decode_admissions_split, request_loads, request_rows
+from prorsa_forecaster.decode_admit import (
+    N_CLASSES,
+    PendingUpdate,
+    decode_admissions,
+    decode_admissions_split,
+    known_queue,
+    request_loads,
+    request_rows,
+)
 from prorsa_forecaster.history import Ratio, SizeBinnedRatio
 from prorsa_forecaster.prefill_queue import PrefillTimeModel
 from prorsa_forecaster.snapshot import RunInfo, Snapshot
@@ -317,3 +325,19 @@ def test_arrivals_after_an_update_queue_behind_the_restarted_work():
     # With 8.5 s of pause nothing is prefilled after it.
     known, arriving, _, _ = decode_admissions_split(snap, CFG, fut, PendingUpdate(p, 9.5, np.array([1.0, 3000.0, 3000.0, 0.0])))
     assert known == 0.0 and arriving == 0.0
+
+
+def test_known_finish_steps_add_up_to_the_admissions():
+    # Three warm queued prompts with a cache flip each (hit: 1 s, miss: 4 s): the
+    # per-sub-step finish probabilities add up to each one's admission by t + S, and
+    # the first (nothing ahead of it) finishes in sub-step 1 or 4.
+    snap = Snapshot(
+        t=0.0, **ready(4000, 4000, 4000, ready_cached=np.array([3000.0, 3000.0, 3000.0])), cache_hit=0.5,
+        **one_instance(1),
+    )
+    kq = known_queue(snap)
+    _, pmf = kq.finish_steps(10.0, 10)
+    _, w = kq.admitted_by(10.0)
+    assert pmf.sum(axis=1) == pytest.approx(w)
+    assert pmf[0, 1] == pytest.approx(0.5) and pmf[0, 4] == pytest.approx(0.5)
+    assert (pmf >= 0).all() and w[2] < w[1] < w[0] == pytest.approx(1.0)
