@@ -365,9 +365,8 @@ def decode_admissions_split(
     S, steps = cfg.horizon, cfg.steps
     kq = known if known is not None else known_queue(snap, cfg.queue_spread)
     a, b, d, V, srv_inst, g = kq.a, kq.b, kq.d, kq.V, kq.srv_inst, kq.g
-    x_in, i_in, x_rd, i_rd, srv_rd = kq.x_in, kq.i_in, kq.x_rd, kq.i_rd, kq.srv_rd
+    x_in, x_rd, srv_rd = kq.x_in, kq.x_rd, kq.srv_rd
     var_rd, free_var, pause = kq.var_rd, kq.free_var, kq.pause
-    known_by = kq.admitted_by
 
     # Predicted arrivals: per sub-step, split evenly over every server; the server's
     # queue is open to them from the sub-step's start (they arrive through it), behind
@@ -381,7 +380,7 @@ def decode_admissions_split(
     svc_f = g(srv_inst[v], load_f)
     b_f = simulate_queues(v, u_f, svc_f, kq.end)
 
-    w_in, w_rd = known_by(S)
+    w_in, w_rd = kq.admitted_by(S)
     known = finite_sum(x_in * w_in) + finite_sum(x_rd * w_rd)
     # Predicted requests arrive evenly through their sub-step [kh, kh + h] and start as
     # their server's fluid queue reaches them: the request at position phi of the
@@ -406,9 +405,8 @@ def decode_admissions_split(
             cap = (end - u_f[:, None] - g_cls) / h
             return np.clip(np.nan_to_num(np.minimum(share, cap), nan=0.0), 0.0, 1.0)
 
-    def arrivals_by(end: float = S) -> np.ndarray:
-        return admitted_share(b_f, end)
-
+    # When each server gets to the arrivals: one scenario, or the spread's nodes below.
+    b_nodes, w_nodes = [b_f], [1.0]
     if cfg.arrival_spread and len(x_rd):
         # The queued requests' cache flips move when each server gets to the arrivals
         # too: average the arrivals' admission over that spread (Gauss-Hermite nodes of
@@ -422,9 +420,11 @@ def decode_admissions_split(
             shifted = np.maximum(end[None, :] + sd_v[None, :] * nodes[:, None], pause).ravel()
             copies = (np.arange(GH_NODES)[:, None] * V + v[None, :]).ravel()
             b_all = simulate_queues(copies, np.tile(u_f, GH_NODES), np.tile(svc_f, GH_NODES), shifted).reshape(GH_NODES, -1)
+            b_nodes, w_nodes = list(b_all), list(weights)
 
-            def arrivals_by(end: float = S) -> np.ndarray:
-                return sum(wz * admitted_share(b_all[i], end) for i, wz in enumerate(weights))
+    def arrivals_by(end: float = S) -> np.ndarray:
+        """The arrivals' admitted share before ``end``, per server and sub-step."""
+        return sum(wz * admitted_share(bz, end) for bz, wz in zip(b_nodes, w_nodes))
 
     frac = arrivals_by(S)
     tok = fut[1].T[k] / V
@@ -435,17 +435,14 @@ def decode_admissions_split(
     per_step = np.bincount(k, weights=tok.sum(axis=1), minlength=steps)
     got = np.bincount(k, weights=(tok * frac).sum(axis=1), minlength=steps)
     if update is not None and np.any(update.p > _P_MIN):
-        # Cold prefill time of every known request and of the arrivals (the update
-        # flushed every cache): all of the prompt is computed.
-        cold_in, cold_rd = g(i_in, _definite(x_in, 0.0 * x_in)), g(i_rd, _definite(x_rd, 0.0 * x_rd))
+        # Cold prefill time of the arrivals per sub-step (the update flushed every cache:
+        # all of the prompt is computed).
         with np.errstate(divide="ignore", invalid="ignore"):
             mean_x = np.where(fut[0] > 0, fut[1] / fut[0], 0.0)
         pc = pooled_cost(snap)
         cold_f = (pc[0] * fut[0] + pc[1] * fut[1] + pc[2] * fut[0] * 0.5 * np.square(mean_x)).sum(axis=0)
-        known_mix, got_mix = _update_mixture(
-            update, S, h, V, pc, x_in, x_rd, cold_in, cold_rd, known_by, arrivals_by, tok, k, per_step, cold_f,
-            known, got,
-        )
+        arrivals = (tok, k, per_step, cold_f)
+        known_mix, got_mix = _update_mixture(update, kq, S, pc, arrivals_by, arrivals, known, got)
         total = known + admit_f
         known, got = known_mix, got_mix
         admit_f = float(got.sum())
@@ -456,7 +453,16 @@ def decode_admissions_split(
     return known, admit_f, kv, AdmitDetail(tuple(float(a) for a in alpha), known_var, tuple(float(x) for x in per_step))
 
 
-def _update_mixture(update, S, h, V, pc, x_in, x_rd, cold_in, cold_rd, known_by, arrivals_by, tok, k, per_step, cold_f, known_full, got_full):
+def _update_mixture(
+    update: PendingUpdate,
+    kq: KnownQueue,
+    S: float,
+    pc: np.ndarray,
+    arrivals_by,
+    arrivals: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    known_full: float,
+    got_full: np.ndarray,
+) -> tuple[float, np.ndarray]:
     """Admissions as a mixture over when a pending weight update lands.
 
     With probability 1 - sum(p) it does not land in the window (the plain forecast,
@@ -469,9 +475,16 @@ def _update_mixture(update, S, h, V, pc, x_in, x_rd, cold_in, cold_rd, known_by,
     each part is admitted in the share of it that the servers' remaining time
     V (S - u - pause) covers after the parts ahead of it.
 
+    ``arrivals_by(end)`` is the arrivals' admitted share before ``end`` per (server,
+    sub-step) row; ``arrivals`` is ``(tokens per row and class, the rows' sub-steps,
+    tokens per sub-step, cold service seconds per sub-step)``; ``pc`` the pooled g.
     Returns ``(known, got)``: the known requests' admitted tokens (the re-prefills
     included: they are requests decoding at t) and the arrivals' per sub-step.
     """
+    tok, k, per_step, cold_f = arrivals
+    x_in, x_rd, V = kq.x_in, kq.x_rd, kq.V
+    cold_in = kq.g(kq.i_in, _definite(x_in, 0.0 * x_in))  # cold: the update flushed every cache
+    cold_rd = kq.g(kq.i_rd, _definite(x_rd, 0.0 * x_rd))
     p = np.clip(np.nan_to_num(np.asarray(update.p, dtype=float)), 0.0, 1.0)
     stay = max(1.0 - float(p.sum()), 0.0)
     known, got = stay * known_full, stay * np.asarray(got_full, dtype=float)
@@ -479,12 +492,13 @@ def _update_mixture(update, S, h, V, pc, x_in, x_rd, cold_in, cold_rd, known_by,
     re = np.clip(np.nan_to_num(np.asarray(update.reprefill, dtype=float)), 0.0, BIG)
     re_svc = pc[0] * re[0] + pc[1] * re[2] + pc[2] * re[3]
     steps = len(p)
+    h = S / steps
     tok_step = np.asarray(per_step, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         svc_per_tok = np.where(tok_step > 0, cold_f / tok_step, 0.0)  # cold seconds per arrival token
     for j in np.flatnonzero(p > _P_MIN):
         u = (j + 0.5) * h
-        w_in, w_rd = known_by(u)
+        w_in, w_rd = kq.admitted_by(u)
         frac = arrivals_by(u)
         got_u = np.bincount(k, weights=(tok * frac).sum(axis=1), minlength=steps)
         known_u = finite_sum(x_in * w_in) + finite_sum(x_rd * w_rd)
