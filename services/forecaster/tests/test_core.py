@@ -476,3 +476,24 @@ def test_a_queued_request_turns_again_when_the_queue_model_finishes_its_prefill(
     assert forecast(snap, h, CFG).components["tool"] == pytest.approx(5800, rel=1e-6)
     off = ForecastConfig(horizon=10.0, steps=10, bias_half_life=0, chain_from_queue=False)
     assert forecast(snap, h, off).components["tool"] == pytest.approx(2 * 5800, rel=1e-6)
+
+
+def test_prefill_spread_of_a_queued_turn_follows_its_cache_flip():
+    from prorsa_forecaster.uncertainty import prefill_sd
+
+    # One queued 4000-token prompt, 3000 of it cached on a hit (probability 1/2), 1 ms
+    # per token: prefilled at 1 s (hit) or 4 s (miss). Decode 6 s, tool 1 s: back at
+    # ~8 s on a hit, after the window on a miss. A coin flip of 4000 + 200 + 100 tokens.
+    h = History(CFG)
+    h.decode = fixed("decode", *[6.0] * 50)
+    h.tool = fixed("tool", *[1.0] * 50)
+    h.decode_tool, h.decode_done = 1.0, 1.0
+    h.output.value = 200.0
+    snap = Snapshot(
+        t=0.0, ready_prompt=np.array([4000.0]), ready_since=np.array([-0.1]), ready_instance=np.zeros(1, int),
+        ready_growth=np.array([100.0]), ready_cached=np.array([3000.0]), cache_hit=0.5,
+        instance_overhead=np.array([0.0]), instance_per_token=np.array([0.001]),
+        instance_per_pair=np.array([0.0]), instance_servers=np.array([1]),
+    )
+    assert forecast(snap, h, CFG).components["tool"] == pytest.approx(0.5 * 4300, rel=1e-6)
+    assert prefill_sd(snap, h, CFG) == pytest.approx(0.5 * 4300, rel=1e-6)

@@ -25,8 +25,8 @@ import math
 import numpy as np
 
 from .config import ForecastConfig
-from .core import _kernel, _turn_kernels
-from .decode_admit import AdmitDetail
+from .core import _kernel, _not_interrupted, _turn_kernels, _update_steps
+from .decode_admit import AdmitDetail, known_queue
 from .guards import clean
 from .history import History
 from .snapshot import START_MODES, Snapshot
@@ -51,14 +51,22 @@ def _coin_flips(snap: Snapshot, hist: History, cfg: ForecastConfig):
         result = np.nan_to_num(np.asarray(snap.tool_result, dtype=float), nan=-1.0)
         growth = np.where(result >= 0, result + hist.tool_overhead.value, clean(snap.tool_growth))
         yield q, clean(snap.tool_context) + np.clip(growth, 0.0, None), False
-    back, chain = _turn_kernels(hist, S, steps)
+    # The same turn kernels as the forecast (core._next_turn): cut by a pending update,
+    # a queued request's turn from when the queue model finishes its prefill.
+    back, _ = _turn_kernels(hist, S, steps)
+    back = _not_interrupted(_update_steps(snap, hist, cfg), cfg)[:, None] * back
+    chain = _kernel(hist.decode, S, steps) @ back
     extra = max(hist.output.value, 0.0)
     if len(snap.decode_elapsed):
         q = hist.decode.bucket_table(clean(snap.decode_elapsed), S, steps) @ back
         yield q, clean(snap.decode_prompt) + extra + clean(snap.decode_growth), False
     since = np.concatenate((np.asarray(snap.ready_since, float), np.asarray(snap.inflight_since, float)))
     if len(since):
-        q = hist.prefill_wait.bucket_table(clean(snap.t - since), S, steps) @ chain
+        if cfg.chain_from_queue:
+            pmf_in, pmf_rd = known_queue(snap, cfg.queue_spread).finish_steps(S, steps)
+            q = np.concatenate((pmf_rd, pmf_in)) @ chain
+        else:
+            q = hist.prefill_wait.bucket_table(clean(snap.t - since), S, steps) @ chain
         p = np.concatenate((clean(snap.ready_prompt), clean(snap.inflight_prompt)))
         g = np.concatenate((clean(snap.ready_growth), clean(snap.inflight_growth)))
         yield q, p + extra + g, False
