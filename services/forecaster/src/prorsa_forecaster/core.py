@@ -266,8 +266,10 @@ def _next_turn(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndar
         if kq is not None and cfg.chain_from_queue:
             pmf_in, pmf_rd = kq.finish_steps(S, steps)
             pmf = np.concatenate((pmf_rd, pmf_in))  # the order of ``since``: ready, then in flight
-            load = _rows(snap, x, p)
-            out += _by_step(load, service_class(load, cost), np.concatenate((pmf, pmf))) @ chain
+            some = pmf.sum(axis=1) > 0  # deep in a queue: not prefilled in the window
+            if some.any():
+                load = _rows(snap, x[some], p[some])
+                out += _by_step(load, service_class(load, cost), np.concatenate((pmf[some], pmf[some]))) @ chain
         else:
             out += _spread(hist.prefill_wait, _clean(snap.t - since), x, p, snap, cost, cfg) @ chain
     return _clean(out)

@@ -27,7 +27,7 @@ What the physics asks beyond the paper's one-queue-per-instance recursion:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -108,13 +108,19 @@ def request_loads(x, prefix=0.0, hit: float = 1.0, cold: float = 0.0) -> np.ndar
 def normal_below(margin: np.ndarray, sd: np.ndarray) -> np.ndarray:
     """Pr(N(0, sd^2) < margin) (sd 0: the indicator margin > 0); Abramowitz-Stegun
     7.1.26 for erf, error below 1.5e-7."""
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         z = np.where(sd > 0, margin / (np.sqrt(2.0) * sd), np.where(margin > 0, np.inf, -np.inf))
-    x = np.abs(np.nan_to_num(z, nan=0.0, posinf=1e6, neginf=-1e6))
-    t = 1.0 / (1.0 + 0.3275911 * x)
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-    erf = 1.0 - poly * np.exp(-x * x)
-    return 0.5 * (1.0 + np.sign(z) * erf)
+    # Past |z| = 6 (about 8.5 sd) erf is 1 to double precision: only the rest is computed.
+    out = np.where(z > 0, 1.0, 0.0)
+    near = np.abs(z) < 6.0
+    out[np.isnan(z)] = 0.5
+    if near.any():
+        zn = z[near]
+        x = np.abs(zn)
+        t = 1.0 / (1.0 + 0.3275911 * x)
+        poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+        out[near] = 0.5 * (1.0 + np.sign(zn) * (1.0 - poly * np.exp(-x * x)))
+    return out
 
 
 def _run_rank(sorted_keys: np.ndarray) -> np.ndarray:
@@ -203,28 +209,38 @@ class KnownQueue:
     end: np.ndarray
     """Per server: when it frees from its in-flight holder (and the weight-sync pause),
     that time's variance, the pause, and when it is through its known queue."""
+    cache: dict = field(default_factory=dict, compare=False, repr=False)
+    """:meth:`edges` per (horizon, steps)."""
 
     def g(self, inst: np.ndarray, load: np.ndarray) -> np.ndarray:
         """Prefill seconds of load rows on their instances: g = a + b n + d n ctx."""
         return self.a[inst] * load[:, 0] + self.b[inst] * load[:, 2] + self.d[inst] * load[:, 3]
 
-    def admitted_by(self, end: float) -> tuple[np.ndarray, np.ndarray]:
+    def admitted_by(self, end) -> tuple[np.ndarray, np.ndarray]:
         """Each in-flight and each queued request's probability of finishing before
-        ``end`` (seconds after t), over its cache outcomes and its start's spread."""
-        w_in = self.p_in * (self.started + self.gh_in < end) + (1.0 - self.p_in) * (self.started + self.gm_in < end)
-        hit, s, sd = self.hit_rd, self.s_rd, self.sd
-        w_rd = hit * normal_below(end - self.gh_rd - s, sd) + (1.0 - hit) * normal_below(end - self.gm_rd - s, sd)
+        ``end`` (seconds after t), over its cache outcomes and its start's spread. With an
+        array of ends: ``(n, len(end))`` each."""
+        e = np.asarray(end, dtype=float)
+        col = (slice(None), None) if e.ndim else (slice(None),)
+        w_in = self.p_in[col] * (self.started[col] + self.gh_in[col] < e)
+        w_in = w_in + (1.0 - self.p_in[col]) * (self.started[col] + self.gm_in[col] < e)
+        hit = np.broadcast_to(np.asarray(self.hit_rd, dtype=float), self.x_rd.shape)[col]
+        s, sd = self.s_rd[col], self.sd[col]
+        w_rd = hit * normal_below(e - self.gh_rd[col] - s, sd) + (1.0 - hit) * normal_below(e - self.gm_rd[col] - s, sd)
         return w_in, w_rd
+
+    def edges(self, horizon: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`admitted_by` at the sub-step edges 0, h, ..., S: ``(n, steps + 1)``
+        each, computed once per (horizon, steps)."""
+        key = (float(horizon), int(steps))
+        if key not in self.cache:
+            self.cache[key] = self.admitted_by(np.linspace(0.0, horizon, steps + 1))
+        return self.cache[key]
 
     def finish_steps(self, horizon: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
         """Pr(finishing in sub-step k) of each in-flight and each queued request,
         ``(n, steps)`` each (what is overdue finishes in the first)."""
-        cdf = [self.admitted_by(horizon * (j + 1) / steps) for j in range(steps)]
-        out = []
-        for part in (0, 1):
-            c = np.stack([w[part] for w in cdf], axis=1) if cdf else np.zeros((0, steps))
-            out.append(np.clip(np.diff(c, axis=1, prepend=0.0), 0.0, 1.0))
-        return out[0], out[1]
+        return tuple(np.clip(np.diff(c[:, 1:], axis=1, prepend=0.0), 0.0, 1.0) for c in self.edges(horizon, steps))
 
 
 def known_queue(snap: Snapshot, spread: bool = True) -> KnownQueue:
@@ -380,7 +396,8 @@ def decode_admissions_split(
     svc_f = g(srv_inst[v], load_f)
     b_f = simulate_queues(v, u_f, svc_f, kq.end)
 
-    w_in, w_rd = kq.admitted_by(S)
+    c_in, c_rd = kq.edges(S, steps)
+    w_in, w_rd = c_in[:, -1], c_rd[:, -1]
     known = finite_sum(x_in * w_in) + finite_sum(x_rd * w_rd)
     # Predicted requests arrive evenly through their sub-step [kh, kh + h] and start as
     # their server's fluid queue reaches them: the request at position phi of the
@@ -388,22 +405,27 @@ def decode_admissions_split(
     # it, or its own arrival) and finishes after its own class's mean prefill time g.
     # Both terms grow with phi, so the admitted share is the phi where either reaches
     # S - g.
+    used = fut[0].sum(axis=1) > 0  # service classes with any predicted request
+    cols = fut[:, used, :]
     with np.errstate(divide="ignore", invalid="ignore"):
-        per_req = fut[0] > 0
+        per_req = cols[0] > 0
         inst_f = srv_inst[v]
         g_cls = (
-            a[inst_f][:, None] * (fut[0].T[k] > 0)
-            + b[inst_f][:, None] * np.where(per_req, fut[2] / fut[0], 0.0).T[k]
-            + d[inst_f][:, None] * np.where(per_req, fut[3] / fut[0], 0.0).T[k]
+            a[inst_f][:, None] * (cols[0].T[k] > 0)
+            + b[inst_f][:, None] * np.where(per_req, cols[2] / cols[0], 0.0).T[k]
+            + d[inst_f][:, None] * np.where(per_req, cols[3] / cols[0], 0.0).T[k]
         )
         spread = svc_f[:, None]
 
-    def admitted_share(b_arr: np.ndarray, end: float = S) -> np.ndarray:
+    def admitted_share(b_arr: np.ndarray, end: float = S, rows=slice(None)) -> np.ndarray:
+        """Per (server, sub-step) row and used class: the admitted share before ``end``."""
         with np.errstate(divide="ignore", invalid="ignore"):
-            begin = (b_arr - svc_f)[:, None] + g_cls
-            share = np.where(spread > 0, (end - begin) / spread, (begin < end).astype(float))
-            cap = (end - u_f[:, None] - g_cls) / h
-            return np.clip(np.nan_to_num(np.minimum(share, cap), nan=0.0), 0.0, 1.0)
+            sp, gc = spread[rows], g_cls[rows]
+            begin = (b_arr[rows] - svc_f[rows])[:, None] + gc
+            share = np.where(sp > 0, (end - begin) / sp, (begin < end).astype(float))
+            cap = (end - u_f[rows][:, None] - gc) / h
+            out = np.clip(np.minimum(share, cap), 0.0, 1.0)
+        return np.where(np.isnan(out), 0.0, out)
 
     # When each server gets to the arrivals: one scenario, or the spread's nodes below.
     b_nodes, w_nodes = [b_f], [1.0]
@@ -422,12 +444,13 @@ def decode_admissions_split(
             b_all = simulate_queues(copies, np.tile(u_f, GH_NODES), np.tile(svc_f, GH_NODES), shifted).reshape(GH_NODES, -1)
             b_nodes, w_nodes = list(b_all), list(weights)
 
-    def arrivals_by(end: float = S) -> np.ndarray:
-        """The arrivals' admitted share before ``end``, per server and sub-step."""
-        return sum(wz * admitted_share(bz, end) for bz, wz in zip(b_nodes, w_nodes))
+    def arrivals_by(end: float = S, rows=slice(None)) -> np.ndarray:
+        """The arrivals' admitted share before ``end``, per (server, sub-step) row (those
+        of ``rows``) and used class."""
+        return sum(wz * admitted_share(bz, end, rows) for bz, wz in zip(b_nodes, w_nodes))
 
     frac = arrivals_by(S)
-    tok = fut[1].T[k] / V
+    tok = cols[1].T[k] / V
     admit_f = finite_sum(tok * frac)
     page = cfg.kv_page_tokens
     kv = finite_sum(np.ceil(x_in / page) * page * w_in) + finite_sum(np.ceil(x_rd / page) * page * w_rd)
@@ -496,11 +519,14 @@ def _update_mixture(
     tok_step = np.asarray(per_step, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         svc_per_tok = np.where(tok_step > 0, cold_f / tok_step, 0.0)  # cold seconds per arrival token
+    c_in, c_rd = kq.edges(S, steps)
     for j in np.flatnonzero(p > _P_MIN):
         u = (j + 0.5) * h
-        w_in, w_rd = kq.admitted_by(u)
-        frac = arrivals_by(u)
-        got_u = np.bincount(k, weights=(tok * frac).sum(axis=1), minlength=steps)
+        # Finished before the middle of sub-step j: between the edges on either side.
+        w_in, w_rd = 0.5 * (c_in[:, j] + c_in[:, j + 1]), 0.5 * (c_rd[:, j] + c_rd[:, j + 1])
+        rows = np.flatnonzero(k <= j)  # later sub-steps' arrivals come after u
+        frac = arrivals_by(u, rows)
+        got_u = np.bincount(k[rows], weights=(tok[rows] * frac).sum(axis=1), minlength=steps)
         known_u = finite_sum(x_in * w_in) + finite_sum(x_rd * w_rd)
         cap = V * max(S - u - pause, 0.0)  # server-seconds left after the pause
         if cap > 0:
