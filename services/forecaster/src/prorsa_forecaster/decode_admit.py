@@ -17,7 +17,11 @@ What the physics asks beyond the paper's one-queue-per-instance recursion:
 * g depends on the computed tokens (prompt minus the expected cached prefix) and on the
   attention context they see, not on the full prompt (see ``PrefillTimeModel``).
 * After a weight update prefill pauses (``Snapshot.prefill_pause``): no server is free
-  before it resumes.
+  before it resumes. An update that may still land inside the window makes the
+  admissions a mixture over when it lands (:class:`PendingUpdate`, :func:`_update_mixture`).
+* The known requests' part of the queue (:class:`KnownQueue`) does not depend on the
+  arrivals, which queue behind it: it is computed once per window and also tells the
+  forecast when each queued request's next turn can start.
 * Predicted arrivals are aggregated per sub-step and per service-time class, and spread
   evenly over all servers. Their work queues like a fluid on each server (which gives
   when the server gets to them), but each request then takes its OWN prefill time: a 50k
