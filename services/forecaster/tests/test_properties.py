@@ -1,6 +1,7 @@
 """Property: whatever the snapshot holds (NaN, inf, negatives, huge), a forecast is finite
 and never negative."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -58,10 +59,19 @@ def snapshots(draw):
 
 
 @settings(max_examples=300, deadline=None)
-@given(snapshots(), st.floats(0.5, 60))
-def test_forecast_is_finite_and_non_negative(snap, horizon):
+@given(snapshots(), st.floats(0.5, 60), st.one_of(st.none(), st.tuples(st.floats(0, 1e4), anyf, st.floats(0, 1))))
+def test_forecast_is_finite_and_non_negative(snap, horizon, update):
     cfg = ForecastConfig(horizon=horizon)
-    f = forecast(snap, History(cfg), cfg)
+    hist = History(cfg)
+    if update is not None:
+        # A trigger -> update delay and a weight-sync pause seen once, and an update
+        # pending that lands inside the window: the re-prefill, the cut turns and the
+        # update mixture all run.
+        delay, pause, where = update
+        hist.train.observe(delay)
+        hist.update_pause.observe(pause)
+        snap = dataclasses.replace(snap, update_elapsed=max(delay - where * horizon, 0.0))
+    f = forecast(snap, hist, cfg)
     values = [f.prefill_tokens, f.decode_admit_tokens, f.decode_kv_tokens, f.decode_kv_now, *f.components.values()]
     assert all(math.isfinite(v) and v >= 0 for v in values), f
     assert math.isfinite(f.bias)
