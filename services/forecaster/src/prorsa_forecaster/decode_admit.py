@@ -422,17 +422,19 @@ def decode_admissions_split(
         spread = svc_f[:, None]
 
     def admitted_share(b_arr: np.ndarray, end: float = S, rows=slice(None)) -> np.ndarray:
-        """Per (server, sub-step) row and used class: the admitted share before ``end``."""
+        """Per scenario of when the servers get to the arrivals (``b_arr``: one row of
+        completion times each), (server, sub-step) row and used class: the admitted share
+        before ``end``."""
         with np.errstate(divide="ignore", invalid="ignore"):
             sp, gc = spread[rows], g_cls[rows]
-            begin = (b_arr[rows] - svc_f[rows])[:, None] + gc
+            begin = (b_arr[:, rows] - svc_f[rows])[..., None] + gc
             share = np.where(sp > 0, (end - begin) / sp, (begin < end).astype(float))
             cap = (end - u_f[rows][:, None] - gc) / h
             out = np.clip(np.minimum(share, cap), 0.0, 1.0)
         return np.where(np.isnan(out), 0.0, out)
 
     # When each server gets to the arrivals: one scenario, or the spread's nodes below.
-    b_nodes, w_nodes = [b_f], [1.0]
+    b_nodes, w_nodes = b_f[None, :], np.ones(1)
     if cfg.arrival_spread and len(x_rd):
         # The queued requests' cache flips move when each server gets to the arrivals
         # too: average the arrivals' admission over that spread (Gauss-Hermite nodes of
@@ -446,12 +448,12 @@ def decode_admissions_split(
             shifted = np.maximum(end[None, :] + sd_v[None, :] * nodes[:, None], pause).ravel()
             copies = (np.arange(GH_NODES)[:, None] * V + v[None, :]).ravel()
             b_all = simulate_queues(copies, np.tile(u_f, GH_NODES), np.tile(svc_f, GH_NODES), shifted).reshape(GH_NODES, -1)
-            b_nodes, w_nodes = list(b_all), list(weights)
+            b_nodes, w_nodes = b_all, weights
 
     def arrivals_by(end: float = S, rows=slice(None)) -> np.ndarray:
         """The arrivals' admitted share before ``end``, per (server, sub-step) row (those
-        of ``rows``) and used class."""
-        return sum(wz * admitted_share(bz, end, rows) for bz, wz in zip(b_nodes, w_nodes))
+        of ``rows``) and used class, averaged over the scenarios (all in one pass)."""
+        return np.tensordot(w_nodes, admitted_share(b_nodes, end, rows), axes=1)
 
     frac = arrivals_by(S)
     tok = cols[1].T[k] / V
