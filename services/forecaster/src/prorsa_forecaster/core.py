@@ -235,7 +235,14 @@ def _by_step(load: np.ndarray, cls: np.ndarray, weights: np.ndarray) -> np.ndarr
     return out
 
 
-def _next_turn(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray, kq: KnownQueue | None = None) -> np.ndarray:
+def _next_turn(
+    snap: Snapshot,
+    hist: History,
+    cfg: ForecastConfig,
+    cost: np.ndarray,
+    kq: KnownQueue | None = None,
+    update: np.ndarray | None = None,
+) -> np.ndarray:
     """Requests after a tool call from trajectories now queued, in prefill or decoding.
 
     Beyond the paper's simplification (B.1: no second pass within a horizon), which
@@ -244,7 +251,8 @@ def _next_turn(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndar
     returns after a fresh tool duration. A queued one is prefilled first: when, the
     queue model says (``kq``: its place in its server's queue, the pause after a weight
     update, the caches it flushed; ``chain_from_queue``), or else the learnt prefill
-    wait given how long it has waited.
+    wait given how long it has waited. ``update``: :func:`_update_steps`, if the caller
+    has it already.
     """
     steps, S = cfg.steps, cfg.horizon
     out = np.zeros((4, N_CLASSES, steps))
@@ -253,7 +261,9 @@ def _next_turn(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndar
     tool_k, _ = _turn_kernels(hist, S, steps)
     # A decode that a weight update cuts short does not end in a tool call (see
     # _not_interrupted): the decode ends are weighted before the tool kernel.
-    tool_k = _not_interrupted(_update_steps(snap, hist, cfg), cfg)[:, None] * tool_k
+    if update is None:
+        update = _update_steps(snap, hist, cfg)
+    tool_k = _not_interrupted(update, cfg)[:, None] * tool_k
     if len(snap.decode_elapsed):
         p = _clean(snap.decode_prompt)
         x = p + extra + _clean(snap.decode_growth)
@@ -301,20 +311,19 @@ def _not_interrupted(update: np.ndarray, cfg: ForecastConfig) -> np.ndarray:
     return np.clip(1.0 - before, 0.0, 1.0)
 
 
-def _reprefill(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray) -> np.ndarray:
+def _reprefill(snap: Snapshot, hist: History, cost: np.ndarray, update: np.ndarray) -> np.ndarray:
     """Beyond the paper's components: a weight update aborts every decoding request and
     re-queues it with its context (prompt + partial output). Forecast only once the
-    update is triggered (a batch of admitted samples is in), with Pr(update in window)
-    from the learnt trigger -> policy.updated delay; the decoding set at t stands in for
-    the set at the update."""
-    steps = cfg.steps
-    p = _update_steps(snap, hist, cfg)
-    if not p.any() or len(snap.decode_prompt) == 0:
-        return np.zeros((4, N_CLASSES, steps))
+    update is triggered (a batch of admitted samples is in), with ``update`` =
+    Pr(update in sub-step k) from the learnt trigger -> policy.updated delay
+    (:func:`_update_steps`); the decoding set at t stands in for the set at the update.
+    Returns the re-prefills' loads per service class if the update lands, ``(4,
+    N_CLASSES)``: times ``update`` per sub-step, the forecast term."""
+    if not update.any() or len(snap.decode_prompt) == 0:
+        return np.zeros((4, N_CLASSES))
     x = _clean(snap.decode_prompt) + 0.5 * max(hist.output.value, 0.0)
-    # The update flushes the prefix caches: the re-prefill is cold.
     load = _rows(snap, x)  # the update flushed every cache: no prefix
-    return _clean(class_sums(load, service_class(load, cost)))[:, :, None] * p[None, None, :]
+    return _clean(class_sums(load, service_class(load, cost)))
 
 
 def forecast(snap: Snapshot, hist: History, cfg: ForecastConfig | None = None) -> Forecast:
@@ -328,8 +337,10 @@ def _forecast(snap: Snapshot, hist: History, cfg: ForecastConfig) -> Forecast:
     kq = known_queue(snap, cfg.queue_spread)
     samp = _sampler(snap, hist, cfg, cost)
     start = _startup(snap, hist, cfg, cost)
-    tool = _tool(snap, hist, cfg, cost) + _next_turn(snap, hist, cfg, cost, kq)
-    re = _reprefill(snap, hist, cfg, cost)
+    p_update = _update_steps(snap, hist, cfg)
+    tool = _tool(snap, hist, cfg, cost) + _next_turn(snap, hist, cfg, cost, kq, p_update)
+    re_if = _reprefill(snap, hist, cost, p_update)
+    re = re_if[:, :, None] * p_update[None, None, :]
     comps = {
         "sampler": _finite_sum(samp[1]),
         "sandbox": _finite_sum(start[1]),
@@ -347,11 +358,10 @@ def _forecast(snap: Snapshot, hist: History, cfg: ForecastConfig) -> Forecast:
     # Predicted arrivals (loads per sub-step), scaled like the prefill forecast.
     future = _clean(samp * fs["sampler"] + start * fs["sandbox"] + tool * fs["tool"])
     update = None
-    p_update = _update_steps(snap, hist, cfg)
     if cfg.update_interrupts and p_update.sum() > 0:
         # The re-prefills come with a pause and flushed caches: the queue model takes
         # them as a mixture over when the update lands, not as ordinary arrivals.
-        load = re.sum(axis=(1, 2)) / p_update.sum() * fs["reprefill"]
+        load = re_if.sum(axis=1) * fs["reprefill"]
         pause = hist.update_pause.value if hist.update_pause.n else 0.0
         update = PendingUpdate(p_update, pause, _clean(load))
     else:
