@@ -21,6 +21,13 @@ def arr(draw, n, elements=anyf):
     return np.array(draw(st.lists(elements, min_size=n, max_size=n)), dtype=float)
 
 
+def turns(draw, n):
+    """A turn column: present (any turn, negative and huge included) or left empty."""
+    if not draw(st.booleans()):
+        return np.zeros(0, int)
+    return np.array(draw(st.lists(st.integers(-5, 10**9), min_size=n, max_size=n)), dtype=int)
+
+
 @st.composite
 def snapshots(draw):
     t = draw(st.floats(0, 1e9))
@@ -55,6 +62,8 @@ def snapshots(draw):
         cache_hit_unrouted=draw(anyf), cache_same_table=arr(draw, draw(st.integers(0, 40))),
         prefill_pause=draw(anyf), cache_hit=draw(anyf), cache_cold=draw(anyf), next_batch_elapsed=draw(anyf),
         update_elapsed=draw(anyf),
+        decode_turn=turns(draw, n[5]), ready_turn=turns(draw, n[2]), inflight_turn=turns(draw, n[4]),
+        tool_turn=turns(draw, n[3]), tool_turn_table=arr(draw, draw(st.integers(0, 25))),
     )
 
 

@@ -30,6 +30,10 @@ class ForecastConfig:
             their prefix is learnt per log2 bin of the prefix's size, each bin shrunk
             towards the pooled share by this many observations of it (inf: one share
             for every size).
+        tool_turn_pseudo: the share of responses that call a tool (the rest end the
+            trajectory) is learnt per turn index (bins 0-15, then octaves), each bin
+            shrunk towards the pooled share by this many observations of it (inf: one
+            share for every turn, as before session 7).
         share_half_life: windows over which the admitted share of predicted arrivals is
             corrected: each closed window compares the requests that arrived in it and
             were prefilled before its end with what the queue model's per-sub-step
@@ -68,6 +72,7 @@ class ForecastConfig:
     bias_prior_windows: float = 2.0
     second_pass: bool = False
     cache_same_pseudo: float = 20.0
+    tool_turn_pseudo: float = 20.0
     share_half_life: float = 6.0
     queue_spread: bool = True
     arrival_spread: bool = True
@@ -97,6 +102,8 @@ class ForecastConfig:
             raise ValueError(f"bias_clip must be >= 1, got {self.bias_clip!r}")
         if not self.cache_same_pseudo >= 0:  # inf allowed; NaN refused
             raise ValueError(f"cache_same_pseudo must be >= 0 (inf: no size bins), got {self.cache_same_pseudo!r}")
+        if not self.tool_turn_pseudo >= 0:  # inf allowed; NaN refused
+            raise ValueError(f"tool_turn_pseudo must be >= 0 (inf: one share for every turn), got {self.tool_turn_pseudo!r}")
         if not (self.share_half_life >= 0 and math.isfinite(self.share_half_life)):
             raise ValueError(f"share_half_life must be >= 0 (0: off), got {self.share_half_life!r}")
         if self.kv_page_tokens < 1:

@@ -97,11 +97,14 @@ def _rows(snap: Snapshot, x: np.ndarray, prefix=0.0) -> np.ndarray:
     return np.concatenate((h, m))
 
 
-def _spread(model, elapsed: np.ndarray, x: np.ndarray, prefix, snap: Snapshot, cost: np.ndarray, cfg: ForecastConfig) -> np.ndarray:
+def _spread(model, elapsed: np.ndarray, x: np.ndarray, prefix, snap: Snapshot, cost: np.ndarray, cfg: ForecastConfig, weight=None) -> np.ndarray:
     """Expected arrivals per service class and sub-step, ``(4, N_CLASSES, steps)``, of
     requests of ``x`` prompt tokens (``prefix`` of them cached on a hit) whose waiting
-    time follows ``model`` (conditioned on the elapsed time)."""
+    time follows ``model`` (conditioned on the elapsed time); each request counts with
+    its ``weight`` (the probability that it comes at all), 1 when None."""
     load = _rows(snap, x, prefix)
+    if weight is not None:
+        load = load * np.tile(np.asarray(weight, dtype=float), 2)[:, None]
     e = np.concatenate((elapsed, elapsed))
     return model.weighted_steps(e, load, cfg.horizon, cfg.steps, service_class(load, cost), N_CLASSES)
 
@@ -119,9 +122,9 @@ def _sampler(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarra
     # (only under "replace"; a cohort's completion needs every member in Reward).
     finishing = np.zeros(steps)
     if len(snap.decode_elapsed) and snap.run.mode != "sync" and snap.run.injection == "replace":
-        rew_k = _kernel(hist.reward, S, steps) * (1.0 - hist.tool_fraction)
-        n_dec = len(snap.decode_elapsed)
-        finishing = hist.decode.weighted_steps(_clean(snap.decode_elapsed), np.ones(n_dec), S, steps) @ rew_k
+        rew_k = _kernel(hist.reward, S, steps)
+        stops = 1.0 - snap.tool_share("decode_turn", "decode_elapsed", hist.tool_fraction)
+        finishing = hist.decode.weighted_steps(_clean(snap.decode_elapsed), stops, S, steps) @ rew_k
     if solo.any() or finishing.any():
         # N_pass per sub-step, through f (replace: linear), then the launch delay.
         done = hist.reward.weighted_steps(elapsed[solo], np.ones(int(solo.sum())), S, steps)
@@ -204,7 +207,8 @@ def _tool(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray) 
         # tool fraction) and returns with the response and the next result appended.
         x2 = x + max(hist.output.value, 0.0) + np.clip(_clean(snap.tool_growth), 0.0, None)
         chain = _kernel(hist.prefill_wait, cfg.horizon, steps) @ _turn_kernels(hist, cfg.horizon, steps)[1]
-        out = out + _spread(hist.tool, elapsed, x2, x, snap, cost, cfg) @ chain
+        again = snap.tool_share("tool_turn", "tool_elapsed", hist.tool_fraction, later=1)
+        out = out + _spread(hist.tool, elapsed, x2, x, snap, cost, cfg, again) @ chain
     return out
 
 
@@ -218,10 +222,11 @@ def _kernel(model, horizon: float, steps: int) -> np.ndarray:
 
 
 def _turn_kernels(hist: History, horizon: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
-    """Kernels of the rest of a turn: a response ending in sub-step k calls a tool (the
-    learnt tool fraction) and is back in sub-step j; and the same from a decode start
-    (decode, then tool)."""
-    back = _kernel(hist.tool, horizon, steps) * hist.tool_fraction
+    """Kernels of the rest of a turn: a response ending in sub-step k that calls a tool
+    is back in sub-step j; and the same from a decode start (decode, then tool). Whether
+    it calls one at all is the caller's weight on each request (its turn's tool share,
+    :meth:`Snapshot.tool_share`)."""
+    back = _kernel(hist.tool, horizon, steps)
     return back, _kernel(hist.decode, horizon, steps) @ back
 
 
@@ -264,24 +269,27 @@ def _next_turn(
     if update is None:
         update = _update_steps(snap, hist, cfg)
     tool_k = _not_interrupted(update, cfg)[:, None] * tool_k
+    pooled = hist.tool_fraction
     if len(snap.decode_elapsed):
         p = _clean(snap.decode_prompt)
         x = p + extra + _clean(snap.decode_growth)
-        out += _spread(hist.decode, _clean(snap.decode_elapsed), x, p, snap, cost, cfg) @ tool_k
+        calls = snap.tool_share("decode_turn", "decode_elapsed", pooled)
+        out += _spread(hist.decode, _clean(snap.decode_elapsed), x, p, snap, cost, cfg, calls) @ tool_k
     since = np.concatenate((np.asarray(snap.ready_since, float), np.asarray(snap.inflight_since, float)))
     if len(since):
         p = np.concatenate((_clean(snap.ready_prompt), _clean(snap.inflight_prompt)))
         x = p + extra + np.concatenate((_clean(snap.ready_growth), _clean(snap.inflight_growth)))
+        calls = np.concatenate((snap.tool_share("ready_turn", "ready_prompt", pooled), snap.tool_share("inflight_turn", "inflight_prompt", pooled)))
         chain = _kernel(hist.decode, S, steps) @ tool_k
         if kq is not None and cfg.chain_from_queue:
             pmf_in, pmf_rd = kq.finish_steps(S, steps)
             pmf = np.concatenate((pmf_rd, pmf_in))  # the order of ``since``: ready, then in flight
             some = pmf.sum(axis=1) > 0  # deep in a queue: not prefilled in the window
             if some.any():
-                load = _rows(snap, x[some], p[some])
+                load = _rows(snap, x[some], p[some]) * np.tile(calls[some], 2)[:, None]
                 out += _by_step(load, service_class(load, cost), np.concatenate((pmf[some], pmf[some]))) @ chain
         else:
-            out += _spread(hist.prefill_wait, _clean(snap.t - since), x, p, snap, cost, cfg) @ chain
+            out += _spread(hist.prefill_wait, _clean(snap.t - since), x, p, snap, cost, cfg, calls) @ chain
     return _clean(out)
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from .config import ForecastConfig
 from .prefill_queue import PrefillTimeModel
-from .snapshot import START_COLD, START_DISPATCHED, START_MODES, START_PREWARM, START_READY, size_bin
+from .snapshot import START_COLD, START_DISPATCHED, START_MODES, START_PREWARM, START_READY, TURN_BINS, size_bin, turn_bin
 from .survival import DurationModel
 
 
@@ -80,21 +80,38 @@ class SizeBinnedRatio:
         self.pseudo = float(pseudo)
         self._bins = [Ratio(0.0, 0.0, half_life) for _ in range(self.BINS)]
 
+    @staticmethod
+    def bin_of(size) -> np.ndarray:
+        return size_bin(size)
+
     def observe(self, size: float, num: float, den: float) -> None:
         """One observation of the ratio (and of the pooled one) at ``size``."""
         self.pooled.observe(num, den)
         if math.isfinite(size):
-            self._bins[min(int(size_bin(size)), self.BINS - 1)].observe(num, den)
+            self._bins[min(int(self.bin_of(size)), self.BINS - 1)].observe(num, den)
 
-    def table(self) -> np.ndarray:
-        """The shrunk ratio of every bin."""
-        p = self.pooled.value
+    def table(self, pooled: float | None = None) -> np.ndarray:
+        """The shrunk ratio of every bin (towards ``pooled``, default the pooled ratio)."""
+        p = self.pooled.value if pooled is None else float(pooled)
         if not math.isfinite(self.pseudo):
             return np.full(self.BINS, p)
         num, den = np.array([b.sums for b in self._bins]).T
         with np.errstate(invalid="ignore", divide="ignore"):
             out = (num + self.pseudo * p) / (den + self.pseudo)
         return np.where(den + self.pseudo > 0, out, p)
+
+
+class TurnBinnedRatio(SizeBinnedRatio):
+    """The same shrunk ratio per bin of a trajectory's turn index (:func:`turn_bin`):
+    the share of responses that call a tool, which falls as a trajectory gets older
+    (a task needs a few tool calls at least, and each later turn is likelier its last)."""
+
+    BINS = TURN_BINS
+    __slots__ = ()
+
+    @staticmethod
+    def bin_of(size) -> np.ndarray:
+        return turn_bin(size)
 
 
 class BiasCorrector:
@@ -189,6 +206,10 @@ class History:
         self.decode = DurationModel("decode", 10.0, half_life=hl)
         self.decode_tool = 1.0  # decode.finished with finish=tool (prior 1 of 2)
         self.decode_done = 2.0
+        # The same fraction by turn index (tool_turn_pseudo), each bin shrunk towards the
+        # pooled one (its own pooled Ratio is not read) and forgetting like the size bins:
+        # a policy in training changes how many tool calls it makes.
+        self.tool_by_turn = TurnBinnedRatio(Ratio(0.5, 2.0), cfg.tool_turn_pseudo)
         self.output = RunningMean(300.0)
         # Admitted reward completion -> first request of the trajectory launched for it.
         self.launch = DurationModel("launch", cfg.prior_launch_s + cfg.prior_sandbox_prewarm_s, half_life=hl)
@@ -263,6 +284,11 @@ class History:
     def tool_fraction(self) -> float:
         """Fraction of finished responses that call a tool."""
         return self.decode_tool / self.decode_done
+
+    def tool_turn_table(self) -> np.ndarray:
+        """The fraction of responses that call a tool per turn bin (:func:`turn_bin`),
+        each bin shrunk towards :attr:`tool_fraction`."""
+        return self.tool_by_turn.table(self.tool_fraction)
 
     @property
     def launches_per_admitted(self) -> float:

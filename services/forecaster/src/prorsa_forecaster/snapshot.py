@@ -40,6 +40,17 @@ def size_bin(size) -> np.ndarray:
     return np.clip(np.floor(np.log2(np.maximum(s, 1.0))), 0, 62).astype(np.int64)
 
 
+TURN_BINS = 19
+
+
+def turn_bin(turn) -> np.ndarray:
+    """The bin of each turn index: turns 0-15 have one bin each, then [16, 32), [32, 64)
+    and 64 on (negative and NaN turns fall in bin 0)."""
+    k = np.maximum(np.nan_to_num(np.asarray(turn, dtype=float), nan=0.0, posinf=1e9), 0.0)
+    octave = 16 + np.floor(np.log2(np.maximum(k, 16.0) / 16.0))
+    return np.clip(np.where(k < 16, np.floor(k), octave), 0, TURN_BINS - 1).astype(np.int64)
+
+
 @dataclass(frozen=True)
 class RunInfo:
     """What ``run.started`` says about the sampler (defaults: async, replace)."""
@@ -142,6 +153,17 @@ class Snapshot:
     """Optional: the share routed back by the size of the cached prefix, per log2 bin
     (:func:`size_bin`); a future request then hits with ``cache_hit`` times its bin's
     share instead of ``cache_hit_unrouted``. Empty: one share for every size."""
+    decode_turn: np.ndarray = field(default_factory=_i)
+    """Optional: the turn index (``request.queued.turn``) of each decoding trajectory's
+    request; likewise ``ready_turn``, ``inflight_turn`` and ``tool_turn`` (the turn
+    whose response called the tool)."""
+    ready_turn: np.ndarray = field(default_factory=_i)
+    inflight_turn: np.ndarray = field(default_factory=_i)
+    tool_turn: np.ndarray = field(default_factory=_i)
+    tool_turn_table: np.ndarray = field(default_factory=_f)
+    """Optional: the share of responses that call a tool per turn bin
+    (:func:`turn_bin`). Empty, or a source's turn column
+    empty: the pooled share (``History.tool_fraction``) for every turn."""
     cache_cold: float = 0.0
     next_batch_elapsed: float = float("nan")
     """Sync runs: seconds since the policy update after which the next batch is due
@@ -157,6 +179,18 @@ class Snapshot:
         if len(table) == 0:
             return np.full(p.shape, self.cache_hit_unrouted)
         return self.cache_hit * table[np.minimum(size_bin(p), len(table) - 1)]
+
+    def tool_share(self, turn_column: str, like: str, pooled: float, later: int = 0) -> np.ndarray:
+        """Per row of source ``like``: the probability that the response of its turn
+        (``turn_column``, plus ``later``) calls a tool, from ``tool_turn_table``;
+        ``pooled`` where either is empty."""
+        n = len(getattr(self, like))
+        turns = np.asarray(getattr(self, turn_column))
+        table = np.asarray(self.tool_turn_table, dtype=float)
+        if len(table) == 0 or len(turns) != n:
+            return np.full(n, float(pooled))
+        share = table[np.minimum(turn_bin(turns + later), len(table) - 1)]
+        return np.clip(np.nan_to_num(share, nan=pooled), 0.0, 1.0)
 
     def column(self, name: str, like: str, fill: float = 0.0) -> np.ndarray:
         """An optional column, or ``fill`` repeated to the length of ``like`` when empty."""
@@ -177,6 +211,10 @@ class Snapshot:
             "instances (optional)": ("instance_overhead", "instance_per_pair"),
             "instances (servers)": ("instance_overhead", "instance_servers"),
             "decode": ("decode_elapsed", "decode_prompt", "decode_growth"),
+            "decode (turn)": ("decode_elapsed", "decode_turn"),
+            "ready (turn)": ("ready_prompt", "ready_turn"),
+            "inflight (turn)": ("inflight_prompt", "inflight_turn"),
+            "tool (turn)": ("tool_elapsed", "tool_turn"),
             "tool": ("tool_elapsed", "tool_context", "tool_growth", "tool_result"),
             "inflight": ("inflight_prompt", "inflight_started", "inflight_instance", "inflight_since", "inflight_growth"),
             "instances": ("instance_overhead", "instance_per_token"),

@@ -48,6 +48,10 @@ class LiveState(EngineFold):
         self.dispatched_at = np.zeros(cap)
         self.mode_at = np.zeros(cap)  # when the current start-up mode began
         self.mode = np.zeros(cap, np.int64)
+        # The sandbox's own start-up (prewarm / cold) and when it began: kept past
+        # sandbox.ready, so that its duration to the first request is learnt per mode.
+        self.sandbox_mode = np.full(cap, START_DISPATCHED, np.int64)
+        self.sandbox_at = np.zeros(cap)
         self.dprompt = np.zeros(cap)  # dispatched prompt
         self.prompt = np.zeros(cap)  # current / last request prompt
         self.context = np.zeros(cap)  # last prompt + its output
@@ -57,6 +61,7 @@ class LiveState(EngineFold):
         self.growth = np.full(cap, np.nan)
         self.result = np.full(cap, -1.0)
         self.requests = np.zeros(cap, np.int64)
+        self.turn = np.zeros(cap, np.int64)  # request.queued.turn of the current request
         self.cohort = np.full(cap, -1, np.int64)
         self.cause = np.full(cap, np.nan)  # launch cause time (replace) for the launch delay
         self.cohort_cause = np.full(cap, np.nan)
@@ -118,13 +123,14 @@ class LiveState(EngineFold):
         self._slot[traj] = i
         self.state[i] = START
         self.entered[i] = self.dispatched_at[i] = self.mode_at[i] = ts
-        self.mode[i] = START_DISPATCHED
+        self.mode[i] = self.sandbox_mode[i] = START_DISPATCHED
         self.dprompt[i] = self.prompt[i] = self.context[i] = 0.0
         self.started_at[i] = np.nan
         self.engine[i] = -1
         self.growth[i] = np.nan
         self.result[i] = -1.0
         self.requests[i] = 0
+        self.turn[i] = 0
         self.cohort[i] = -1
         self.cause[i] = self.cohort_cause[i] = np.nan
         self.cache_prompt[i] = 0.0
@@ -237,8 +243,8 @@ class LiveState(EngineFold):
         if self.state[i] != START:
             self.ignored += 1
             return
-        self.mode[i] = START_PREWARM if ev.mode == "prewarm" else START_COLD
-        self.mode_at[i] = ev.ts
+        self.mode[i] = self.sandbox_mode[i] = START_PREWARM if ev.mode == "prewarm" else START_COLD
+        self.mode_at[i] = self.sandbox_at[i] = ev.ts
 
     def _on_sandbox_ready(self, ev) -> None:
         i = self._get(ev)
@@ -258,6 +264,10 @@ class LiveState(EngineFold):
             h.start[START_DISPATCHED].observe(ev.ts - self.dispatched_at[i])
             if self.mode[i] != START_DISPATCHED:
                 h.start[int(self.mode[i])].observe(ev.ts - self.mode_at[i])
+            if self.mode[i] == START_READY and self.sandbox_mode[i] != START_DISPATCHED:
+                # The sandbox's start-up to the first request, sandbox.ready included: what
+                # the forecast asks of a trajectory still starting in that mode.
+                h.start[int(self.sandbox_mode[i])].observe(ev.ts - self.sandbox_at[i])
             if self.requests[i] == 0:
                 h.first_prompt.observe(x)
                 if self.dprompt[i] > 0:
@@ -286,6 +296,7 @@ class LiveState(EngineFold):
         self.started_at[i] = np.nan
         self.engine[i] = self._code(ev.engine)
         self.requests[i] += 1
+        self.turn[i] = ev.turn
         self.result[i] = -1.0
         self._req[i] = ev.req
 
@@ -325,6 +336,7 @@ class LiveState(EngineFold):
             h.decode.observe(ev.ts - self.entered[i])
             h.decode_done += 1
             h.decode_tool += ev.finish == "tool"
+            h.tool_by_turn.observe(float(self.turn[i]), float(ev.finish == "tool"), 1.0)
             h.output.observe(ev.output_tokens)
         self.context[i] = self.prompt[i] + ev.output_tokens
         self.entered[i] = ev.ts

@@ -52,13 +52,16 @@ def _coin_flips(snap: Snapshot, hist: History, cfg: ForecastConfig):
         growth = np.where(result >= 0, result + hist.tool_overhead.value, clean(snap.tool_growth))
         yield q, clean(snap.tool_context) + np.clip(growth, 0.0, None), False
     # The same turn kernels as the forecast (core._next_turn): cut by a pending update,
-    # a queued request's turn from when the queue model finishes its prefill.
+    # a queued request's turn from when the queue model finishes its prefill, each
+    # request's tool call with its turn's tool share.
     back, _ = _turn_kernels(hist, S, steps)
+    pooled = hist.tool_fraction
     back = _not_interrupted(_update_steps(snap, hist, cfg), cfg)[:, None] * back
     chain = _kernel(hist.decode, S, steps) @ back
     extra = max(hist.output.value, 0.0)
     if len(snap.decode_elapsed):
         q = hist.decode.bucket_table(clean(snap.decode_elapsed), S, steps) @ back
+        q = q * snap.tool_share("decode_turn", "decode_elapsed", pooled)[:, None]
         yield q, clean(snap.decode_prompt) + extra + clean(snap.decode_growth), False
     since = np.concatenate((np.asarray(snap.ready_since, float), np.asarray(snap.inflight_since, float)))
     if len(since):
@@ -67,6 +70,8 @@ def _coin_flips(snap: Snapshot, hist: History, cfg: ForecastConfig):
             q = np.concatenate((pmf_rd, pmf_in)) @ chain
         else:
             q = hist.prefill_wait.bucket_table(clean(snap.t - since), S, steps) @ chain
+        calls = np.concatenate((snap.tool_share("ready_turn", "ready_prompt", pooled), snap.tool_share("inflight_turn", "inflight_prompt", pooled)))
+        q = q * calls[:, None]
         p = np.concatenate((clean(snap.ready_prompt), clean(snap.inflight_prompt)))
         g = np.concatenate((clean(snap.ready_growth), clean(snap.inflight_growth)))
         yield q, p + extra + g, False
