@@ -497,3 +497,20 @@ def test_prefill_spread_of_a_queued_turn_follows_its_cache_flip():
     )
     assert forecast(snap, h, CFG).components["tool"] == pytest.approx(0.5 * 4300, rel=1e-6)
     assert prefill_sd(snap, h, CFG) == pytest.approx(0.5 * 4300, rel=1e-6)
+
+
+def test_prefill_spread_flips_the_next_sync_batch_as_one_coin():
+    from prorsa_forecaster.uncertainty import prefill_sd
+
+    # A sync run whose batch of 4 (first prompts of 100 tokens) is due after the weight
+    # sync: half the syncs took 2 s, half 30 s, and start-up takes 1 s. The batch is in
+    # the window (at ~3 s) with probability 1/2: forecast 200 tokens, and one coin of 400.
+    h = quiet_history()
+    h.sync_start = fixed("sync_start", *([2.0] * 20 + [30.0] * 20))
+    h.start[2] = fixed("start", *[1.0] * 20)  # START_DISPATCHED
+    h.first_prompt.value = 100.0
+    snap = Snapshot(t=0.0, run=RunInfo(mode="sync", batch_size=4), next_batch_elapsed=0.0,
+                    reward_elapsed=np.array([1.0]), reward_cohort=np.array([0]))
+    assert forecast(snap, h, CFG).components["sampler"] == pytest.approx(200, rel=1e-3)
+    # The member of the last batch still in Reward launches nothing by itself.
+    assert prefill_sd(snap, h, CFG) == pytest.approx(0.5 * 400, rel=1e-3)

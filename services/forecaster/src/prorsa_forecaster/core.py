@@ -153,23 +153,33 @@ def _sampler(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarra
             size = hist.cohort_size.value if hist.cohort_size.n else float(snap.run.group_size if snap.run.injection == "group" else (snap.run.batch_size or 1))
             launches = size * pmf.sum(axis=0)
             counts += np.convolve(launches, _delay_pmf(hist.cohort_launch, S, steps))[:steps]
-    e = snap.next_batch_elapsed
-    if snap.run.mode == "sync":
-        # The next sync batch: dispatched after the learnt update -> dispatch delay, its
-        # first requests after the start-up delay. Before the update (the batch drained,
-        # training runs), the learnt drain -> update delay comes first.
-        size = float(snap.run.batch_size or (hist.cohort_size.value if hist.cohort_size.n else 0.0))
-        due = None
-        if np.isfinite(e):
-            due = hist.sync_start.conditional_steps(np.array([max(e, 0.0)]), S, steps)[0]
-        elif np.isfinite(snap.update_elapsed) and hist.train.count >= 2:
-            due = hist.train.conditional_steps(np.array([max(snap.update_elapsed, 0.0)]), S, steps)[0]
-            due = due @ _kernel(hist.sync_start, S, steps)
-        if due is not None:
-            counts += size * (due @ _kernel(hist.start[START_DISPATCHED], S, steps))
+    size, due = sync_batch(snap, hist, S, steps)
+    counts += size * due
     counts = _clean(counts)
     one = _rows(snap, np.array([prompt]))
     return class_sums(one, service_class(one, cost))[:, :, None] * counts[None, None, :]
+
+
+def sync_batch(snap: Snapshot, hist: History, S: float, steps: int) -> tuple[float, np.ndarray]:
+    """The next sync batch: its size and Pr(its first requests arrive in sub-step k).
+
+    It is dispatched after the learnt update -> dispatch delay, its first requests after
+    the start-up delay. Before the update (the batch drained, training runs), the learnt
+    drain -> update delay comes first. One event for the whole batch (it comes in the
+    window or it does not): ``uncertainty`` flips it as one coin."""
+    none = (0.0, np.zeros(steps))
+    if snap.run.mode != "sync":
+        return none
+    e = snap.next_batch_elapsed
+    size = float(snap.run.batch_size or (hist.cohort_size.value if hist.cohort_size.n else 0.0))
+    if np.isfinite(e):
+        due = hist.sync_start.conditional_steps(np.array([max(e, 0.0)]), S, steps)[0]
+    elif np.isfinite(snap.update_elapsed) and hist.train.count >= 2:
+        due = hist.train.conditional_steps(np.array([max(snap.update_elapsed, 0.0)]), S, steps)[0]
+        due = due @ _kernel(hist.sync_start, S, steps)
+    else:
+        return none
+    return size, _clean(due @ _kernel(hist.start[START_DISPATCHED], S, steps))
 
 
 def _startup(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray) -> np.ndarray:

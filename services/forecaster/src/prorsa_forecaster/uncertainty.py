@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from .config import ForecastConfig
-from .core import _kernel, _not_interrupted, _turn_kernels, _update_steps
+from .core import _kernel, _not_interrupted, _turn_kernels, _update_steps, sync_batch
 from .decode_admit import AdmitDetail, known_queue
 from .guards import clean
 from .history import History
@@ -83,11 +83,20 @@ def _coin_flips(snap: Snapshot, hist: History, cfg: ForecastConfig):
             sel = mode == m
             if sel.any():
                 yield hist.start[m].bucket_table(elapsed[sel], S, steps), prompt[sel], False
-    if len(snap.reward_elapsed):
-        # Launches after completed rewards, placed by the learnt launch delay.
-        q = hist.reward.bucket_table(clean(snap.reward_elapsed), S, steps) @ _kernel(hist.launch, S, steps)
+    prompt = max(hist.first_prompt.value, 0.0)
+    solo = np.asarray(snap.reward_cohort) < 0
+    if len(snap.reward_elapsed) and solo.any():
+        # Launches after completed rewards, placed by the learnt launch delay (members of
+        # a cohort launch with it, not one by one).
+        q = hist.reward.bucket_table(clean(snap.reward_elapsed)[solo], S, steps) @ _kernel(hist.launch, S, steps)
         lam = np.clip(np.nan_to_num(q), 0.0, 1.0).sum(axis=0) * hist.admit_rate * hist.launches_per_admitted
-        yield lam[None, :], np.array([max(hist.first_prompt.value, 0.0)]), True
+        yield lam[None, :], np.array([prompt]), True
+    size, due = sync_batch(snap, hist, S, steps)
+    if size > 0 and due.any():
+        # The next sync batch comes in the window or it does not: one coin for all of it.
+        # (Before session 7 the floor left it out, and counted the batch's rewards as
+        # launches one by one.)
+        yield due[None, :], np.array([size * prompt]), False
 
 
 def prefill_sd(snap: Snapshot, hist: History, cfg: ForecastConfig) -> float:
