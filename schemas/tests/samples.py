@@ -10,7 +10,7 @@ FULL: dict[str, dict] = {
     "trajectory.dispatched": {"traj": "t1", "prompt_tokens": 812, "group": "g1", "policy_version": 3},
     "sandbox.started": {"traj": "t1", "mode": "cold"},
     "sandbox.ready": {"traj": "t1"},
-    "request.queued": {"traj": "t1", "req": "r1", "turn": 0, "prompt_tokens": 812, "engine": "p0"},
+    "request.queued": {"traj": "t1", "req": "r1", "turn": 0, "prompt_tokens": 812, "engine": "p0", "dp_rank": 3},
     "prefill.started": {"traj": "t1", "req": "r1", "engine": "p0"},
     "prefill.finished": {"traj": "t1", "req": "r1", "engine": "p0", "cached_tokens": 12, "decode_engine": "d0"},
     "decode.finished": {"traj": "t1", "req": "r1", "output_tokens": 90, "finish": "tool"},
@@ -44,7 +44,7 @@ FULL: dict[str, dict] = {
 OPTIONAL: dict[str, set[str]] = {
     "run.started": {"max_staleness", "group_size", "injection", "prompt_tokens_mean"},
     "trajectory.dispatched": {"group", "policy_version"},
-    "request.queued": {"engine"},
+    "request.queued": {"engine", "dp_rank"},
     "prefill.started": {"engine"},
     "prefill.finished": {"engine", "cached_tokens", "decode_engine"},
     "tool.started": {"tool", "calls"},

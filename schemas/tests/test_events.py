@@ -90,6 +90,10 @@ VIOLATIONS = [
     ("run.started", "max_staleness", -1),
     ("run.started", "group_size", 0),
     ("request.queued", "turn", -1),
+    ("request.queued", "dp_rank", -1),
+    ("request.queued", "dp_rank", 4096),
+    ("request.queued", "dp_rank", 1.0),
+    ("request.queued", "dp_rank", "3"),
     ("tool.started", "calls", 0),
     # booleans are strict
     ("reward.finished", "admitted", 1),

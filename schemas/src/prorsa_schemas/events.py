@@ -92,6 +92,10 @@ class RequestQueued(TrajectoryEvent):
     turn: int = Field(ge=0)
     prompt_tokens: Tokens
     engine: Id | None = None
+    # Added (optional, not in EVENTS.md v1): the attention data-parallel rank of
+    # ``engine`` that the router placed the request on (SGLang's ``data_parallel_rank``),
+    # 0-based. Absent when the router does not say.
+    dp_rank: int | None = Field(default=None, ge=0, le=4095)
 
 
 class PrefillStarted(TrajectoryEvent):

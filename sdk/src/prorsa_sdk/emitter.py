@@ -128,12 +128,14 @@ class _Methods:
 
     def request_queued(
         self, traj: str, req: str, turn: int, prompt_tokens: int, *,
-        engine: str | None = None, ts: float | None = None,
+        engine: str | None = None, dp_rank: int | None = None, ts: float | None = None,
     ):
-        """A model request joined the ready queue (a prefill arrival; FULL prompt length)."""
+        """A model request joined the ready queue (a prefill arrival; FULL prompt length).
+        ``dp_rank``: the attention data-parallel rank of ``engine`` it was routed to
+        (SGLang's ``data_parallel_rank``), when the router says."""
         return self._emit(
             self._b.make(RequestQueued, ts, traj=traj, req=req, turn=turn, prompt_tokens=prompt_tokens,
-                engine=engine,
+                engine=engine, dp_rank=dp_rank,
             ),
             traj,
         )

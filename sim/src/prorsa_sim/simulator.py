@@ -243,7 +243,9 @@ class Simulator(ClusterSim):
         self.cur.prefill_demand += tr.context
         # Route first so request.queued can name its engine, then announce it.
         eng = self._route_quiet(req)
-        self.emit(E.RequestQueued, traj=tr.tid, req=req.rid, turn=tr.turn, prompt_tokens=tr.context, engine=eng.name if eng else None)
+        rank = req.rank.idx if eng is not None and getattr(req, "rank", None) is not None else None
+        self.emit(E.RequestQueued, traj=tr.tid, req=req.rid, turn=tr.turn, prompt_tokens=tr.context,
+                  engine=eng.name if eng else None, dp_rank=rank)
         if eng is not None:
             self.kick(eng)
 

@@ -53,6 +53,10 @@ class ForecastConfig:
             when the queue model finishes its prefill (its place in its server's queue,
             a weight-sync pause); False: after the learnt prefill wait given its
             elapsed wait.
+        use_dp_rank: a queued or in-flight request whose ``request.queued`` names the
+            attention data-parallel rank it was placed on (the optional ``dp_rank``) is
+            served by that rank's queue; False (or no rank in the log): the requests of
+            an instance are dealt over its ranks in arrival order.
         kv_page_tokens: kappa^D rounds a prompt up to whole KV pages of this many tokens.
         duration_half_life: observations over which old durations are forgotten.
         prior_reward_s, prior_sandbox_prewarm_s, prior_sandbox_cold_s, prior_start_s,
@@ -78,6 +82,7 @@ class ForecastConfig:
     arrival_spread: bool = True
     update_interrupts: bool = True
     chain_from_queue: bool = True
+    use_dp_rank: bool = True
     kv_page_tokens: int = 1
     duration_half_life: float | None = 5000.0
     prior_reward_s: float = 5.0

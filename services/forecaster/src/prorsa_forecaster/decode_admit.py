@@ -127,6 +127,16 @@ def normal_below(margin: np.ndarray, sd: np.ndarray) -> np.ndarray:
     return out
 
 
+def _rank_of(rank_column, inst: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """The named data-parallel rank of each request on its instance, -1 where none is
+    named (or it is not one of the instance's ``c`` servers)."""
+    r = np.asarray(rank_column)
+    if len(r) != len(inst):
+        return np.full(len(inst), -1, dtype=np.int64)
+    r = np.nan_to_num(r.astype(float), nan=-1.0, posinf=-1.0, neginf=-1.0)
+    return np.where((r >= 0) & (r < c[inst]), r, -1).astype(np.int64)
+
+
 def _run_rank(sorted_keys: np.ndarray) -> np.ndarray:
     """Position of each element within its run of equal keys (keys sorted)."""
     n = len(sorted_keys)
@@ -300,13 +310,25 @@ def known_queue(snap: Snapshot, spread: bool = True) -> KnownQueue:
     free = np.zeros(V)
     free_var = np.zeros(V)  # the variance of when a server frees (its holder's cache flip)
     if len(b_in):
-        order = np.lexsort((-b_in, i_in))
+        var_in = p_in * (1.0 - p_in) * np.square(gh_in - gm_in)
+        ranked = _rank_of(snap.inflight_rank, i_in, c)
+        unk = ranked < 0
+        order = np.flatnonzero(unk)[np.lexsort((-b_in[unk], i_in[unk]))]
         inst_s = i_in[order]
         r = _run_rank(inst_s)
         hold = r < c[inst_s]
         free[offset[inst_s[hold]] + r[hold]] = b_in[order][hold]
-        var_in = p_in * (1.0 - p_in) * np.square(gh_in - gm_in)
         free_var[offset[inst_s[hold]] + r[hold]] = var_in[order][hold]
+        if (~unk).any():
+            # On a named rank: the one of its requests that finishes last holds it.
+            known = np.flatnonzero(~unk)
+            srv = offset[i_in[known]] + ranked[known]
+            o = np.lexsort((b_in[known], srv))
+            last = np.flatnonzero(np.concatenate((srv[o][1:] != srv[o][:-1], [True])))
+            pick, s_pick = known[o][last], srv[o][last]
+            later = b_in[pick] > free[s_pick]
+            free[s_pick[later]] = b_in[pick][later]
+            free_var[s_pick[later]] = var_in[pick][later]
     pause = float(np.clip(np.nan_to_num(snap.prefill_pause, nan=0.0, posinf=0.0), 0.0, BIG))
     free_var = np.where(free > pause, free_var, 0.0)  # a pause that ends later is certain
     free = np.maximum(free, pause)
@@ -319,8 +341,13 @@ def known_queue(snap: Snapshot, spread: bool = True) -> KnownQueue:
     gh_rd, gm_rd = outcomes(x_rd, snap.column("ready_cached", "ready_prompt"), i_rd)
     srv_rd = np.zeros(len(x_rd), dtype=np.int64)
     if len(x_rd):
+        # A request the router placed on a named rank (request.queued.dp_rank) waits in
+        # that rank's queue; the others are dealt among themselves.
+        ranked = _rank_of(snap.ready_rank, i_rd, c)
+        srv_rd = np.where(ranked >= 0, offset[i_rd] + ranked, 0)
+        unk = np.flatnonzero(ranked < 0)
         srv_order = np.lexsort((free, srv_inst))  # grouped by instance, earliest free first
-        order = np.lexsort((np.arange(len(x_rd)), u_rd, i_rd))
+        order = unk[np.lexsort((unk, u_rd[unk], i_rd[unk]))]
         inst_s = i_rd[order]
         pos = _run_rank(inst_s)
         srv_rd[order] = srv_order[offset[inst_s] + pos % c[inst_s]]

@@ -160,6 +160,11 @@ class Snapshot:
     ready_turn: np.ndarray = field(default_factory=_i)
     inflight_turn: np.ndarray = field(default_factory=_i)
     tool_turn: np.ndarray = field(default_factory=_i)
+    ready_rank: np.ndarray = field(default_factory=_i)
+    """Optional: the attention data-parallel rank of its instance that each queued
+    request was placed on (``request.queued.dp_rank``), -1 where not said; likewise
+    ``inflight_rank``. Empty: every request is dealt over the ranks in arrival order."""
+    inflight_rank: np.ndarray = field(default_factory=_i)
     tool_turn_table: np.ndarray = field(default_factory=_f)
     """Optional: the share of responses that call a tool per turn bin
     (:func:`turn_bin`). Empty, or a source's turn column
@@ -215,6 +220,8 @@ class Snapshot:
             "ready (turn)": ("ready_prompt", "ready_turn"),
             "inflight (turn)": ("inflight_prompt", "inflight_turn"),
             "tool (turn)": ("tool_elapsed", "tool_turn"),
+            "ready (rank)": ("ready_prompt", "ready_rank"),
+            "inflight (rank)": ("inflight_prompt", "inflight_rank"),
             "tool": ("tool_elapsed", "tool_context", "tool_growth", "tool_result"),
             "inflight": ("inflight_prompt", "inflight_started", "inflight_instance", "inflight_since", "inflight_growth"),
             "instances": ("instance_overhead", "instance_per_token"),

@@ -137,6 +137,8 @@ def build_snapshot(state: "LiveState", t: float) -> Snapshot:
         ready_turn=state.turn[:n][ready].copy(),
         inflight_turn=state.turn[:n][inflight].copy(),
         tool_turn=state.turn[:n][tool].copy(),
+        ready_rank=state.rank[:n][ready].copy() if h.config.use_dp_rank else np.zeros(0, np.int64),
+        inflight_rank=state.rank[:n][inflight].copy() if h.config.use_dp_rank else np.zeros(0, np.int64),
         tool_turn_table=h.tool_turn_table(),
         next_batch_elapsed=t - state.sync_wait if state.sync_wait is not None else float("nan"),
         cache_cold=h.cache_cold.value,

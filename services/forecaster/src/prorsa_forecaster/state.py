@@ -62,6 +62,7 @@ class LiveState(EngineFold):
         self.result = np.full(cap, -1.0)
         self.requests = np.zeros(cap, np.int64)
         self.turn = np.zeros(cap, np.int64)  # request.queued.turn of the current request
+        self.rank = np.full(cap, -1, np.int64)  # request.queued.dp_rank (-1: not said)
         self.cohort = np.full(cap, -1, np.int64)
         self.cause = np.full(cap, np.nan)  # launch cause time (replace) for the launch delay
         self.cohort_cause = np.full(cap, np.nan)
@@ -106,7 +107,7 @@ class LiveState(EngineFold):
         for name, value in list(vars(self).items()):
             if isinstance(value, np.ndarray) and len(value) == cap // 2:
                 fill = {"started_at": np.nan, "engine": -1, "growth": np.nan, "result": -1.0,
-                        "cohort": -1, "cause": np.nan, "cohort_cause": np.nan, "cache_ts": np.nan}.get(name, 0)
+                        "cohort": -1, "rank": -1, "cause": np.nan, "cohort_cause": np.nan, "cache_ts": np.nan}.get(name, 0)
                 new = np.full(cap, fill, dtype=value.dtype)
                 new[: len(value)] = value
                 setattr(self, name, new)
@@ -297,6 +298,7 @@ class LiveState(EngineFold):
         self.engine[i] = self._code(ev.engine)
         self.requests[i] += 1
         self.turn[i] = ev.turn
+        self.rank[i] = -1 if ev.dp_rank is None else ev.dp_rank
         self.result[i] = -1.0
         self._req[i] = ev.req
 
