@@ -54,3 +54,21 @@ def test_same_seed_gives_byte_identical_logs_and_summaries(tmp_path):
         outs.append({f: (tmp_path / name / f).read_bytes() for f in ("events.jsonl.gz", "summary.json", "timeline.png")})
     assert outs[0] == outs[1]
     assert outs[0]["events.jsonl.gz"] != outs[2]["events.jsonl.gz"]
+
+
+def test_every_routed_request_names_its_attention_dp_rank(tmp_path):
+    # DeepSeek engines have 16 attention-DP ranks: each request.queued that names its
+    # engine names one of that engine's ranks, and the router spreads over all of them.
+    cfg = SimConfig(workload="coding", staleness=2, steps=2, batch_size=64, model="deepseek-v3.2")
+    run_to_dir(cfg, "static:4:4", tmp_path, plot=False)
+    dp, used, queued = {}, {}, 0
+    for line in read_log(tmp_path / "events.jsonl.gz"):
+        ev = line.event
+        if ev.type == "engine.registered":
+            dp[ev.engine] = ev.parallel.attn_dp
+        elif ev.type == "request.queued" and ev.engine is not None:
+            queued += 1
+            assert ev.dp_rank is not None and 0 <= ev.dp_rank < dp[ev.engine]
+            used.setdefault(ev.engine, set()).add(ev.dp_rank)
+    assert queued > 0 and set(dp.values()) == {16}
+    assert any(len(r) == 16 for r in used.values())

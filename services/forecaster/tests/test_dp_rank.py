@@ -66,3 +66,37 @@ def test_the_fold_carries_each_requests_rank_and_the_switch_turns_it_off():
         st.apply(ev(1, "request.queued", 1.0, traj="a", req="a0", turn=0, prompt_tokens=10, engine="p0", dp_rank=2))
         st.apply(ev(2, "request.queued", 2.0, traj="b", req="b0", turn=0, prompt_tokens=10, engine="p0"))
         assert st.snapshot(3.0).ready_rank.tolist() == want
+
+
+def _back_to_back(use_rank: bool, n: int = 300) -> float:
+    """Requests of 1000 new tokens on rank 0 of engine p0, each holding the rank for 2 s;
+    chunked prefill starts each one 0.5 s before the previous one finishes (its head
+    rides in the last chunk of the one ahead). Returns the learnt g(1000 tokens)."""
+    st = LiveState(ForecastConfig(use_dp_rank=use_rank))
+    k = 0
+
+    def ev(kind, ts, **f):
+        nonlocal k
+        k += 1
+        return event_from_dict({"v": 1, "id": f"e{k}", "type": kind, "ts": ts, "run": "r", **f})
+
+    st.apply(ev("engine.registered", 0.0, engine="p0", server="s0", role="prefill", gpus=8, kv_capacity_tokens=10**6,
+                parallel={"tp": 1, "dp": 2, "ep": 2, "attn_dp": 2}))
+    for j in range(n):
+        traj, req = f"t{j}", f"r{j}"
+        st.apply(ev("request.queued", max(2.0 * j - 1.0, 0.0), traj=traj, req=req, turn=0, prompt_tokens=1000, engine="p0", dp_rank=0))
+    events = []
+    for j in range(n):
+        traj, req = f"t{j}", f"r{j}"
+        events.append((2.0 * j + 1.5, 0, ev("prefill.started", 2.0 * j + 1.5, traj=traj, req=req, engine="p0")))
+        events.append((2.0 * j + 4.0, 1, ev("prefill.finished", 2.0 * j + 4.0, traj=traj, req=req, engine="p0", cached_tokens=0)))
+    for _, _, e in sorted(events, key=lambda t: (t[0], t[1])):
+        st.apply(e)
+    a, b, d = st.history.prefill_model("p0").coefficients3()
+    return a + b * 1000 + d * 1000 * 500
+
+
+def test_with_the_rank_a_prefill_holds_its_queue_from_the_previous_departure():
+    # prefill.started -> finished is 2.5 s, but the rank spent 2 s on each request.
+    assert _back_to_back(True) == pytest.approx(2.0, rel=0.02)
+    assert _back_to_back(False) == pytest.approx(2.5, rel=0.02)

@@ -78,6 +78,7 @@ class LiveState(EngineFold):
         self._engine_names: list[str] = []
         self._role: dict[str, str] = {}
         self._departures: dict[str | None, deque[float]] = {}
+        self._rank_departures: dict[tuple[str | None, int], float] = {}  # last per (engine, dp rank)
         self._servers: dict[str, int] = {}  # data-parallel prefill queues per engine
         self._decode_kv: dict[str, int] = {}
         self.kv_now = 0.0

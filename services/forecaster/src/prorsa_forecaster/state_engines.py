@@ -19,6 +19,7 @@ class EngineFold:
     _role: dict
     _servers: dict
     _departures: dict
+    _rank_departures: dict
     _decode_kv: dict
 
     def _on_engine_registered(self, ev) -> None:
@@ -29,6 +30,8 @@ class EngineFold:
         servers = (par.attn_dp or par.dp or 1) if par is not None else 1
         self._servers[ev.engine] = int(servers)
         self._departures.pop(ev.engine, None)
+        for key in [k for k in self._rank_departures if k[0] == ev.engine]:
+            del self._rank_departures[key]
 
     def _on_engine_stats(self, ev) -> None:
         self._role[ev.engine] = ev.role
@@ -108,6 +111,17 @@ class EngineFold:
             begin = max(self.queued_at[i], last)
         else:
             begin = self.started_at[i]
+        rank = int(self.rank[i])
+        if rank >= 0 and self.config.use_dp_rank:
+            # The rank is known (request.queued.dp_rank): the queue model's service time
+            # is how long the request held its rank's queue, from the later of its start
+            # and the previous departure on that rank. Chunked prefill packs the head of
+            # the next request into the chunk that ends the previous one, so from
+            # prefill.started alone consecutive requests overlap and their times add up
+            # to more than the rank spent on them.
+            key = (name, rank)
+            begin = max(begin, self._rank_departures.get(key, -np.inf))
+            self._rank_departures[key] = ts
         if begin >= self.last_update_ts:
             h.prefill_model(name).observe(x, ts - begin, cached)
         deps.append(ts)
