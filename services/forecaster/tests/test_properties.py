@@ -22,7 +22,8 @@ def arr(draw, n, elements=anyf):
 
 
 def turns(draw, n):
-    """A turn column: present (any turn, negative and huge included) or left empty."""
+    """A turn (or DP rank) column: present (any value, negative and huge included) or
+    left empty."""
     if not draw(st.booleans()):
         return np.zeros(0, int)
     return np.array(draw(st.lists(st.integers(-5, 10**9), min_size=n, max_size=n)), dtype=int)
@@ -64,6 +65,7 @@ def snapshots(draw):
         update_elapsed=draw(anyf),
         decode_turn=turns(draw, n[5]), ready_turn=turns(draw, n[2]), inflight_turn=turns(draw, n[4]),
         tool_turn=turns(draw, n[3]), tool_turn_table=arr(draw, draw(st.integers(0, 25))),
+        ready_rank=turns(draw, n[2]), inflight_rank=turns(draw, n[4]),
     )
 
 
