@@ -8,7 +8,8 @@ next to a baseline measured in the same run: one pass of Python over the traject
     .venv/bin/python benchmarks/bench_forecast.py [--sizes 10000 100000] [--repeat 20] [--attn-dp 16] [--pending-update] [-o KEY=VALUE ...]
 
 ``--attn-dp N`` registers the 8 prefill engines with N attention data-parallel ranks each
-(N prefill queues per engine in the queue simulation), as SGLang DP-attention engines do.
+(N prefill queues per engine in the queue simulation), as SGLang DP-attention engines do,
+and names each live request's rank in ``request.queued.dp_rank``.
 ``-o KEY=VALUE`` overrides a ``ForecastConfig`` field (as ``prorsa forecast-eval -o``
 does), to time what one part costs, e.g. ``-o queue_spread=false``. ``--pending-update``
 makes the run async with a weight update triggered and not yet landed, the worst case of
@@ -83,7 +84,11 @@ def build(n: int, seed: int = 0, attn_dp: int = 0, pending_update: bool = False)
             st.apply(ev("prefill.finished", ts + 0.2, traj=t, req=f"{t}-w", engine=f"p{i % 8}", cached_tokens=0))
             st.apply(ev("decode.finished", ts + 0.5, traj=t, req=f"{t}-w", output_tokens=200, finish="tool"))
         turn = 1 if phase == 1 and i % 12 == 7 else 0
-        st.apply(ev("request.queued", ts + 1, traj=t, req=f"{t}-0", turn=turn, prompt_tokens=3000 + i % 5000, engine=f"p{i % 8}"))
+        # With DP ranks, the router names the rank (request.queued.dp_rank), so the queue
+        # model places each request on its rank's server.
+        rank = {"dp_rank": (i // 8) % attn_dp} if attn_dp else {}
+        st.apply(ev("request.queued", ts + 1, traj=t, req=f"{t}-0", turn=turn, prompt_tokens=3000 + i % 5000,
+                    engine=f"p{i % 8}", **rank))
         if phase == 1:
             continue
         st.apply(ev("prefill.started", ts + 1.5, traj=t, req=f"{t}-0", engine=f"p{i % 8}"))
