@@ -119,3 +119,22 @@ def test_settings_prefixes_and_validation(monkeypatch) -> None:
     monkeypatch.setenv("PRORSA_STREAM", "bad stream!")
     with pytest.raises(ValueError):
         ServiceSettings().namespace()
+
+
+def test_free_port_never_gives_one_process_the_same_port_twice(monkeypatch):
+    # The OS may offer the port it just offered while nobody has bound it yet; two
+    # engines of one agent config once got the same port that way. Make it do so.
+    import socket
+
+    from prorsa_runtime import natsserver
+
+    offers = iter([41001, 41001, 41001, 41002, 41001, 41003])
+    real = socket.socket
+
+    class Offering(real):
+        def getsockname(self):
+            return ("127.0.0.1", next(offers))
+
+    monkeypatch.setattr(natsserver, "_HANDED_OUT", set())
+    monkeypatch.setattr(natsserver.socket, "socket", Offering)
+    assert [natsserver.free_port() for _ in range(3)] == [41001, 41002, 41003]

@@ -60,11 +60,22 @@ def find_nats_server() -> Path:
     )
 
 
+_HANDED_OUT: set[int] = set()
+"""Ports :func:`free_port` gave out in this process."""
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A TCP port that was free a moment ago (the OS picks it), and that this process has
+    not been given before: the OS may offer a port it just offered again while nobody has
+    bound it yet, and two callers (two engines of one config) would then share it."""
+    for _ in range(256):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError(f"no free TCP port on {host} that this process was not given already (tried 256)")
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
