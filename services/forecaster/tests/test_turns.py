@@ -17,18 +17,9 @@ from prorsa_forecaster.history import History, Ratio, TurnBinnedRatio
 from prorsa_forecaster.snapshot import TURN_BINS, RunInfo, Snapshot, turn_bin
 from prorsa_forecaster.state import DECODE, LiveState
 from prorsa_forecaster.uncertainty import prefill_sd
-from prorsa_forecaster.survival import DurationModel
 from prorsa_schemas import event_from_dict
 
-CFG = ForecastConfig(horizon=10.0, steps=10, bias_half_life=0)
-
-
-def fixed(name: str, *durations: float) -> DurationModel:
-    """An empirical model of exactly these durations (no prior)."""
-    m = DurationModel(name, prior_mean=1.0, prior_weight=0.0)
-    for d in durations:
-        m.observe(d)
-    return m
+from .test_core import CFG, fixed
 
 
 def test_turn_bins_are_single_turns_then_octaves():
@@ -86,10 +77,9 @@ def test_the_fold_learns_the_share_per_turn_and_the_snapshot_carries_each_turn()
     assert snap.tool_share("decode_turn", "decode_elapsed", pooled) == pytest.approx([table[1]])
 
 
-def _decoding(turns, prompts, table, cfg=CFG, run=None):
-    """Trajectories decoding at t: decode ends at 3.5 s, the tool takes 1 s, the answer
-    is 200 tokens and the prompt grows by 100 per tool turn; 3 in 4 responses call a
-    tool overall (the pooled share)."""
+def _history(cfg=CFG) -> History:
+    """Decode takes 3.5 s, the tool 1 s, a reward and a launch 1 s each, the answer is 200
+    tokens; 3 in 4 responses call a tool overall (the pooled share)."""
     h = History(cfg)
     h.decode = fixed("decode", *[3.5] * 50)
     h.tool = fixed("tool", *[1.0] * 50)
@@ -97,6 +87,13 @@ def _decoding(turns, prompts, table, cfg=CFG, run=None):
     h.launch = fixed("launch", *[1.0] * 50)
     h.decode_tool, h.decode_done = 3.0, 4.0
     h.output.value = 200.0
+    return h
+
+
+def _decoding(turns, prompts, table, cfg=CFG, run=None):
+    """Trajectories decoding at t (see :func:`_history`), each prompt growing by 100 per
+    tool turn."""
+    h = _history(cfg)
     n = len(turns)
     snap = Snapshot(
         t=0.0, run=run or RunInfo(), decode_elapsed=np.zeros(n), decode_prompt=np.asarray(prompts, float),
@@ -119,11 +116,7 @@ def test_a_decoding_trajectory_comes_back_with_its_turns_tool_share():
 def test_a_queued_request_comes_back_with_its_turns_tool_share():
     # One server at 1 ms/token, a queued 1000-token turn-3 prompt: prefilled at 1 s,
     # decoded by 4.5 s, back at ~5.5 s if turn 3 calls a tool (share 0.2).
-    h = History(CFG)
-    h.decode = fixed("decode", *[3.5] * 50)
-    h.tool = fixed("tool", *[1.0] * 50)
-    h.decode_tool, h.decode_done = 3.0, 4.0
-    h.output.value = 200.0
+    h = _history()
     table = np.full(TURN_BINS, 0.75)
     table[3] = 0.2
     snap = Snapshot(
