@@ -92,3 +92,17 @@ def test_a_one_shot_job_is_reported_once_and_not_restarted(tmp_path: Path):
     wait_until(lambda: ended.extend(sup.poll()) or ended, timeout=20, interval=0.05, what="the job to end")
     assert ended == ["job"] and sup.poll() == [] and sup.children["job"].restarts == 0
     assert "done" in (tmp_path / "logs" / "job.log").read_text()
+
+
+def test_any_free_block_lies_below_the_ephemeral_port_range(tmp_path: Path):
+    # A port the OS may hand an outgoing connection as its source port can be gone by the
+    # time a service binds it; `--port-base 0` keeps every port below that range.
+    from prorsa_cli.stack import UpOptions, ephemeral_low, plan_ports
+
+    low = ephemeral_low()
+    for _ in range(20):
+        ports = plan_ports(UpOptions(port_base=0, emulated_cluster=True))
+        assert all(20000 <= p < low for _, p in ports.named())
+    assert ephemeral_low(str(tmp_path / "missing")) == 32768
+    (tmp_path / "range").write_text("40000\t60999\n")
+    assert ephemeral_low(str(tmp_path / "range")) == 40000

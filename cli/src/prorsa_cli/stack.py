@@ -97,13 +97,29 @@ def plan_ports(opts: UpOptions) -> Ports:
                      [(b + 40 + 2 * i, b + 41 + 2 * i) for i in range(n)])
 
     if opts.port_base == 0:
+        # Below the OS's ephemeral range: a port in it that is free now can become the
+        # source port of an outgoing connection before its service binds it (the tracker
+        # once connected to NATS from the port it was about to serve metrics on).
+        span = max(p for _, p in layout(0).named()) + 1
+        low = ephemeral_low()
+        top = low - span if low - span > 20000 + 100 else 60000
         rng = random.Random()
         for _ in range(200):
-            ports = layout(rng.randrange(20000, 60000))
+            ports = layout(rng.randrange(20000, top))
             if all(port_free(p, opts.host) for _, p in ports.named()):
                 return ports
         raise UpError("found no block of free ports; pass --port-base N")
     return layout(opts.port_base)
+
+
+def ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
+    """The first port of the range the OS picks outgoing connections' source ports from
+    (Linux; 32768, its default, where it cannot be read)."""
+    try:
+        with open(path) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def check_ports(ports: Ports, opts: UpOptions) -> None:
