@@ -13,7 +13,7 @@ import pytest
 
 from prorsa_forecaster.config import ForecastConfig
 from prorsa_forecaster.core import forecast
-from prorsa_forecaster.history import History, Ratio, TurnBinnedRatio
+from prorsa_forecaster.history import History, TurnBinnedRatio
 from prorsa_forecaster.snapshot import TURN_BINS, RunInfo, Snapshot, turn_bin
 from prorsa_forecaster.state import DECODE, LiveState
 from prorsa_forecaster.uncertainty import prefill_sd
@@ -30,7 +30,7 @@ def test_turn_bins_are_single_turns_then_octaves():
 
 
 def test_each_turn_bin_is_shrunk_towards_the_pooled_share():
-    r = TurnBinnedRatio(Ratio(0.5, 2.0, math.inf), pseudo=20.0, half_life=math.inf)
+    r = TurnBinnedRatio(None, pseudo=20.0, half_life=math.inf)
     for _ in range(10):
         r.observe(0, 1.0, 1.0)  # turn 0: 10 of 10 call a tool
     for k in range(10):
@@ -39,7 +39,7 @@ def test_each_turn_bin_is_shrunk_towards_the_pooled_share():
     assert table[0] == pytest.approx((10 + 20 * 0.9) / (10 + 20))
     assert table[5] == pytest.approx((8 + 20 * 0.9) / (10 + 20))
     assert table[3] == pytest.approx(0.9)  # never seen: the pooled share
-    assert TurnBinnedRatio(Ratio(0.5, 2.0), pseudo=math.inf).table(0.9) == pytest.approx(np.full(TURN_BINS, 0.9))
+    assert TurnBinnedRatio(None, pseudo=math.inf).table(0.9) == pytest.approx(np.full(TURN_BINS, 0.9))
 
 
 def _ev(kind: str, ts: float, **fields):

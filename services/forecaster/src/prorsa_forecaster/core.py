@@ -90,21 +90,21 @@ def _delay_pmf(model, horizon: float, steps: int) -> np.ndarray:
     return np.clip(np.diff(model.cdf(edges)), 0.0, 1.0)
 
 
-def _rows(snap: Snapshot, x: np.ndarray, prefix=0.0) -> np.ndarray:
-    """Load rows of requests (both cache outcomes stacked: ``(2n, 4)``)."""
+def _rows(snap: Snapshot, x: np.ndarray, prefix=0.0, weight=None) -> np.ndarray:
+    """Load rows of requests (both cache outcomes stacked: ``(2n, 4)``), each counting
+    with its ``weight`` (the probability that it comes at all; 1 when None)."""
     hit = snap.unrouted_hit(np.broadcast_to(np.asarray(prefix, dtype=float), np.shape(x)))
     h, m = request_rows(x, prefix, hit, snap.cache_cold)
-    return np.concatenate((h, m))
+    rows = np.concatenate((h, m))
+    return rows if weight is None else rows * np.tile(np.asarray(weight, dtype=float), 2)[:, None]
 
 
 def _spread(model, elapsed: np.ndarray, x: np.ndarray, prefix, snap: Snapshot, cost: np.ndarray, cfg: ForecastConfig, weight=None) -> np.ndarray:
     """Expected arrivals per service class and sub-step, ``(4, N_CLASSES, steps)``, of
     requests of ``x`` prompt tokens (``prefix`` of them cached on a hit) whose waiting
     time follows ``model`` (conditioned on the elapsed time); each request counts with
-    its ``weight`` (the probability that it comes at all), 1 when None."""
-    load = _rows(snap, x, prefix)
-    if weight is not None:
-        load = load * np.tile(np.asarray(weight, dtype=float), 2)[:, None]
+    its ``weight`` (see :func:`_rows`)."""
+    load = _rows(snap, x, prefix, weight)
     e = np.concatenate((elapsed, elapsed))
     return model.weighted_steps(e, load, cfg.horizon, cfg.steps, service_class(load, cost), N_CLASSES)
 
@@ -296,7 +296,7 @@ def _next_turn(
             pmf = np.concatenate((pmf_rd, pmf_in))  # the order of ``since``: ready, then in flight
             some = pmf.sum(axis=1) > 0  # deep in a queue: not prefilled in the window
             if some.any():
-                load = _rows(snap, x[some], p[some]) * np.tile(calls[some], 2)[:, None]
+                load = _rows(snap, x[some], p[some], calls[some])
                 out += _by_step(load, service_class(load, cost), np.concatenate((pmf[some], pmf[some]))) @ chain
         else:
             out += _spread(hist.prefill_wait, _clean(snap.t - since), x, p, snap, cost, cfg, calls) @ chain

@@ -75,7 +75,7 @@ class SizeBinnedRatio:
 
     __slots__ = ("pooled", "_bins", "pseudo")
 
-    def __init__(self, pooled: Ratio, pseudo: float = 20.0, half_life: float = 2000.0) -> None:
+    def __init__(self, pooled: Ratio | None, pseudo: float = 20.0, half_life: float = 2000.0) -> None:
         self.pooled = pooled
         self.pseudo = float(pseudo)
         self._bins = [Ratio(0.0, 0.0, half_life) for _ in range(self.BINS)]
@@ -85,13 +85,16 @@ class SizeBinnedRatio:
         return size_bin(size)
 
     def observe(self, size: float, num: float, den: float) -> None:
-        """One observation of the ratio (and of the pooled one) at ``size``."""
-        self.pooled.observe(num, den)
+        """One observation of the ratio (and of the pooled one, if it has one) at ``size``."""
+        if self.pooled is not None:
+            self.pooled.observe(num, den)
         if math.isfinite(size):
             self._bins[min(int(self.bin_of(size)), self.BINS - 1)].observe(num, den)
 
     def table(self, pooled: float | None = None) -> np.ndarray:
         """The shrunk ratio of every bin (towards ``pooled``, default the pooled ratio)."""
+        if pooled is None and self.pooled is None:
+            raise ValueError("table(): no pooled ratio to shrink towards")
         p = self.pooled.value if pooled is None else float(pooled)
         if not math.isfinite(self.pseudo):
             return np.full(self.BINS, p)
@@ -207,9 +210,9 @@ class History:
         self.decode_tool = 1.0  # decode.finished with finish=tool (prior 1 of 2)
         self.decode_done = 2.0
         # The same fraction by turn index (tool_turn_pseudo), each bin shrunk towards the
-        # pooled one (its own pooled Ratio is not read) and forgetting like the size bins:
-        # a policy in training changes how many tool calls it makes.
-        self.tool_by_turn = TurnBinnedRatio(Ratio(0.5, 2.0), cfg.tool_turn_pseudo)
+        # pooled one above (tool_turn_table) and forgetting like the size bins: a policy
+        # in training changes how many tool calls it makes.
+        self.tool_by_turn = TurnBinnedRatio(None, cfg.tool_turn_pseudo)
         self.output = RunningMean(300.0)
         # Admitted reward completion -> first request of the trajectory launched for it.
         self.launch = DurationModel("launch", cfg.prior_launch_s + cfg.prior_sandbox_prewarm_s, half_life=hl)
