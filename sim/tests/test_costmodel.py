@@ -56,7 +56,8 @@ def test_one_prefill_chunk_stalls_every_decoding_rank_in_colocation():
     req = Req(_traj("p"), "p", 512, 100)
     sim.enqueue(eng.ranks[0], req)
     assert eng.seg_kind == "prefill"
-    decode_t = prof.decode_step_time(8, 8 * 10_000)
+    # While rank 0 prefills, the decoding ranks run the extend step's eager path.
+    decode_t = prof.decode_step_time(8, 8 * 10_000, extend=True)
     prefill_t = prof.prefill_time(512, 0)
     assert eng.seg_dt == pytest.approx(prefill_t)
     sim.run_until(lambda: any(e[0] == "prefill_finished" for e in sim.log))
@@ -105,3 +106,37 @@ def test_pd_adds_kv_transfer_time_between_prefill_and_decode():
     # One more decode step in both; PD also waits for the KV transfer.
     assert times["prefill"] - times["mixed"] == pytest.approx(prof.kv_transfer_time(4_000), rel=0.05)
     assert prof.kv_transfer_time(4_000) > prof.kv_transfer_time(400) > 0
+
+
+def test_extend_step_penalty_is_eager_launches_plus_normal_mode_all_to_all():
+    prof = get_profile("deepseek-v3.2")
+    # Hand-computed from the profile's sources: 61 layers x 0.2 ms of eager launches, plus
+    # the normal-mode all-to-all (20 ms) in place of the low-latency one (58 x 313 us).
+    low_latency = 58 * (118e-6 + 195e-6)
+    assert prof.decode_comm_s == pytest.approx(0.018154)
+    assert prof.extend_step_penalty_s == pytest.approx(61 * 0.0002 + (0.020 - low_latency))
+    assert prof.decode_step_time(8, 80_000, extend=True) == pytest.approx(
+        prof.decode_step_time(8, 80_000) + 0.014046, abs=1e-6)
+    # An engine without attention DP never mixes modes within a step.
+    plain = get_profile("qwen3-235b").__class__(**{**get_profile("qwen3-235b").__dict__, "attn_dp": 1})
+    assert plain.extend_step_penalty_s == 0.0
+    # The engine step is the slowest rank's (lock-step).
+    assert prof.engine_step_time([0.03, 0.0985, 0.0537]) == 0.0985
+    assert prof.engine_step_time([]) == 0.0
+
+
+def test_decode_only_step_is_not_penalised_and_a_mixed_step_is():
+    prof = get_profile("deepseek-v3.2")
+    sim = Recorder(prof, ["mixed"])
+    eng = sim.engines[0]
+    for rank in eng.ranks[:2]:
+        rank.admit_running(Req(_traj(f"{rank.idx}"), f"d{rank.idx}", 1_000, 50), 1_000)
+    sim.kick(eng)
+    # Decode only: the plain (CUDA-graph) step time.
+    assert eng.seg_kind == "decode"
+    assert eng.seg_dt == pytest.approx(prof.decode_step_time(1, 1_000 + eng.seg_k // 2))
+    # A prompt arrives on rank 5: the next step is an extend step for everyone.
+    sim.enqueue(eng.ranks[5], Req(_traj("p"), "p", 200, 10))
+    sim.run_until(lambda: eng.seg_kind == "prefill")
+    expected = max(prof.prefill_time(200, 0), prof.decode_step_time(1, eng.ranks[0].kv_used, extend=True))
+    assert eng.seg_dt == pytest.approx(expected)

@@ -34,6 +34,18 @@ Sources (every constant below names one; ``CHOICE`` marks a value we had to pick
 * [DYN] NVIDIA Dynamo mocker defaults (shared/DESIGN.md), used as a shape cross-check:
   prefill ms = 4.209989e-7 T^2 + 0.01518344 T + 16.50142; decode ms = -25.74u^2 + 54.01u +
   5.74; KV transfer 64 GB/s.
+* [DEEPEP] deepseek-ai/DeepEP README, low-latency kernels on H800 + CX7 400 Gb/s, DeepSeek-V3
+  setting (128 tokens per batch, hidden 7168, top-8, FP8 dispatch, BF16 combine): EP16
+  dispatch 118 us, combine 195 us per MoE layer. Normal (prefill) kernels make the CPU wait
+  for the GPU's receive counts, so they cannot run inside a CUDA graph.
+* [SGL-DPA] SGLang with attention DP: ``--chunked-prefill-size`` is divided by the DP size
+  (``server_args._handle_data_parallelism``), which is why [P]'s chunk sizes are 8192 / attn_dp
+  (4096 at DP2, 512 at DP16). Every step all-gathers each rank's forward mode and ORs
+  ``is_extend_in_batch``; DeepEP's ``auto`` mode then resolves to the NORMAL kernels on every
+  rank (``layers/moe/utils.py: DeepEPMode.resolve``), and decode CUDA graphs (captured with the
+  low-latency kernels) cannot replay. So while any rank prefills, the decoding ranks of the
+  same engine run their decode step eagerly with normal-mode all-to-all: the extend-step
+  penalty of :meth:`ModelProfile.decode_step_time`.
 """
 
 from __future__ import annotations
@@ -104,6 +116,11 @@ class ModelProfile:
     """KV bytes read per context token in one decode step (all layers)."""
     in_place_switch_s: float
     restart_switch_s: float
+    layers: int = 61
+    """Transformer layers ([HF]); sets the eager-launch cost of an extend step."""
+    eager_launch_s_per_layer: float = 0.0002
+    """CHOICE: CPU launch cost per layer of a decode step run without its CUDA graph (~25
+    kernels x ~8 us each); paid by decoding ranks in an extend step [SGL-DPA]."""
     switch_modes: tuple[str, ...] = ("in_place", "restart")
     mem_fraction_static: float = 0.88
     """CHOICE: SGLang's --mem-fraction-static; the rest holds activations/CUDA graphs."""
@@ -157,15 +174,39 @@ class ModelProfile:
         attn = pairs * self.attn_flops_per_pair / (PREFILL_FLOPS_PER_GPU * self.gpus_per_rank)
         return self.prefill_fixed_s + new_tokens * self.prefill_s_per_token + attn
 
-    def decode_step_time(self, batch: int, kv_tokens: int) -> float:
+    def decode_step_time(self, batch: int, kv_tokens: int, extend: bool = False) -> float:
         """Seconds for one rank to decode one token for each of ``batch`` sequences that
-        together hold ``kv_tokens`` KV tokens (memory-bound: weights + KV reads)."""
+        together hold ``kv_tokens`` KV tokens (memory-bound: weights + KV reads).
+
+        ``extend``: another attention-DP rank of the same engine runs a prefill in this
+        step, so this rank decodes without its CUDA graph and with the normal-mode
+        all-to-all ([SGL-DPA]): :attr:`extend_step_penalty_s` more."""
         if batch <= 0:
             return 0.0
         kv_read = kv_tokens * self.kv_read_bytes_per_token / (
             self.gpu.hbm_effective * self.gpus_per_rank
         )
-        return self.decode_fixed_s + batch * self.decode_s_per_seq + kv_read
+        t = self.decode_fixed_s + batch * self.decode_s_per_seq + kv_read
+        if extend:
+            t += self.extend_step_penalty_s
+        return t
+
+    @property
+    def extend_step_penalty_s(self) -> float:
+        """Extra seconds of a decode step in an extend step ([SGL-DPA]): eager kernel launches
+        of every layer, and the normal-mode all-to-all (``prefill_fixed_s``) in place of the
+        low-latency one (``decode_comm_s``). Zero without attention DP: such an engine never
+        mixes modes within a step."""
+        if self.attn_dp <= 1:
+            return 0.0
+        return self.layers * self.eager_launch_s_per_layer + max(0.0, self.prefill_fixed_s - self.decode_comm_s)
+
+    def engine_step_time(self, rank_times: list[float]) -> float:
+        """One engine step: the slowest rank's time (every step ends in the MoE all-to-all,
+        so the ranks run in lock-step). ``rank_times`` are per-rank times from
+        :meth:`prefill_time` / :meth:`decode_step_time` (with ``extend`` set for decoding ranks
+        when any rank prefills); ranks with no work contribute 0."""
+        return max(rank_times, default=0.0)
 
     def kv_transfer_time(self, tokens: int) -> float:
         """Seconds to move ``tokens`` tokens of KV from a prefill rank to a decode rank over
@@ -209,6 +250,7 @@ QWEN3_235B = ModelProfile(
     decode_comm_s=0.003,  # CHOICE: NVLink all-to-all inside one server
     decode_s_per_seq=0.00005,  # CHOICE
     kv_read_bytes_per_token=2 * 94 * 4 * 128 * 2,  # full attention reads all KV
+    layers=94,  # [HF]
     in_place_switch_s=_IN_PLACE_S,
     restart_switch_s=390.0,  # [SGL] ~6.5 min for Qwen3-235B FP8 on 4 GPUs
     notes="EP4, attention TP2: 4-GPU engines, 2 attention DP ranks",
@@ -233,10 +275,13 @@ DEEPSEEK_V32 = ModelProfile(
     # x2 FLOPs, 61 layers); the main attention over <= 2048 keys is folded into the
     # per-token cost (it is bounded).
     attn_flops_per_pair=2 * 64 * 128 * 61,
-    decode_comm_s=0.010,  # CHOICE: DeepEP low-latency dispatch+combine over 2 nodes
-    # CHOICE, anchored: fixed ~30 ms + 0.1 ms x 128 seqs -> ~3.0k tok/s per GPU, close to
-    # [LMSYS]'s 22.3k output tok/s per 8-GPU node.
+    # [DEEPEP] EP16 low-latency dispatch 118 us + combine 195 us per MoE layer x 58 MoE
+    # layers [HF] = 18.2 ms (128 tokens per rank; no two-batch overlap assumed).
+    decode_comm_s=58 * (118e-6 + 195e-6),
+    # CHOICE, anchored: fixed ~39 ms + 0.1 ms x 128 seqs -> ~2.5k tok/s per GPU, against
+    # [LMSYS]'s 22.3k output tok/s per 8-GPU node (2.8k per GPU, with two-batch overlap).
     decode_s_per_seq=0.0001,
+    layers=61,  # [HF]
     kv_read_bytes_per_token=132 * 61,  # decode reads every indexer key, top-2048 latents
     in_place_switch_s=_IN_PLACE_S,
     restart_switch_s=480.0,  # CHOICE: 2.9x Qwen3's weights, loaded in parallel on 16 GPUs
@@ -261,6 +306,7 @@ MIMO_V25_PRO = ModelProfile(
     decode_comm_s=0.010,  # CHOICE: as DeepSeek (2-node EP16)
     decode_s_per_seq=0.00008,  # CHOICE
     kv_read_bytes_per_token=160_000,
+    layers=70,  # CHOICE: not in our references (1T-class MoE models have 60-80 layers)
     in_place_switch_s=_IN_PLACE_S,
     restart_switch_s=600.0,  # CHOICE: ~1 TB of weights
     notes="EP16, attention TP8: 16-GPU engines, 2 attention DP ranks (least certain profile)",

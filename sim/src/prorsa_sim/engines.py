@@ -22,15 +22,30 @@ from .cluster import Engine, Rank, Req
 from .costmodel import ModelProfile
 
 MAX_MACRO_STEPS = 512
-DRAIN_TIMEOUT_S = 60.0
-"""CHOICE: a draining engine aborts what is left after this long (DESIGN: abort after the
-command's deadline)."""
+DP_ROUTING = ("prefix", "load")
+"""How a request's attention-DP rank is chosen. ``prefix``: the router sees every rank and
+keeps a trajectory on the rank holding its prefix (sglang-router's cache-aware policy with
+``--dp-aware``). ``load``: the router picks the engine by prefix, and the engine's
+data-parallel controller then picks the rank by load (SGLang's default
+``--load-balance-method``), so a prefix is reused only when that rank holds it."""
+DRAIN_DEADLINE_S = 10.0
+"""CHOICE: a draining engine finishes what it is running for at most this long, then
+aborts the rest (re-queued with its partial output). SGLang's router does not drain
+(``DELETE /workers`` only stops routing); the engine agent waits for idle and sends
+``/abort_request {"abort_all": true}`` after the command's deadline (sglang-facts.md).
+10 s is one policy window ([P] Appendix B, S = 10 s): a switch decided in one window has
+drained by the next decision. What is aborted then costs little: the partial output is
+kept, and the prompt is still in the prefill side's prefix cache (docs/simulator.md,
+"Role switches", prices it)."""
 
 
 class ClusterSim:
     """Virtual clock + engines + router. Deterministic: ties break by insertion order."""
 
-    def __init__(self, profile: ModelProfile, roles: list[str]):
+    def __init__(self, profile: ModelProfile, roles: list[str], dp_routing: str = "prefix"):
+        if dp_routing not in DP_ROUTING:
+            raise ValueError(f"dp_routing must be one of {', '.join(DP_ROUTING)}, not {dp_routing!r}")
+        self.dp_routing = dp_routing
         self.profile = profile
         self.now = 0.0
         self._heap: list = []
@@ -42,8 +57,23 @@ class ClusterSim:
         self.preemptions = 0
         self.switches = 0
         self.switch_log: list[dict] = []
+        # Role-switch mechanics (docs/simulator.md, "Role switches").
+        self.drain_deadline_s = DRAIN_DEADLINE_S
+        self.paused = False
+        """True during the weight-update pause (every engine idle and empty)."""
+        self._inflight: dict[Req, Rank] = {}
+        """KV transfers under way: request -> the decode rank it is bound for."""
+        self.drain_aborts = 0
+        self.drain_deadline_aborts = 0
+        self.drain_rerouted_reqs = 0
+        self.drain_requeued_tokens = 0
+        self.drain_aborted_decode_tokens = 0
+        self.cache_lost_tokens = 0
+        self.cache_flushed_at_update_tokens = 0
         self.empty_engine_s = 0.0
         self._last_empty_t = [0.0] * len(self.engines)
+        self.shared_rank: dict = {}
+        """GRPO group prefix key -> the rank its first member was routed to."""
 
     # --- clock -------------------------------------------------------------------------
 
@@ -78,15 +108,35 @@ class ClusterSim:
         if best is None:
             self.unrouted.append(req)
             return None
+        # A trajectory's first turn shares its GRPO group's prompt: follow the rank that
+        # holds the group's prefix.
+        shared_key = getattr(traj, "shared_key", None)
+        if sticky is None and shared_key is not None:
+            sticky = self.shared_rank.get(shared_key)
         # Cache-aware routing (what SGLang's router approximates): stay on the rank that
         # holds this trajectory's prefix when its queue plus the uncached part is less work
         # than the least-loaded rank's queue plus the whole prompt.
         if sticky is not None and sticky is not best and sticky.engine.role != "decode" and sticky.engine.routable:
-            hit = sticky.cache_peek(traj.tid)
+            hit = max(sticky.cache_peek(traj.tid), self._shared_hit(sticky, traj))
             if hit and sticky.waiting_tokens + 256 * len(sticky.running) - hit <= best_key[0]:
                 best = sticky
+        if self.dp_routing == "load" and len(best.engine.ranks) > 1:
+            # The router picks the engine; inside it SGLang's data-parallel controller picks
+            # the attention-DP rank by load (``--load-balance-method`` round_robin /
+            # shortest_queue), not by prefix: the prefix is reused only if that rank has it.
+            best = min(best.engine.ranks, key=lambda r: (r.waiting_tokens + 256 * len(r.running), r.idx))
+        if shared_key is not None and traj.last_rank is None:
+            self.shared_rank[shared_key] = best
         self.enqueue(best, req)
         return best.engine
+
+    @staticmethod
+    def _shared_hit(rank: Rank, traj) -> int:
+        """Tokens of ``traj``'s group-shared prompt cached on ``rank`` (0 if none)."""
+        key = getattr(traj, "shared_key", None)
+        if key is None:
+            return 0
+        return min(rank.cache_peek(key), traj.shared_tokens)
 
     def enqueue(self, rank: Rank, req: Req) -> None:
         req.rank = rank
@@ -153,16 +203,14 @@ class ClusterSim:
                 if action is not None:
                     free = rank.capacity - rank.kv_used
                     k = min(k, max(1, rank.steps_to_next_finish()), max(1, free // len(rank.running)))
-        dt = 0.0
         for i, (rank, action) in enumerate(zip(eng.ranks, plan)):
             if action is not None and action[0] == "d":
                 n = len(rank.running)
-                # Mid-segment KV (it grows by one token per sequence per step).
-                t_rank = prof.decode_step_time(n, rank.kv_used + n * (k // 2))
-                plan[i] = ("d", t_rank)
-                dt = max(dt, t_rank)
-            elif action is not None:
-                dt = max(dt, action[1])
+                # Mid-segment KV (it grows by one token per sequence per step). While any
+                # rank prefills, decoding ranks run the extend step's eager, normal-mode
+                # all-to-all path (costmodel [SGL-DPA]).
+                plan[i] = ("d", prof.decode_step_time(n, rank.kv_used + n * (k // 2), extend=any_prefill))
+        dt = prof.engine_step_time([a[1] for a in plan if a is not None])
         eng.stepping = True
         eng.seg_t0 = self.now
         eng.seg_dt = dt
@@ -192,13 +240,15 @@ class ClusterSim:
         return ("p", t, pieces)
 
     def _admit_prefill(self, rank: Rank, req: Req) -> bool:
-        cached = rank.cache_take(req.traj.tid)
+        own = rank.cache_take(req.traj.tid)
+        # The group's shared prompt stays in the radix cache for the other members (peek).
+        cached = max(own, self._shared_hit(rank, req.traj))
         rank.inuse_prefill += req.prompt
         rank._evict(0)
         if rank.kv_used + rank.cache_tokens > rank.capacity:
             rank.inuse_prefill -= req.prompt
-            if cached:
-                rank.cache_put(req.traj.tid, cached)
+            if own:
+                rank.cache_put(req.traj.tid, own)
             return False
         req.started = True
         req.cached = min(cached, req.prompt - 1)
@@ -209,6 +259,8 @@ class ClusterSim:
         return True
 
     def _admit_pending(self, rank: Rank) -> None:
+        if rank.engine.draining:
+            return  # a draining engine takes no new request (its pending ones were re-queued)
         while rank.pending:
             req = rank.pending[0]
             if rank.kv_used + req.prompt + 1 > rank.capacity:
@@ -275,6 +327,10 @@ class ClusterSim:
         self._plan(eng)
 
     def _prefill_done(self, eng: Engine, rank: Rank, req: Req) -> None:
+        key = getattr(req.traj, "shared_key", None)
+        if key is not None and not rank.cache_peek(key):
+            # The group's first prompt is now in this rank's radix cache.
+            rank.cache_put(key, req.traj.shared_tokens)
         if req.resumed:
             # Recompute after a retraction (mixed engine): back to decoding, no new event.
             req.resumed = False
@@ -302,13 +358,16 @@ class ClusterSim:
     def _ship(self, req: Req, target: Rank) -> None:
         target.waiting_tokens += req.prompt
         req.rank = target
+        self._inflight[req] = target
         self.at(self.now + self.profile.kv_transfer_time(req.prompt), self._arrive, req, target, self.epoch)
 
     def _arrive(self, req: Req, rank: Rank, epoch: int) -> None:
+        if self._inflight.pop(req, None) is None:
+            return  # aborted in flight by a drain (its tokens were released then)
         if not req.alive:
             rank.waiting_tokens -= req.prompt
             return
-        if epoch != self.epoch or not rank.engine.available or rank.engine.role != "decode":
+        if epoch != self.epoch or not rank.engine.routable or rank.engine.role != "decode":
             rank.waiting_tokens -= req.prompt
             self._on_aborted(req, gen_total=req.out_done, requeue=True)
             return
@@ -333,72 +392,180 @@ class ClusterSim:
         eng.version += 1
         eng.stepping = False
 
-    def abort_engine(self, eng: Engine, reroute_waiting: bool) -> None:
-        """Abort every request on ``eng`` (decoding ones re-prefill elsewhere)."""
-        self.settle(eng)
-        # Requeued requests may be routed back here: keep this engine from planning a
-        # step until the abort is complete.
+    def abort_engine(self, eng: Engine, reroute_waiting: bool, reason: str = "update") -> None:
+        """Abort every request on ``eng`` (decoding ones re-prefill elsewhere) and flush its
+        prefix cache. ``reason``: ``"update"`` (weight sync) or ``"drain"`` (a switch's
+        drain deadline: counted in the drain_* summary keys)."""
+        # Requeued requests may be routed back here, and settling the step in flight
+        # replans it: keep this engine from planning a step or starting a switch until
+        # the abort is complete.
         was_available, eng.available = eng.available, False
+        self.settle(eng)
+        drain = reason == "drain"
+        # Transfers still in flight to a rank keep their tokens booked there.
+        booked: dict[Rank, int] = {}
+        for req, r in self._inflight.items():
+            if r.engine is eng:
+                booked[r] = booked.get(r, 0) + req.prompt
         for rank in eng.ranks:
             for req in list(rank.running):
                 gen = rank.generated(req)
                 rank.remove_running(req)
                 req.alive = True
+                if drain:
+                    self._count_drain_abort(eng, req, req.out_done + gen, deadline=True)
+                    self.drain_aborted_decode_tokens += req.out_done + gen
                 self._on_aborted(req, gen_total=req.out_done + gen, requeue=True)
             while rank.pending:
                 req = rank.pending.popleft()
+                if drain:
+                    self._count_drain_abort(eng, req, req.out_done, deadline=True)
                 self._on_aborted(req, gen_total=req.out_done, requeue=True)
-            rank.waiting_tokens = 0
+            rank.waiting_tokens = booked.get(rank, 0)
             rank.inuse_prefill = 0
             waiting = list(rank.waiting)
             rank.waiting.clear()
             for req in waiting:
+                if drain:
+                    if req.started:  # a prefill in progress: its computed chunks are lost
+                        self._count_drain_abort(eng, req, 0, deadline=True)
+                    else:
+                        self.drain_rerouted_reqs += 1
                 req.started = False
                 if reroute_waiting:
                     self.route_prefill(req)
                 else:
                     rank.waiting.append(req)
                     rank.waiting_tokens += req.prompt
+            flushed = rank.cache_tokens
             rank.flush_cache()
+            if drain:
+                self.cache_lost_tokens += flushed
+                if eng.switch is not None:
+                    eng.switch["cache_lost"] += flushed
+            else:
+                self.cache_flushed_at_update_tokens += flushed
         eng.available = was_available
 
     # --- role switches ------------------------------------------------------------------
+    #
+    # A switch (docs/simulator.md, "Role switches"): the router stops sending the engine
+    # work at once (``routable`` is False while draining); its not-yet-started work is
+    # re-queued at once on the other engines (``_shed_unstarted``); what it is running
+    # finishes, up to ``drain_deadline_s``, after which the rest is aborted and re-queued
+    # with its partial output; then the switch itself takes ``switch_time(mode)``, the
+    # prefix cache is flushed and counted in ``cache_lost_tokens``. During the
+    # weight-update pause every engine is empty, so a switch needs no drain: it starts at
+    # once and the engine resumes when both the pause and its switch are over.
+
+    def switch_allowed(self, eng: Engine, to_role: str) -> bool:
+        """Whether :meth:`request_switch` accepts: not already switching, not in that role
+        already, and serving or in the weight-update pause."""
+        return eng.switch is None and eng.role != to_role and (eng.available or self.paused)
 
     def request_switch(self, eng: Engine, to_role: str, mode: str, cmd: str) -> bool:
-        """Start draining ``eng`` for a switch; False if it is already switching or there."""
-        if eng.switch is not None or eng.role == to_role or not eng.available:
+        """Start a switch of ``eng`` (drain, or at once during the weight-update pause);
+        False if it is refused (see :meth:`switch_allowed`)."""
+        if not self.switch_allowed(eng, to_role):
             return False
-        eng.draining = True
-        eng.switch = {"cmd": cmd, "to": to_role, "mode": mode, "t": self.now, "from": eng.role}
+        eng.switch = {
+            "cmd": cmd, "to": to_role, "mode": mode, "t": self.now, "from": eng.role,
+            "aborted": 0, "cache_lost": 0,
+        }
         self._on_switching(eng)
-        self.at(self.now + DRAIN_TIMEOUT_S, self._drain_deadline, eng, cmd)
+        if self.paused:
+            # The update aborted everything in flight; what still waits here (requests
+            # parked for the pause) goes to the other engines. No drain.
+            self._shed_unstarted(eng)
+            self._start_switch(eng)
+            return True
+        eng.draining = True
+        self._shed_unstarted(eng)
+        self.at(self.now + self.drain_deadline_s, self._drain_deadline, eng, cmd)
         self._maybe_switch(eng)
         return True
 
+    def _shed_unstarted(self, eng: Engine) -> None:
+        """Re-queue at once the work ``eng`` has not started: prompts waiting for their
+        prefill to begin go to another prefill rank (no event: the request was never
+        touched), and on the decode side the transferred requests waiting for KV space
+        and the transfers still in flight to it are aborted and re-queued (they
+        re-prefill; the prefill side still caches their prompt)."""
+        for rank in eng.ranks:
+            while rank.pending:
+                req = rank.pending.popleft()
+                rank.waiting_tokens -= req.prompt
+                self._count_drain_abort(eng, req, req.out_done, deadline=False)
+                self._on_aborted(req, gen_total=req.out_done, requeue=True)
+            if any(not q.started for q in rank.waiting):
+                moved = [q for q in rank.waiting if not q.started]
+                kept = [q for q in rank.waiting if q.started]
+                rank.waiting.clear()
+                rank.waiting.extend(kept)
+                for req in moved:
+                    rank.waiting_tokens -= req.prompt
+                    self.drain_rerouted_reqs += 1
+                    self.route_prefill(req)
+        for req, rank in [(q, r) for q, r in self._inflight.items() if r.engine is eng]:
+            del self._inflight[req]
+            rank.waiting_tokens -= req.prompt
+            if req.alive:
+                self._count_drain_abort(eng, req, req.out_done, deadline=False)
+                self._on_aborted(req, gen_total=req.out_done, requeue=True)
+
+    def _count_drain_abort(self, eng: Engine, req: Req, gen_total: int, deadline: bool) -> None:
+        """A request a drain aborts: it re-prefills its prompt plus what it generated
+        (exact on PD engines; on a mixed engine a retracted request's recomputed output
+        is counted twice)."""
+        self.drain_aborts += 1
+        self.drain_deadline_aborts += deadline
+        self.drain_requeued_tokens += req.prompt + gen_total
+        if eng.switch is not None:
+            eng.switch["aborted"] += 1
+
     def _drain_deadline(self, eng: Engine, cmd: str) -> None:
-        if eng.switch is None or eng.switch["cmd"] != cmd or not eng.available:
+        if eng.switch is None or eng.switch["cmd"] != cmd or not eng.draining:
             return
-        self.abort_engine(eng, reroute_waiting=True)
+        self.abort_engine(eng, reroute_waiting=True, reason="drain")
         self._maybe_switch(eng)
 
     def _maybe_switch(self, eng: Engine) -> None:
-        if eng.switch is None or not eng.available or eng.stepping or eng.has_work():
+        """Start the switch of a draining engine once it holds nothing."""
+        if eng.switch is None or not eng.draining or not eng.available or eng.stepping or eng.has_work():
             return
+        self._start_switch(eng)
+
+    def _start_switch(self, eng: Engine) -> None:
+        sw = eng.switch
         eng.available = False
         eng.draining = False
+        lost = sum(r.cache_tokens for r in eng.ranks)
+        self.cache_lost_tokens += lost
+        sw["cache_lost"] += lost
         for rank in eng.ranks:
             rank.flush_cache()
-        self.at(self.now + self.profile.switch_time(eng.switch["mode"]), self._switched, eng)
+        sw["drain_end"] = self.now
+        sw["in_pause"] = self.paused
+        self.at(self.now + self.profile.switch_time(sw["mode"]), self._switched, eng)
 
     def _switched(self, eng: Engine) -> None:
         sw = eng.switch
         eng.role = sw["to"]
         eng.switch = None
-        eng.available = True
+        # During the weight-update pause the engine waits for the resume.
+        eng.available = not self.paused
         self.switches += 1
-        self.switch_log.append({"t": round(self.now, 3), "engine": eng.name, "from": sw["from"], "to": sw["to"]})
+        self.switch_log.append({
+            "t": round(self.now, 3), "engine": eng.name, "from": sw["from"], "to": sw["to"],
+            "mode": sw["mode"], "requested_t": round(sw["t"], 3),
+            "drain_s": round(sw["drain_end"] - sw["t"], 3),
+            "switch_s": round(self.now - sw["drain_end"], 3),
+            "in_pause": sw["in_pause"], "drain_aborts": sw["aborted"],
+            "cache_lost_tokens": sw["cache_lost"],
+        })
         self._on_switched(eng, sw)
-        self.release_parked()
+        if eng.available:
+            self.release_parked()
 
     def release_parked(self) -> None:
         """Route requests that found no engine of the right role earlier."""

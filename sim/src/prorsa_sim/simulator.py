@@ -31,7 +31,10 @@ class SimConfig:
     model: str = "deepseek-v3.2"
     staleness: int = 0
     """0: synchronous (on-policy); >0: asynchronous with this maximum staleness."""
-    steps: int = 2
+    steps: int = 6
+    """Rollout steps (sync) / policy updates (async). The first is the warm-up step (it
+    starts from an empty cluster) and is reported apart; the rollout time is the mean of
+    the others. CHOICE: 6 = one warm-up + 5 measured steps."""
     seed: int = 0
     batch_size: int = 512
     """Trajectories per training step ([P] paper scale: 512)."""
@@ -46,6 +49,10 @@ class SimConfig:
     """CHOICE: async keeps up to over_dispatch x batch_size trajectories live; default
     1 + staleness / 4 (1.5x at staleness 2, 3x at 8): a looser bound lets the sampler run
     further ahead, within the AReaL-style launch budget below."""
+    dp_routing: str = "load"
+    """How the attention-DP rank of a request is chosen (``engines.DP_ROUTING``): ``load``
+    (default: SGLang's data-parallel controller balances ranks by load, so a prefix is reused
+    only when the chosen rank holds it) or ``prefix`` (a DP-aware, cache-aware router)."""
     run: str = "sim"
     max_sim_s: float = 200_000.0
     """Safety stop (simulated seconds)."""
@@ -70,6 +77,9 @@ class Traj:
     last_rank: object = None
     alive: bool = True
     length_capped: bool = False
+    shared_key: str | None = None
+    """Prefix-cache key of the GRPO group's shared first prompt (None once irrelevant)."""
+    shared_tokens: int = 0
 
 
 @dataclass
@@ -84,6 +94,18 @@ class WindowSample:
     n_switching: int = 0
     busy_gpu_s: float = 0.0
     wait_gpu_s: float = 0.0
+    step: int = 0
+    """Rollout steps completed when the window closed (0: the warm-up step)."""
+    prefills_done: int = 0
+    prefill_prompt_done: int = 0
+    prefill_cached_done: int = 0
+    """Prefills finished in the window: how many, their full prompt tokens, their
+    prefix-cache hits."""
+    decode_kv_tokens: int = 0
+    """KV tokens of the sequences decoding (or transferred and waiting for KV space on a
+    decode engine) when the window closed."""
+    decode_seqs: int = 0
+    """How many such sequences."""
 
 
 class Simulator(ClusterSim):
@@ -103,7 +125,7 @@ class Simulator(ClusterSim):
         if n < 1:
             raise ValueError(f"{config.total_gpus} GPUs hold no {prof.gpus_per_engine}-GPU engine")
         self.policy = policy
-        super().__init__(prof, policy.initial_roles(prof, n))
+        super().__init__(prof, policy.initial_roles(prof, n), dp_routing=config.dp_routing)
         self.sink = sink
         self.n_events = 0
         self.window_events: list = []
@@ -177,6 +199,8 @@ class Simulator(ClusterSim):
         else:
             self.at(0.0, self._fill_async)
         self.progress = progress
+        self.warmup_mark: dict | None = None
+        self.initial_role_counts = {r: sum(e.role == r for e in self.engines) for r in ("prefill", "decode", "mixed")}
         self.run_until(lambda: self.done or self.now > cfg.max_sim_s)
         self._close_empty_time()
         return build_result(self)
@@ -196,7 +220,9 @@ class Simulator(ClusterSim):
         # AReaL-style budget: never more than (version + staleness + 1) batches launched,
         # over-dispatched by 1/admission_rate so that enough samples are admitted.
         budget = math.ceil((self.version + cfg.staleness + 1) * cfg.batch_size / self.spec.admission_rate)
-        while self.live < cap and self.next_idx < budget:
+        g = self.spec.group_size
+        # GRPO: a group is dispatched whole (a started group is completed past the bounds).
+        while (self.live < cap and self.next_idx < budget) or self.next_idx % g:
             self._dispatch()
 
     def _dispatch(self) -> None:
@@ -205,6 +231,10 @@ class Simulator(ClusterSim):
         g = self.spec.group_size
         plan = plan_trajectory(self.spec, self.cfg.seed, i)
         tr = Traj(i, f"t{i:06d}", f"g{i // g:05d}", plan, self.version, self.now, context=plan.prompt_tokens)
+        if g > 1:
+            # Group members answer the same prompt: one shared prefix (versioned: caches
+            # flush at every policy update).
+            tr.shared_key, tr.shared_tokens = f"{tr.group}@{self.version}", plan.prompt_tokens
         self.trajs[tr.tid] = tr
         self.live += 1
         self.emit(E.TrajectoryDispatched, traj=tr.tid, prompt_tokens=plan.prompt_tokens, group=tr.group, policy_version=self.version)
@@ -273,6 +303,9 @@ class Simulator(ClusterSim):
 
     def _on_prefill_finished(self, req: Req, eng: Engine, decode_eng: Engine | None) -> None:
         self.cur.decode_admit += req.traj.context
+        self.cur.prefills_done += 1
+        self.cur.prefill_prompt_done += req.prompt
+        self.cur.prefill_cached_done += req.cached
         self._win_prompt[eng.index] += req.prompt
         self._win_cached[eng.index] += req.cached
         self.emit(
@@ -381,14 +414,23 @@ class Simulator(ClusterSim):
                 if tr.version < self.version - self.cfg.staleness:
                     self._drop(tr)
         # Weight sync: pause every engine, abort in-flight requests (they re-prefill on
-        # the new weights), flush prefix caches.
+        # the new weights), flush prefix caches. A draining engine's waiting prompts go
+        # to the other engines (parked until the resume).
+        self.paused = True
         for eng in self.engines:
             if eng.available:
-                self.abort_engine(eng, reroute_waiting=False)
+                self.abort_engine(eng, reroute_waiting=eng.draining)
                 eng.available = False
+        # Every engine is empty now: a switch that was draining needs no more drain, and
+        # its switch time overlaps the pause.
+        for eng in self.engines:
+            if eng.switch is not None and eng.draining:
+                self._start_switch(eng)
         self.at(self.now + self.cfg.weight_sync_s, self._resume)
 
     def _resume(self) -> None:
+        # An engine still switching resumes when its switch is done (``_switched``).
+        self.paused = False
         for eng in self.engines:
             if eng.switch is None or eng.draining:
                 eng.available = True
@@ -431,8 +473,38 @@ class Simulator(ClusterSim):
         pf, dc = self.prefill_tokens - self._step_pf, self.decode_tokens - self._step_dc
         self._step_pf, self._step_dc = self.prefill_tokens, self.decode_tokens
         self.step_pd_ratio.append(round(pf / dc, 4) if dc else None)
+        if self.step == 1:
+            # The warm-up step ends here: the summary measures what follows it.
+            self.warmup_mark = self.counters()
         if self.progress is not None:
             self.progress(self.step, self.now)
+
+    def counters(self) -> dict:
+        """Cumulative counters the summary measures over (time, GPU seconds, tokens)."""
+        return {
+            "t": self.now, "busy": sum(e.busy_s for e in self.engines),
+            "wait": sum(e.wait_s for e in self.engines),
+            "empty_rank": sum(e.empty_rank_s for e in self.engines),
+            "trajs": len(self.traj_times), "dropped": self.dropped,
+            "prefill_tokens": self.prefill_tokens, "decode_tokens": self.decode_tokens,
+            "cached_tokens": self.cached_tokens, "switches": self.switches,
+            "preemptions": self.preemptions,
+        }
+
+    def decode_load(self) -> tuple[int, int]:
+        """(KV tokens, sequences) of decoding requests now: running on a mixed or decode
+        rank, or transferred and waiting for KV space on a decode rank."""
+        kv = n = 0
+        for eng in self.engines:
+            if eng.role == "prefill":
+                continue
+            for rank in eng.ranks:
+                kv += rank.kv_used - rank.inuse_prefill
+                n += len(rank.running)
+                for req in rank.pending:
+                    kv += req.prompt
+                    n += 1
+        return kv, n
 
     # --- windows ------------------------------------------------------------------------
 
@@ -443,6 +515,8 @@ class Simulator(ClusterSim):
         s = self.cur
         s.busy_gpu_s = sum(e.busy_s for e in self.engines)
         s.wait_gpu_s = sum(e.wait_s for e in self.engines)
+        s.step = self.step
+        s.decode_kv_tokens, s.decode_seqs = self.decode_load()
         for eng in self.engines:
             s.n_switching += eng.switch is not None
             s.n_prefill += eng.role == "prefill"
@@ -499,8 +573,9 @@ class Simulator(ClusterSim):
             raise ValueError(f"policy {self.policy.name}: switch mode {sw.mode!r} not in {self.profile.switch_modes}")
         self._cmd += 1
         cmd = f"{self.cfg.run}-cmd{self._cmd:06d}"
-        if eng.switch is None and eng.role != sw.to_role and eng.available:
-            self.emit(E.EngineCommand, cmd=cmd, engine=eng.name, action="switch_role", to_role=sw.to_role, deadline=round(self.now + 60.0, 6))
+        if self.switch_allowed(eng, sw.to_role):
+            deadline = self.now + self.drain_deadline_s
+            self.emit(E.EngineCommand, cmd=cmd, engine=eng.name, action="switch_role", to_role=sw.to_role, deadline=round(deadline, 6))
         self.request_switch(eng, sw.to_role, sw.mode, cmd)
 
     def peek_future(self, horizon_s: float) -> FutureDemand:

@@ -5,8 +5,15 @@ and reward times, admission) is drawn at dispatch from its own generator seeded 
 ``(seed, trajectory index)``. So the same seed gives the same trajectories under every
 policy: policies are compared on the same workload, and an oracle can know it.
 
-All numbers are CHOICES made to reproduce the paper's characterisation (documented in
-docs/simulator.md), not measured traces.
+Group structure (GRPO, [GRPO] Shao et al. 2024): the ``group_size`` trajectories of one group
+answer the same prompt, so they share their first prompt token for token (one prefix in the
+radix cache), they are dispatched together, and they run in the same environment (one
+repository, one tool server), so their tool latencies are correlated: each tool duration is
+the workload's lognormal times a group factor and a trajectory factor (lognormal random
+effects with medians 1), drawn from generators seeded by the group and the trajectory.
+
+Numbers are CHOICES made to reproduce the paper's characterisation (documented in
+docs/simulator.md) unless a source is named, not measured traces.
 """
 
 from __future__ import annotations
@@ -44,6 +51,10 @@ class WorkloadSpec:
     admission_rate: float
     prewarm_pool: int
     """Prewarmed sandboxes available at once (refilled after a cold-start time)."""
+    tool_group_sigma: float = 0.0
+    """Sigma of the per-group tool-latency factor (one environment per group)."""
+    tool_traj_sigma: float = 0.0
+    """Sigma of the per-trajectory tool-latency factor (one sandbox per trajectory)."""
 
 
 MATH = WorkloadSpec(
@@ -68,12 +79,16 @@ CODING = WorkloadSpec(
     prompt_median=5000, prompt_sigma=0.3,  # task + repo context
     output_median=280, output_sigma=0.8, output_max=8192,  # one tool call + brief thought
     result_median=900, result_sigma=1.1,  # file views / test logs, heavy tail
-    tool_median_s=6.0, tool_sigma=1.3, tool_max_s=600.0,  # slow sandboxes, test runs
+    tool_median_s=6.0, tool_sigma=1.1, tool_max_s=600.0,  # slow sandboxes, test runs
     max_context=98304,
     sandbox=True, prewarm_s=2.0, cold_median_s=45.0,  # container pull + repo setup
     reward_median_s=30.0,  # running the test suite
     admission_rate=0.6,
     prewarm_pool=384,
+    # CHOICE: a group works on one repository, whose test suite and build speed set most
+    # of its tool latency (spread of 0.6 between groups); a trajectory's own sandbox adds
+    # less (0.3). The per-call sigma is reduced so the pooled spread stays ~1.3.
+    tool_group_sigma=0.6, tool_traj_sigma=0.3,
 )
 
 GENERAL = WorkloadSpec(
@@ -83,12 +98,15 @@ GENERAL = WorkloadSpec(
     prompt_median=3500, prompt_sigma=0.3,  # tool schemas + task
     output_median=300, output_sigma=0.7, output_max=8192,
     result_median=700, result_sigma=1.0,
-    tool_median_s=2.5, tool_sigma=1.2, tool_max_s=300.0,  # API calls, shorter
+    tool_median_s=2.5, tool_sigma=1.1, tool_max_s=300.0,  # API calls, shorter
     max_context=65536,
     sandbox=True, prewarm_s=1.0, cold_median_s=15.0,
     reward_median_s=8.0,  # LLM judge / rubric
     admission_rate=0.7,
     prewarm_pool=384,
+    # CHOICE: a group shares one task and its tool servers (MCP endpoints, APIs): 0.4
+    # between groups, 0.3 between trajectories.
+    tool_group_sigma=0.4, tool_traj_sigma=0.3,
 )
 
 WORKLOADS: dict[str, WorkloadSpec] = {w.name: w for w in (MATH, CODING, GENERAL)}
@@ -127,14 +145,25 @@ def _lognormal(rng: np.random.Generator, median: float, sigma: float, size=None)
     return median * np.exp(sigma * rng.standard_normal(size))
 
 
+def group_of(spec: WorkloadSpec, index: int) -> int:
+    """The GRPO group of trajectory ``index`` (groups are consecutive indices)."""
+    return index // spec.group_size
+
+
 def plan_trajectory(spec: WorkloadSpec, seed: int, index: int) -> TrajectoryPlan:
-    """Draw trajectory ``index``'s plan from its own generator (independent of policy)."""
+    """Draw trajectory ``index``'s plan from its own generator (independent of policy);
+    what its group shares (the prompt, the environment's tool speed) comes from the
+    group's generator."""
     rng = np.random.default_rng([seed, index, 0x5eed])
+    grng = np.random.default_rng([seed, group_of(spec, index), 0x9e0])
+    prompt = int(max(16, _lognormal(grng, spec.prompt_median, spec.prompt_sigma)))
+    group_tool = float(_lognormal(grng, 1.0, spec.tool_group_sigma))
     turns = int(np.clip(round(_lognormal(rng, spec.turns_median, spec.turns_sigma)), 1, spec.turns_max))
-    prompt = int(max(16, _lognormal(rng, spec.prompt_median, spec.prompt_sigma)))
+    traj_tool = float(_lognormal(rng, 1.0, spec.tool_traj_sigma))
     outs = np.clip(_lognormal(rng, spec.output_median, spec.output_sigma, turns), 8, spec.output_max)
     results = np.clip(_lognormal(rng, max(spec.result_median, 1), spec.result_sigma, turns), 0, 32768)
-    tools = np.clip(_lognormal(rng, max(spec.tool_median_s, 1e-3), spec.tool_sigma, turns), 0.05, max(spec.tool_max_s, 0.05))
+    tool_median = max(spec.tool_median_s, 1e-3) * group_tool * traj_tool
+    tools = np.clip(_lognormal(rng, tool_median, spec.tool_sigma, turns), 0.05, max(spec.tool_max_s, 0.05))
     cold = float(_lognormal(rng, max(spec.cold_median_s, 1e-3), 0.5))
     reward_s = float(max(0.05, _lognormal(rng, max(spec.reward_median_s, 1e-3), 0.5)))
     admitted = bool(rng.random() < spec.admission_rate)
