@@ -64,6 +64,22 @@ def build_result(sim) -> Result:
         "events": sim.n_events,
         "sim_time_s": _r(sim.now, 3),
         "final_roles": {r: sum(e.role == r for e in sim.engines) for r in ("prefill", "decode", "mixed")},
+        # --- switch mechanics (docs/simulator.md, "Role switches"): what drains cost.
+        # Requests a drain aborted and re-queued (decode side: pending and in-flight ones
+        # at once; anything still running at the drain deadline), of which at the deadline.
+        "drain_aborts": sim.drain_aborts,
+        "drain_deadline_aborts": sim.drain_deadline_aborts,
+        # Prompts not yet started, moved to another prefill engine (no re-prefill).
+        "drain_rerouted_reqs": sim.drain_rerouted_reqs,
+        # Full prompt tokens (context + partial output) the drain-aborted requests re-queue.
+        "drain_requeued_tokens": sim.drain_requeued_tokens,
+        # Output tokens of requests aborted at the drain deadline (kept as context).
+        "drain_aborted_decode_tokens": sim.drain_aborted_decode_tokens,
+        # Prefix-cache tokens flushed by role switches, and by weight updates.
+        "cache_lost_tokens": sim.cache_lost_tokens,
+        "cache_flushed_at_update_tokens": sim.cache_flushed_at_update_tokens,
+        # Per switch: drain_s (request to empty), switch_s (empty to back in service).
+        "switch_log": list(sim.switch_log),
     }
     timeline = [
         {

@@ -1,0 +1,205 @@
+"""Role-switch mechanics, hand-computed on small clusters (docs/simulator.md, "Role
+switches"): a draining engine takes no new work and re-queues what it has not started at
+once; what it runs finishes up to the drain deadline, then is aborted and re-queued with
+its partial output; a switch during the weight-update pause needs no drain; the prefix
+cache a flip loses is counted."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from prorsa_sim.cluster import Req
+from prorsa_sim.costmodel import get_profile
+from prorsa_sim.engines import DRAIN_DEADLINE_S, ClusterSim
+from prorsa_sim.policy import make_policy
+from prorsa_sim.simulator import SimConfig, Simulator
+
+PROF = get_profile("mimo-v2.5-pro")  # 2 attention-DP ranks per engine, 4096-token chunks
+SWITCH_S = PROF.in_place_switch_s
+
+
+def _traj(i):
+    return SimpleNamespace(tid=f"t{i}", last_rank=None)
+
+
+class Recorder(ClusterSim):
+    """A bare cluster whose hooks record what happened, and re-queue an aborted request
+    as the rollout side does: its partial output joins the prompt, the rest is still to
+    generate."""
+
+    def __init__(self, roles):
+        super().__init__(PROF, roles)
+        self.log = []
+        self.requeued: dict[str, Req] = {}
+
+    def _on_prefill_finished(self, req, eng, decode_eng):
+        self.log.append(("prefill_finished", req.rid, eng.name, decode_eng.name if decode_eng else None, self.now))
+
+    def _on_decode_finished(self, req, output_tokens):
+        self.log.append(("decode_finished", req.rid, req.rank.engine.name, self.now, output_tokens))
+
+    def _on_aborted(self, req, gen_total, requeue):
+        req.alive = False
+        self.log.append(("aborted", req.rid, self.now, gen_total))
+        new = Req(req.traj, req.rid + "+", req.prompt + gen_total, max(1, req.out_done + req.out_target - gen_total))
+        self.requeued[req.rid] = new
+        self.route_prefill(new)
+
+    def _on_switched(self, eng, sw):
+        self.log.append(("switched", eng.name, sw["to"], self.now))
+
+    def events(self, kind):
+        return [e for e in self.log if e[0] == kind]
+
+
+def _run_decoding(sim, rank, rid, prompt, out_target, traj=None):
+    """``rid`` decodes on ``rank`` (its prefill already produced its first token)."""
+    req = Req(traj or _traj(0), rid, prompt, out_target)
+    req.out_done = 1
+    rank.admit_running(req, prompt)
+    sim.kick(rank.engine)
+    return req
+
+
+def test_a_draining_decode_engine_admits_no_pending_request_and_requeues_it_at_once():
+    sim = Recorder(["prefill", "decode", "decode"])
+    pf, d1, d2 = sim.engines
+    rank = d1.ranks[0]
+    # d1's rank 0 is KV-full: a running request holds it, a transferred one waits for space.
+    rank.capacity = 12_000
+    _run_decoding(sim, rank, "running", 10_000, 40)
+    waiting = Req(_traj(1), "pending", 5_000, 30)
+    waiting.out_done = 1
+    sim._ship(waiting, rank)
+    sim.run_until(lambda: bool(rank.pending))
+    t0 = sim.now
+    assert rank.pending and not sim.events("aborted")
+    # And a transfer still in flight to d1.
+    inflight = Req(_traj(2), "inflight", 3_000, 20)
+    inflight.out_done = 1
+    sim._ship(inflight, d1.ranks[1])
+
+    assert sim.request_switch(d1, "prefill", "in_place", "c1")
+    # Both are aborted and re-queued at once; the prefill engine re-prefills them.
+    assert [(e[1], e[2], e[3]) for e in sim.events("aborted")] == [("pending", t0, 1), ("inflight", t0, 1)]
+    assert not rank.pending and not sim._inflight
+    assert [q.rid for q in pf.ranks[0].waiting] + [q.rid for q in pf.ranks[1].waiting] == ["pending+", "inflight+"]
+    assert sim.requeued["pending"].prompt == 5_001  # the first token joins the context
+    assert sim.drain_aborts == 2 and sim.drain_deadline_aborts == 0
+    assert sim.drain_requeued_tokens == 5_001 + 3_001
+    sim.run_until(lambda: False)
+    # Re-prefilled, they decode on the other decode engine; d1 never admitted them.
+    done = {e[1]: e[2] for e in sim.events("decode_finished")}
+    assert done == {"running": "e001", "pending+": "e002", "inflight+": "e002"}
+    assert rank.waiting_tokens == 0 and d1.ranks[1].waiting_tokens == 0
+    assert d1.role == "prefill" and sim.switches == 1
+
+
+def test_b_running_decodes_that_finish_before_the_deadline_switch_at_drain_end_plus_switch_time():
+    sim = Recorder(["prefill", "decode", "decode"])
+    d1 = sim.engines[1]
+    _run_decoding(sim, d1.ranks[0], "r", 1_000, 50)
+    assert sim.request_switch(d1, "prefill", "in_place", "c1")
+    # One macro-step of 50 decode steps (nothing else on the engine), KV at its midpoint.
+    drain_end = 50 * PROF.decode_step_time(1, 1_000 + 25)
+    assert drain_end < DRAIN_DEADLINE_S
+    sim.run_until(lambda: False)
+    assert sim.events("decode_finished") == [("decode_finished", "r", "e001", pytest.approx(drain_end), 1 + 50)]
+    assert sim.events("switched") == [("switched", "e001", "prefill", pytest.approx(drain_end + SWITCH_S))]
+    log = sim.switch_log[0]
+    assert log["drain_s"] == pytest.approx(drain_end, abs=1e-3)
+    assert log["switch_s"] == pytest.approx(SWITCH_S, abs=1e-3)
+    assert log["drain_aborts"] == 0 and sim.drain_aborts == 0 and not log["in_pause"]
+
+
+def test_c_a_decode_still_running_at_the_deadline_is_requeued_with_its_partial_output():
+    sim = Recorder(["prefill", "decode", "decode"])
+    d1 = sim.engines[1]
+    _run_decoding(sim, d1.ranks[0], "long", 1_000, 100_000)
+    assert sim.request_switch(d1, "prefill", "in_place", "c1")
+    sim.run_until(lambda: bool(sim.events("aborted")))
+    # A macro-step of 512 steps (MAX_MACRO_STEPS) is under way at the deadline; the steps
+    # completed by then are kept.
+    step = PROF.decode_step_time(1, 1_000 + 256)
+    assert 512 * step > DRAIN_DEADLINE_S
+    gen = math.floor(DRAIN_DEADLINE_S / step)
+    assert sim.events("aborted") == [("aborted", "long", DRAIN_DEADLINE_S, 1 + gen)]
+    new = sim.requeued["long"]
+    assert new.prompt == 1_000 + 1 + gen  # the context grows by the generated tokens
+    assert new.out_target == 100_000 - gen  # and the rest is still to generate
+    assert sim.drain_deadline_aborts == 1 and sim.drain_aborted_decode_tokens == 1 + gen
+    assert sim.drain_requeued_tokens == 1_000 + 1 + gen
+    sim.run_until(lambda: bool(sim.events("switched")))
+    assert sim.now == pytest.approx(DRAIN_DEADLINE_S + SWITCH_S)
+    assert sim.switch_log[0]["drain_s"] == pytest.approx(DRAIN_DEADLINE_S)
+    assert sim.switch_log[0]["drain_aborts"] == 1
+
+
+class _PauseSwitch(Simulator):
+    """Requests a switch of e001 (prefill -> decode) at the first weight-update pause."""
+
+    asked_at = None
+
+    def _policy_update(self):
+        super()._policy_update()
+        if self.asked_at is None and self.paused:
+            self.asked_at = self.now
+            self.request_switch(self.engines[1], "decode", "in_place", "c1")
+            self.at(self.now + self.cfg.weight_sync_s, self._check_after_resume)
+
+    def _check_after_resume(self):
+        # The pause (5 s) is over but the switch (15 s) is not: the engine stays out.
+        self.resumed_while_switching = not self.engines[1].available and self.engines[1].switch is not None
+
+
+def test_d_a_switch_during_the_weight_update_pause_needs_no_drain():
+    cfg = SimConfig(workload="math", model="mimo-v2.5-pro", total_gpus=48, staleness=0, steps=2, batch_size=8)
+    sim = _PauseSwitch(cfg, make_policy("static:2:1"))
+    res = sim.run()
+    assert sim.asked_at is not None and sim.resumed_while_switching
+    assert res.summary["switch_log"] == [{
+        "t": round(sim.asked_at + SWITCH_S, 3), "engine": "e001", "from": "prefill", "to": "decode",
+        "mode": "in_place", "requested_t": round(sim.asked_at, 3), "drain_s": 0.0, "switch_s": SWITCH_S,
+        "in_pause": True, "drain_aborts": 0, "cache_lost_tokens": 0,  # the update flushed it already
+    }]
+    assert res.summary["drain_aborts"] == 0 and res.summary["final_roles"] == {"prefill": 1, "decode": 2, "mixed": 0}
+    assert res.summary["cache_flushed_at_update_tokens"] > 0
+
+
+def test_d_an_engine_draining_when_the_pause_starts_switches_at_once():
+    cfg = SimConfig(workload="math", model="mimo-v2.5-pro", total_gpus=48, staleness=0, steps=1, batch_size=1)
+    sim = Simulator(cfg, make_policy("static:1:2"))
+    d = sim.engines[2]
+    # A request of no live trajectory (the rollout side ignores its abort).
+    _run_decoding(sim, d.ranks[0], "long", 1_000, 100_000, SimpleNamespace(tid="x", last_rank=None, alive=False))
+    assert sim.request_switch(d, "prefill", "in_place", "c1")
+    sim.at(3.0, sim._policy_update)
+    sim.run_until(lambda: sim.switches >= 1)
+    assert sim.now == pytest.approx(3.0 + SWITCH_S)
+    log = sim.switch_log[0]
+    assert (log["drain_s"], log["switch_s"], log["in_pause"]) == (3.0, SWITCH_S, True)
+    # Its request was aborted by the weight update, not by the drain.
+    assert sim.drain_aborts == 0 and log["drain_aborts"] == 0
+
+
+def test_e_cache_lost_tokens_is_the_prefix_cache_held_at_the_flip():
+    sim = Recorder(["prefill", "prefill", "decode"])
+    p0, p1, _ = sim.engines
+    p0.ranks[0].cache_put("old-a", 3_000)
+    p0.ranks[1].cache_put("old-b", 2_000)
+    # p0 prefills an 8192-token prompt (two chunks) with another one queued behind it.
+    sim.enqueue(p0.ranks[0], Req(_traj(1), "first", 8_192, 4))
+    sim.enqueue(p0.ranks[0], Req(_traj(2), "second", 2_000, 4))
+    assert [q.started for q in p0.ranks[0].waiting] == [True, False]
+    assert sim.request_switch(p0, "decode", "in_place", "c1")
+    # The queued prompt moves at once, with no abort; the started one finishes here.
+    assert [q.rid for q in p1.ranks[0].waiting] + [q.rid for q in p1.ranks[1].waiting] == ["second"]
+    assert sim.drain_rerouted_reqs == 1 and sim.drain_aborts == 0
+    sim.run_until(lambda: False)
+    assert [e[1:3] for e in sim.events("prefill_finished")] == [("second", "e001"), ("first", "e000")]
+    # At the flip p0 held the two old prefixes and the first prompt it just finished.
+    assert sim.cache_lost_tokens == 3_000 + 2_000 + 8_192
+    assert sim.switch_log[0]["cache_lost_tokens"] == 3_000 + 2_000 + 8_192
+    assert sim.cache_flushed_at_update_tokens == 0
+    assert p0.role == "decode" and all(r.cache_tokens == 0 for r in p0.ranks)
