@@ -113,7 +113,7 @@ def test_cli_run_writes_log_summary_and_plot(tmp_path):
 def test_cli_compare_json_and_bad_input():
     runner = CliRunner()
     r = runner.invoke(app, ["sim", "compare", "--workload", "general", "--model", "deepseek-v3.2", "--policies",
-                            "colocation,static:4:4", "--steps", "1", "--batch-size", "24", "--json"])
+                            "colocation,static:4:4", "--steps", "1", "--batch-size", "24", "--seeds", "0", "--jobs", "1", "--json"])
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)
     assert [row["policy"] for row in rows] == ["colocation", "static:4:4"]

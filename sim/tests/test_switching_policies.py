@@ -65,7 +65,7 @@ def test_cli_compare_all_runs_every_policy():
     from prorsa_cli.main import app
 
     r = CliRunner().invoke(app, ["sim", "compare", "--workload", "general", "--staleness", "2", "--policies", "all",
-                                 "--steps", "1", "--batch-size", "8", "--gpus", "32", "--json"])
+                                 "--steps", "1", "--batch-size", "8", "--gpus", "32", "--seeds", "0", "--jobs", "1", "--json"])
     assert r.exit_code == 0, r.output
     names = [row["policy"] for row in json.loads(r.stdout)]
     assert names[0] == "colocation" and names[1].startswith("static:") and names[2:] == ["reactive", "prorsa", "oracle"]

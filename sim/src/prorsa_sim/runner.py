@@ -1,34 +1,253 @@
-"""Run simulations: one policy (with the ``static`` sweep), or several side by side."""
+"""Run simulations: one policy (with the ``static`` sweep), or several side by side over
+seeds, in parallel processes, with an optional on-disk cache.
+
+The measurement rule (see :func:`prorsa_sim.summary.build_result`): the first step is the
+warm-up, reported apart; the rollout time is the mean of the steps after it.
+
+The common start: in a comparison every PD policy starts from the same P:D split -- the
+best static ratio of the same setting and seed (``start="best"``, the default of
+:func:`compare_seeds`) -- so a switching policy is measured against the best fixed ratio
+from the very state that ratio runs in; colocation (all engines mixed) is its own baseline.
+``start="P:D"`` names another common split, ``start="own"`` keeps each policy's own
+initial roles (the allocator and reactive policies start at n/2 : n/2).
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import replace
+import math
+import os
+import re
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from prorsa_schemas import LogWriter
 
 from .costmodel import get_profile
-from .policy import StaticPD, make_policy, static_sweep_ratios
+from .policy import Observation, Policy, StaticPD, SwitchRequest, make_policy, static_sweep_ratios
 from .simulator import SimConfig, Simulator
 from .summary import Result
 
+FULL_GRID = 7
+"""Points of the static sweep: every ratio of an 8-engine cluster, 7 evenly spaced ones for
+Qwen3's 32 engines (:func:`static_sweep_ratios`)."""
 
-def simulate(cfg: SimConfig, policy_spec: str, sink=None, progress=None) -> Result:
+
+def is_pd_fixed(spec: str) -> bool:
+    """Policies whose roles never change: colocation and ``static:P:D``."""
+    return spec == "colocation" or spec.startswith("static:")
+
+
+@dataclass
+class StartAt:
+    """A policy started from a given P:D split instead of its own initial roles (the
+    common start of a comparison); everything else is the wrapped policy's."""
+
+    inner: Policy
+    n_prefill: int
+    n_decode: int
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def wants_future(self) -> bool:
+        return getattr(self.inner, "wants_future", False)
+
+    def initial_roles(self, profile, n_engines: int) -> list[str]:
+        if self.n_prefill + self.n_decode != n_engines or self.n_prefill < 1 or self.n_decode < 1:
+            raise ValueError(f"start {self.n_prefill}:{self.n_decode} does not split {n_engines} engines")
+        return ["prefill"] * self.n_prefill + ["decode"] * self.n_decode
+
+    def on_window(self, obs: Observation) -> list[SwitchRequest]:
+        return self.inner.on_window(obs)
+
+
+def parse_start(text: str | None) -> tuple[int, int] | str | None:
+    """``best`` / ``own`` / ``P:D`` (None: own)."""
+    if text in (None, "own"):
+        return None
+    if text == "best":
+        return "best"
+    m = re.fullmatch(r"(\d+):(\d+)", text)
+    if not m:
+        raise ValueError(f"bad start {text!r}: expected best, own or P:D (e.g. 4:4)")
+    return int(m[1]), int(m[2])
+
+
+def build_policy(spec: str, start: tuple[int, int] | None = None) -> Policy:
+    """``make_policy(spec)``, started from ``start`` when it is a switching policy."""
+    pol = make_policy(spec)
+    if start is not None and not is_pd_fixed(spec):
+        return StartAt(pol, *start)
+    return pol
+
+
+def simulate(cfg: SimConfig, policy_spec: str, sink=None, progress=None, start: tuple[int, int] | None = None) -> Result:
     """Run one simulation of a concrete policy (not the ``static`` sweep)."""
-    return Simulator(cfg, make_policy(policy_spec), sink=sink).run(progress=progress)
+    return Simulator(cfg, build_policy(policy_spec, start), sink=sink).run(progress=progress)
 
 
-def best_static(cfg: SimConfig, progress=None) -> tuple[str, Result, dict[str, float]]:
+# --- jobs: one simulation each, run in parallel processes, cached on disk ------------------
+
+_RESULT_MODULES = ("cluster", "costmodel", "engines", "simulator", "summary", "workloads", "policy",
+                   "runner", "idealsplit")
+
+
+def code_version() -> str:
+    """Hash of the sources that decide a simulation's result (the cache key's code part:
+    a changed cost model, workload or engine invalidates every cached result)."""
+    here = Path(__file__).parent
+    h = hashlib.sha256()
+    files = [here / f"{m}.py" for m in _RESULT_MODULES] + sorted((here / "policies").glob("*.py"))
+    for f in files:
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One simulation: a setting, a concrete policy and the P:D split it starts from."""
+
+    cfg: SimConfig
+    spec: str
+    start: tuple[int, int] | None = None
+
+    def key(self) -> str:
+        c = self.cfg
+        st = f"@{self.start[0]}-{self.start[1]}" if self.start and not is_pd_fixed(self.spec) else ""
+        name = (f"{c.workload}_{c.model}_s{c.staleness}_b{c.batch_size}_g{c.total_gpus}_n{c.steps}"
+                f"_seed{c.seed}_{self.spec}{st}")
+        extra = {k: v for k, v in asdict(c).items()
+                 if k not in ("workload", "model", "staleness", "batch_size", "total_gpus", "steps", "seed", "run")}
+        digest = hashlib.sha256(json.dumps(extra, sort_keys=True).encode()).hexdigest()[:6]
+        return re.sub(r"[^A-Za-z0-9_.@=-]", "-", f"{name}_{digest}")
+
+
+def run_job(job: Job) -> dict:
+    """Run one job; its summary (no timeline), with the start split recorded."""
+    res = simulate(job.cfg, job.spec, start=job.start if not is_pd_fixed(job.spec) else None)
+    s = res.summary
+    s["start"] = f"{job.start[0]}:{job.start[1]}" if job.start and not is_pd_fixed(job.spec) else None
+    return s
+
+
+def default_jobs() -> int:
+    """Parallel processes by default: the machine's CPUs."""
+    return os.cpu_count() or 1
+
+
+def run_jobs(jobs: list[Job], n_jobs: int = 1, cache_dir: Path | None = None,
+             progress: Callable[[Job], None] | None = None) -> list[dict]:
+    """Run ``jobs`` (results in the same order). ``n_jobs`` > 1: in that many processes
+    (``concurrent.futures.ProcessPoolExecutor``). ``cache_dir``: a job whose result file
+    ``<key>.json`` (with the same code version) is there is not run again, and every new
+    result is written there as soon as it is done, so an interrupted sweep resumes."""
+    version = code_version()
+    results: list[dict | None] = [None] * len(jobs)
+    todo: list[int] = []
+    for i, job in enumerate(jobs):
+        cached = _read_cache(cache_dir, job, version)
+        if cached is not None:
+            results[i] = cached
+            if progress is not None:
+                progress(job)
+        else:
+            todo.append(i)
+    # The same job twice in the list runs once.
+    first: dict[str, int] = {}
+    unique = [i for i in todo if first.setdefault(jobs[i].key(), i) == i]
+
+    def done(i: int, summary: dict) -> None:
+        _write_cache(cache_dir, jobs[i], version, summary)
+        for j in todo:
+            if jobs[j].key() == jobs[i].key():
+                results[j] = summary
+                if progress is not None:
+                    progress(jobs[j])
+
+    if n_jobs <= 1 or len(unique) <= 1:
+        for i in unique:
+            done(i, run_job(jobs[i]))
+    else:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=min(n_jobs, len(unique)), mp_context=ctx) as pool:
+            futs = {pool.submit(run_job, jobs[i]): i for i in unique}
+            for fut in as_completed(futs):
+                done(futs[fut], fut.result())
+    return results  # type: ignore[return-value]
+
+
+def _cache_path(cache_dir: Path, job: Job) -> Path:
+    return cache_dir / "runs" / f"{job.key()}.json"
+
+
+def _read_cache(cache_dir: Path | None, job: Job, version: str) -> dict | None:
+    if cache_dir is None:
+        return None
+    p = _cache_path(cache_dir, job)
+    try:
+        doc = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+    if doc.get("code_version") != version or doc.get("job") != _job_doc(job):
+        return None
+    return doc["summary"]
+
+
+def _job_doc(job: Job) -> dict:
+    return {"cfg": asdict(job.cfg), "spec": job.spec, "start": list(job.start) if job.start else None}
+
+
+def _write_cache(cache_dir: Path | None, job: Job, version: str, summary: dict) -> None:
+    if cache_dir is None:
+        return
+    p = _cache_path(cache_dir, job)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"code_version": version, "job": _job_doc(job), "summary": summary}, sort_keys=True))
+    tmp.replace(p)
+
+
+# --- the static sweep ---------------------------------------------------------------------
+
+
+def sweep_specs(cfg: SimConfig, grid: int = FULL_GRID) -> list[str]:
+    """The ``static:P:D`` specs the sweep tries for ``cfg``'s cluster."""
+    n = get_profile(cfg.model).engines_in(cfg.total_gpus)
+    return [f"static:{p}:{d}" for p, d in static_sweep_ratios(n, grid)]
+
+
+def pick_best(summaries: Iterable[dict]) -> tuple[str, dict, dict[str, float]]:
+    """The lowest rollout time among static summaries: (spec, summary, every spec's time)."""
+    tried: dict[str, float] = {}
+    best = None
+    for s in summaries:
+        rt = s["rollout_time_s"]
+        tried[s["policy"]] = rt if rt is not None else float("inf")
+        if best is None or tried[s["policy"]] < tried[best["policy"]]:
+            best = s
+    if best is None:
+        raise ValueError("empty static sweep")
+    return best["policy"], best, tried
+
+
+def best_static(cfg: SimConfig, progress=None, grid: int = FULL_GRID) -> tuple[str, Result, dict[str, float]]:
     """The paper's static baseline: try the P:D ratios, keep the lowest rollout time.
 
     Returns the winning ``static:P:D``, its result, and every ratio's rollout time.
     """
-    n = get_profile(cfg.model).engines_in(cfg.total_gpus)
     tried: dict[str, float] = {}
     best: tuple[str, Result] | None = None
-    for p, d in static_sweep_ratios(n):
-        spec = f"static:{p}:{d}"
+    for spec in sweep_specs(cfg, grid):
+        p, d = (int(x) for x in spec.split(":")[1:])
         res = Simulator(cfg, StaticPD(p, d)).run()
         rt = res.summary["rollout_time_s"]
         tried[spec] = rt if rt is not None else float("inf")
@@ -40,40 +259,131 @@ def best_static(cfg: SimConfig, progress=None) -> tuple[str, Result, dict[str, f
     return best[0], best[1], tried
 
 
-def run_to_dir(cfg: SimConfig, policy_spec: str, out: Path, progress=None, plot: bool = True) -> Result:
-    """``prorsa sim run``: write ``events.jsonl.gz``, ``summary.json``, ``timeline.png``."""
+def _split(spec: str) -> tuple[int, int]:
+    p, d = spec.split(":")[1:]
+    return int(p), int(d)
+
+
+def run_to_dir(cfg: SimConfig, policy_spec: str, out: Path, progress=None, plot: bool = True,
+               start: str | None = None, n_jobs: int = 1) -> Result:
+    """``prorsa sim run``: write ``events.jsonl.gz``, ``summary.json``, ``timeline.json``,
+    ``timeline.png`` and ``ideal_split.png``. ``start``: ``best`` / ``P:D`` / ``own`` (a
+    switching policy's initial split; ``best`` runs the static sweep first)."""
     out.mkdir(parents=True, exist_ok=True)
     sweep = None
-    if policy_spec == "static":
-        policy_spec, _, sweep = best_static(cfg)
+    st = parse_start(start)
+    if policy_spec == "static" or (st == "best" and not is_pd_fixed(policy_spec)):
+        specs = sweep_specs(cfg)
+        sums = run_jobs([Job(cfg, s) for s in specs], n_jobs=n_jobs)
+        best, _, sweep = pick_best(sums)
+        if policy_spec == "static":
+            policy_spec = best
+        if st == "best":
+            st = _split(best)
     with LogWriter(out / "events.jsonl.gz") as sink:
-        res = simulate(cfg, policy_spec, sink=sink, progress=progress)
+        res = simulate(cfg, policy_spec, sink=sink, progress=progress, start=st if isinstance(st, tuple) else None)
     if sweep is not None:
         res.summary["static_sweep"] = sweep
     (out / "summary.json").write_text(json.dumps(res.summary, indent=2, sort_keys=True) + "\n")
     (out / "timeline.json").write_text(json.dumps(res.timeline, sort_keys=True) + "\n")
     if plot:
-        from .plot import plot_timeline
+        from .plot import plot_ideal_split, plot_timeline
 
-        plot_timeline(res, out / "timeline.png", title=f"{cfg.workload} / {cfg.model} / {res.summary['policy']}")
+        title = f"{cfg.workload} / {cfg.model} / staleness {cfg.staleness} / {res.summary['policy']}"
+        plot_timeline(res, out / "timeline.png", title=title)
+        plot_ideal_split(res, out / "ideal_split.png", title=title)
     return res
 
 
-def compare(cfg: SimConfig, policies: list[str], progress=None) -> list[dict]:
-    """Run each policy on the same seeded workload; rows with speedup vs the first."""
+# --- comparisons over seeds -----------------------------------------------------------------
+
+
+def spread(xs: list[float | None]) -> dict:
+    """mean, min, max and (population) std of the non-None values (None when there are none)."""
+    v = [x for x in xs if x is not None and math.isfinite(x)]
+    if not v:
+        return {"mean": None, "min": None, "max": None, "std": None, "n": 0}
+    m = sum(v) / len(v)
+    return {
+        "mean": round(m, 4), "min": round(min(v), 4), "max": round(max(v), 4),
+        "std": round(math.sqrt(sum((x - m) ** 2 for x in v) / len(v)), 4), "n": len(v),
+    }
+
+
+SPREAD_KEYS = ("rollout_time_s", "warmup_step_s", "mean_trajectory_s", "gpu_idle_ratio", "gpu_imbalance_ratio",
+               "gpu_unused_ratio", "switches", "preemptions")
+
+
+def compare_seeds(cfg: SimConfig, policies: list[str], seeds: list[int], n_jobs: int = 1,
+                  start: str | None = "best", grid: int = FULL_GRID, cache_dir: Path | None = None,
+                  progress: Callable[[Job], None] | None = None, on_total: Callable[[int], None] | None = None) -> dict:
+    """Run each policy on each seed (same seed, same workload); aggregate across seeds.
+
+    ``static`` is the sweep (per seed: the best of ``grid`` ratios). Switching policies
+    start from ``start`` (``best``: that seed's best static ratio, which runs the sweep
+    even when ``static`` is not asked for). Returns ``{"seeds", "start", "rows"}``: one row
+    per policy with its per-seed summaries, the spread of each key of
+    :data:`SPREAD_KEYS` and the speedup over the first policy (per seed, then spread).
+    """
+    st = parse_start(start)
+    need_sweep = "static" in policies or (st == "best" and any(not is_pd_fixed(p) and p != "static" for p in policies))
+    fixed = [p for p in policies if is_pd_fixed(p)]
+    sweep = sweep_specs(cfg, grid) if need_sweep else []
+    phase1 = [Job(replace(cfg, seed=s), p) for s in seeds for p in dict.fromkeys(fixed + sweep)]
+    switching = [p for p in policies if not is_pd_fixed(p) and p != "static"]
+    if on_total is not None:
+        on_total(len(phase1) + len(seeds) * len(switching))
+    done1 = run_jobs(phase1, n_jobs, cache_dir, progress)
+    by = {(j.cfg.seed, j.spec): s for j, s in zip(phase1, done1)}
+    best: dict[int, tuple[str, dict, dict]] = {}
+    for s in seeds:
+        if sweep:
+            best[s] = pick_best(by[(s, spec)] for spec in sweep)
+    phase2 = []
+    for s in seeds if switching else []:
+        split = _split(best[s][0]) if st == "best" else (st if isinstance(st, tuple) else None)
+        phase2 += [Job(replace(cfg, seed=s), p, split) for p in switching]
+    done2 = run_jobs(phase2, n_jobs, cache_dir, progress)
+    for j, summ in zip(phase2, done2):
+        by[(j.cfg.seed, j.spec)] = summ
     rows = []
-    for spec in policies:
-        if spec == "static":
-            name, res, sweep = best_static(cfg)
-            res.summary["static_sweep"] = sweep
-        else:
-            res = simulate(cfg, spec)
-        rows.append(res.summary)
-        if progress is not None:
-            progress(spec)
-    base = rows[0]["rollout_time_s"] if rows else None
-    for r in rows:
-        r["speedup"] = round(base / r["rollout_time_s"], 3) if base and r["rollout_time_s"] else None
+    for p in policies:
+        per_seed = []
+        for s in seeds:
+            if p == "static":
+                spec, summ, tried = best[s]
+                summ = dict(summ, static_sweep=tried)
+            else:
+                summ = by[(s, p)]
+            per_seed.append(summ)
+        rows.append({"spec": p, "policy": p, "per_seed": per_seed})
+    base = rows[0]["per_seed"] if rows else []
+    for row in rows:
+        speed = [
+            (b["rollout_time_s"] / r["rollout_time_s"]) if b["rollout_time_s"] and r["rollout_time_s"] else None
+            for b, r in zip(base, row["per_seed"])
+        ]
+        row["speedup_per_seed"] = [round(x, 4) if x is not None else None for x in speed]
+        row["speedup"] = spread(speed)
+        for k in SPREAD_KEYS:
+            row[k] = spread([r.get(k) for r in row["per_seed"]])
+        if row["spec"] == "static":
+            # The best ratio per seed; the row is named by them (one name when they agree).
+            ratios = [r["policy"][len("static:"):] for r in row["per_seed"]]
+            row["best_ratio_per_seed"] = ratios
+            row["policy"] = "static:" + "/".join(dict.fromkeys(ratios))
+    return {"seeds": list(seeds), "start": start, "grid": grid, "rows": rows}
+
+
+def compare(cfg: SimConfig, policies: list[str], progress=None) -> list[dict]:
+    """Run each policy on one seed (``cfg.seed``); summaries with the speedup vs the first
+    (switching policies start from the best static ratio)."""
+    out = compare_seeds(cfg, policies, [cfg.seed], n_jobs=1, progress=(lambda j: progress(j.spec)) if progress else None)
+    rows = []
+    for row in out["rows"]:
+        s = dict(row["per_seed"][0])
+        s["speedup"] = round(row["speedup"]["mean"], 3) if row["speedup"]["mean"] is not None else None
+        rows.append(s)
     return rows
 
 

@@ -18,17 +18,34 @@ def _r(x: float, nd: int = 4) -> float:
     return float(round(x, nd))
 
 
+def _mean(xs) -> float | None:
+    return _r(sum(xs) / len(xs), 3) if xs else None
+
+
 def build_result(sim) -> Result:
-    """Summarise ``sim`` (a finished :class:`~prorsa_sim.simulator.Simulator`)."""
+    """Summarise ``sim`` (a finished :class:`~prorsa_sim.simulator.Simulator`).
+
+    The measurement rule: the first step is the warm-up (it starts from an empty cluster)
+    and is reported apart as ``warmup_step_s``; ``rollout_time_s``, ``mean_trajectory_s``
+    and the ``gpu_*_ratio`` s are measured over the steps after it (with a single step,
+    over that step: ``measured_steps`` is then 0). Token and event counts cover the run.
+    """
+    from .idealsplit import ideal_windows, summarize
+
     cfg = sim.cfg
     prof = sim.profile
-    busy = sum(e.busy_s for e in sim.engines)
-    wait = sum(e.wait_s for e in sim.engines)
-    empty_rank = sum(e.empty_rank_s for e in sim.engines)
-    total = cfg.total_gpus * max(sim.now, 1e-9)
-    stepping = busy + wait + empty_rank
+    now = sim.counters()
     steps = sim.step_times
     trajs = sim.traj_times
+    mark = getattr(sim, "warmup_mark", None) if len(steps) >= 2 else None
+    base = mark or {k: 0 for k in now}
+    measured = steps[1:] if mark else steps
+    busy = now["busy"] - base["busy"]
+    wait = now["wait"] - base["wait"]
+    empty_rank = now["empty_rank"] - base["empty_rank"]
+    total = cfg.total_gpus * max(now["t"] - base["t"], 1e-9)
+    stepping = busy + wait + empty_rank
+    traj_measured = trajs[base["trajs"]:] or trajs
     summary = {
         "workload": cfg.workload,
         "model": cfg.model,
@@ -39,10 +56,17 @@ def build_result(sim) -> Result:
         "batch_size": cfg.batch_size,
         "engines": len(sim.engines),
         "gpus_per_engine": prof.gpus_per_engine,
+        "initial_roles": dict(getattr(sim, "initial_role_counts", {})),
         "steps_done": len(steps),
-        "rollout_time_s": _r(sum(steps) / len(steps), 3) if steps else None,
+        "measured_steps": len(steps) - 1 if mark else 0,
+        # The first step (from an empty cluster), reported apart.
+        "warmup_step_s": _r(steps[0], 3) if steps else None,
+        # Mean of the steps after the warm-up (sync: step start to the last reward; async:
+        # policy update to policy update).
+        "rollout_time_s": _mean(measured),
         "step_times_s": [_r(x, 3) for x in steps],
-        "mean_trajectory_s": _r(sum(trajs) / len(trajs), 3) if trajs else None,
+        # Dispatch to reward, trajectories finished after the warm-up step.
+        "mean_trajectory_s": _mean(traj_measured),
         "trajectories_done": len(trajs),
         "trajectories_dropped": sim.dropped,
         # Share of the GPU time of stepping engines lost waiting at the MoE sync for a
@@ -83,11 +107,17 @@ def build_result(sim) -> Result:
     }
     timeline = [
         {
-            "t": w.t, "prefill_demand": w.prefill_demand, "decode_admit": w.decode_admit,
+            "t": w.t, "step": w.step, "prefill_demand": w.prefill_demand, "decode_admit": w.decode_admit,
             "decode_tokens": w.decode_tokens, "n_prefill": w.n_prefill, "n_decode": w.n_decode,
             "n_mixed": w.n_mixed, "n_switching": w.n_switching, "busy_gpu_s": w.busy_gpu_s,
-            "wait_gpu_s": w.wait_gpu_s,
+            "wait_gpu_s": w.wait_gpu_s, "prefills_done": w.prefills_done,
+            "prefill_prompt_done": w.prefill_prompt_done, "prefill_cached_done": w.prefill_cached_done,
+            "decode_kv_tokens": w.decode_kv_tokens, "decode_seqs": w.decode_seqs,
         }
         for w in sim.windows
     ]
+    ideal = ideal_windows(timeline, prof, len(sim.engines), cfg.window_s)
+    for row, split in zip(timeline, ideal):
+        row.update({k: v for k, v in split.items() if k not in ("t", "step")})
+    summary["ideal_split"] = summarize(ideal, len(sim.engines))
     return Result(summary, timeline)
