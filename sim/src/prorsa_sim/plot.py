@@ -68,7 +68,8 @@ def plot_ideal_split(res: Result, path: Path, title: str = "") -> None:
                label="decode, by step time")
     ax[0].axhline(budget, color="k", lw=1, label=f"budget ({budget} engines)")
     ax[0].set_ylabel("engines needed")
-    ax[0].set_ylim(0, max(budget * 1.5, 1))
+    top = max([w.get("prefill_need", 0) for w in tl] + [w.get("decode_need", 0) for w in tl] + [0])
+    ax[0].set_ylim(0, max(budget * 1.2, min(budget * 3, top * 1.05), 1))
     ax[0].legend(fontsize=8, loc="upper right")
     ax[1].step(t, [w.get("ideal_prefill") if w.get("ideal_prefill") is not None else float("nan") for w in tl],
                where="post", color="tab:blue", label="ideal split: prefill engines")
