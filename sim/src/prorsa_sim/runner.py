@@ -143,12 +143,15 @@ def default_jobs() -> int:
 
 
 def run_jobs(jobs: list[Job], n_jobs: int = 1, cache_dir: Path | None = None,
-             progress: Callable[[Job], None] | None = None) -> list[dict]:
+             progress: Callable[[Job], None] | None = None, version: str | None = None) -> list[dict]:
     """Run ``jobs`` (results in the same order). ``n_jobs`` > 1: in that many processes
     (``concurrent.futures.ProcessPoolExecutor``). ``cache_dir``: a job whose result file
     ``<key>.json`` (with the same code version) is there is not run again, and every new
-    result is written there as soon as it is done, so an interrupted sweep resumes."""
-    version = code_version()
+    result is written there as soon as it is done, so an interrupted sweep resumes.
+    ``version``: the code version to key the cache by (default: :func:`code_version` now;
+    a long report passes the one it started with, so edits made meanwhile do not make it
+    recompute what it has just run)."""
+    version = version or code_version()
     results: list[dict | None] = [None] * len(jobs)
     todo: list[int] = []
     for i, job in enumerate(jobs):
@@ -316,7 +319,8 @@ SPREAD_KEYS = ("rollout_time_s", "warmup_step_s", "mean_trajectory_s", "gpu_idle
 
 def compare_seeds(cfg: SimConfig, policies: list[str], seeds: list[int], n_jobs: int = 1,
                   start: str | None = "best", grid: int = FULL_GRID, cache_dir: Path | None = None,
-                  progress: Callable[[Job], None] | None = None, on_total: Callable[[int], None] | None = None) -> dict:
+                  progress: Callable[[Job], None] | None = None, on_total: Callable[[int], None] | None = None,
+                  version: str | None = None) -> dict:
     """Run each policy on each seed (same seed, same workload); aggregate across seeds.
 
     ``static`` is the sweep (per seed: the best of ``grid`` ratios). Switching policies
@@ -333,7 +337,7 @@ def compare_seeds(cfg: SimConfig, policies: list[str], seeds: list[int], n_jobs:
     switching = [p for p in policies if not is_pd_fixed(p) and p != "static"]
     if on_total is not None:
         on_total(len(phase1) + len(seeds) * len(switching))
-    done1 = run_jobs(phase1, n_jobs, cache_dir, progress)
+    done1 = run_jobs(phase1, n_jobs, cache_dir, progress, version)
     by = {(j.cfg.seed, j.spec): s for j, s in zip(phase1, done1)}
     best: dict[int, tuple[str, dict, dict]] = {}
     for s in seeds:
@@ -343,7 +347,7 @@ def compare_seeds(cfg: SimConfig, policies: list[str], seeds: list[int], n_jobs:
     for s in seeds if switching else []:
         split = _split(best[s][0]) if st == "best" else (st if isinstance(st, tuple) else None)
         phase2 += [Job(replace(cfg, seed=s), p, split) for p in switching]
-    done2 = run_jobs(phase2, n_jobs, cache_dir, progress)
+    done2 = run_jobs(phase2, n_jobs, cache_dir, progress, version)
     for j, summ in zip(phase2, done2):
         by[(j.cfg.seed, j.spec)] = summ
     rows = []
