@@ -255,7 +255,8 @@ def figures(entries: list[dict], o: Options) -> list[dict]:
         src = "Fig. 6 (DeepSeek-V3.2)" if m == "deepseek-v3.2" else "Fig. 6 (all settings)"
         idle = e["colocation"]["gpu_idle_ratio"]
         rows.append(_row(src, "colocation GPU idle ratio", f"{m} / {e['workload']} / {stal_name[e['staleness']]}",
-                         f"{lo:.2%}-{hi:.2%}", lo, hi, idle["mean"], _sp(idle), unit="ratio"))
+                         f"{lo:.2%}-{hi:.2%}", lo, hi, idle["mean"], _sp(idle), unit="ratio",
+                         note="the paper does not say which tasks Fig. 6 covers" if e["workload"] == "math" else ""))
     mimo = [e for e in entries if e["model"] == "mimo-v2.5-pro" and e["workload"] in ("coding", "general")]
     if mimo:
         top = max(mimo, key=lambda e: e["colocation"]["gpu_idle_ratio"]["mean"] or 0)
