@@ -114,7 +114,9 @@ def test_full_kv_makes_requests_wait_and_loads_report_it():
 
 
 def test_pd_decode_waits_for_the_peers_real_prefill_and_the_transfer():
-    with EmulatedCluster(["prefill", "decode"], speed=2.0).start(register=True) as c:
+    # Speed 1: the short request must reach the prefill engine before the long prompt's last
+    # chunk (2.35 s of emulated prefill), even on a busy machine.
+    with EmulatedCluster(["prefill", "decode"], speed=1.0).start(register=True) as c:
         router = c.router.url
         deadline = time.monotonic() + 20
         while httpx.get(f"{router}/workers").json()["total"] < 2:

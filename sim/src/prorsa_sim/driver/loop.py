@@ -90,7 +90,7 @@ class Driver:
     def __init__(self, cfg: DriverConfig):
         self.cfg = cfg
         self.spec: WorkloadSpec = get_workload(cfg.workload)
-        self.timing = default_timing()
+        self.timing = default_timing(cfg.emulated_model)
         self.result = DriverResult(run=cfg.run, workload=cfg.workload, speed=cfg.speed)
         self.step = 0
         self.live = 0
@@ -125,18 +125,25 @@ class Driver:
             req = f"{traj}-r{turn}-{uuid.uuid4().hex[:6]}"
             await em.request_queued(traj, req, turn, context)
             self.result.requests += 1
-            body = {"rid": req, "prompt_tokens": context, "sampling_params": {"max_new_tokens": output}}
+            # Every turn of a trajectory extends the same token sequence: one prefix id, so the
+            # engines' prefix cache (and the router's cache-aware routing) see the shared prefix.
+            body = {"rid": req, "prompt_tokens": context, "emulated_prefix_id": traj,
+                    "sampling_params": {"max_new_tokens": output}}
+            announced: list[bool] = []
+            announce: asyncio.Task | None = None
             while True:  # router or worker unavailable: the request stays queued and is re-sent
                 sent = time.time()
-                prefill_at = sent + self.timing.prefill_seconds(context) / self.cfg.speed
-                announce = asyncio.create_task(self._announce_prefill(em, traj, req, prefill_at))
+                if not announced:  # (once announced, a re-send is not announced again)
+                    prefill_at = sent + self.timing.prefill_seconds(context) / self.cfg.speed
+                    announce = asyncio.create_task(self._announce_prefill(em, traj, req, prefill_at, announced))
                 try:
                     resp = await client.post(f"{self.cfg.router_url}/generate", json=body)
                     meta = resp.json()["meta_info"] if resp.status_code == 200 else None
                 except (httpx.HTTPError, ValueError, KeyError):
                     meta = None
                 if meta is None:
-                    announce.cancel()
+                    if not announced:
+                        announce.cancel()
                     self.result.retried_requests += 1
                     await asyncio.sleep(0.2)
                     continue
@@ -144,7 +151,7 @@ class Driver:
             reason = meta.get("finish_reason")
             finish = reason.get("type") if isinstance(reason, dict) else "length"
             done = int(meta.get("completion_tokens") or 0)
-            if not announce.done():
+            if not announced:  # the announcer has not begun publishing: it never will
                 announce.cancel()
                 # The answer is out, so the prefill is over: announce it now at the latest
                 # (an abort too: decode.finished(abort) follows a prefill in the contract).
@@ -160,8 +167,12 @@ class Driver:
             await em.decode_finished(traj, req, done, "stop" if last else "tool")
             return context + done
 
-    async def _announce_prefill(self, em: _Counted, traj: str, req: str, at: float) -> None:
+    async def _announce_prefill(self, em: _Counted, traj: str, req: str, at: float,
+                                announced: list[bool]) -> None:
         await asyncio.sleep(max(0.0, at - time.time()))
+        # Marked before the publish's first await: once it is set, the request path waits
+        # for this publish instead of cancelling it mid-way and publishing a second one.
+        announced.append(True)
         await em.prefill_finished(traj, req, ts=at)
 
     # -- one trajectory -----------------------------------------------------------------------

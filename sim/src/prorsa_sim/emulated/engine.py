@@ -27,13 +27,16 @@ from typing import Literal
 import httpx
 
 from .pd import PdLink, RoomBoard
+from .prefix_cache import PAGE
 from .profiles import DEFAULT_MODEL, emulated_profile, prefill_seconds
-from .scheduler import Plan, Rank, Req
+from .scheduler import EngineStep, Rank, Req, plan_step, steps_done
 
 Mode = Literal["null", "prefill", "decode"]
 SWITCH_BACKENDS = ("mooncake", "mori")
-QUANTUM_WALL_S = 0.005
-"""Longest wall time a run of decode steps may hide a new arrival for."""
+MAX_LAG_WALL_S = 0.05
+"""CHOICE: how far (wall seconds) a step may start in the past to make up for the loop's own
+CPU time (the next step starts where the last one ended, not when the loop got round to
+it); beyond that the engine is behind (CPU-starved) and restarts its clock from now."""
 
 
 @dataclass
@@ -99,6 +102,13 @@ class EmulatedEngine:
         self.chunk = options.chunked_prefill_size or self.profile.chunk_size
         self.ranks = [Rank(i, total // n, options.max_running_requests // n) for i in range(n)]
         self.generated_tokens = 0
+        self.busy_s = 0.0
+        """Emulated seconds the engine spent stepping (any rank busy)."""
+        self.prefill_steps = 0
+        self.steps = 0
+        self.behind_s = 0.0
+        """Emulated seconds the loop fell behind the cost model (a starved CPU) and dropped:
+        the engine ran that much slower than its profile says."""
         self.rooms = RoomBoard()
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
@@ -142,13 +152,17 @@ class EmulatedEngine:
         fut = asyncio.get_running_loop().create_future()
         req = Req(rid or uuid.uuid4().hex, keys, out_keys, prompt_tokens, max_new_tokens, fut,
                   pinned=pinned, queued_at=self.now())
-        # Attention DP: the rank that has most of the prompt cached, then the least loaded.
-        rank = max(self.ranks, key=lambda r: (r.cache.match_len(keys), -r.load()))
+        rank = self._pick_rank(keys)
         req.rank = rank.index
         if self.mode == "decode":
             req.phase = "prealloc"
             rank.prealloc.append(req)
             req.pd = pd
+            # Reserve KV and start waiting for the peer at once, not at the loop's next
+            # plan: SGLang's scheduler polls every GPU step (milliseconds), while this
+            # loop may be sleeping through a run of decode steps.
+            rank._admit_decode()
+            self._start_transfers(rank)
         else:
             rank.waiting.append(req)
             if self.mode == "prefill" and pd is not None:
@@ -160,6 +174,19 @@ class EmulatedEngine:
             self._abort_req(req)
             raise
         return self._response(req, finish)
+
+    def _pick_rank(self, keys: list[int]) -> Rank:
+        """Attention DP rank, as the simulator routes (``engines.route_prefill``, prefix
+        mode): the least loaded, unless the rank holding the longest cached prefix is no
+        more loaded once the cached tokens are counted off."""
+        best = min(self.ranks, key=lambda r: (r.load(), r.index))
+        if self.mode == "decode":
+            return best
+        sticky = max(self.ranks, key=lambda r: (r.cache.match_len(keys), -r.index))
+        hit = sticky.cache.match_len(keys) * PAGE
+        if sticky is not best and hit and sticky.load() - hit <= best.load():
+            return sticky
+        return best
 
     def _response(self, req: Req, finish: dict) -> dict:
         now = self.now()
@@ -180,47 +207,72 @@ class EmulatedEngine:
 
     # -- the scheduler loop ------------------------------------------------------------
     async def _loop(self) -> None:
+        end: float | None = None  # emulated time the last step ended (None after idling)
         while True:
-            plans: list[tuple[Rank, Plan]] = []
-            quantum = QUANTUM_WALL_S * self.opt.speed
+            now = self.now()
+            step = plan_step(self.ranks, self.profile, self.chunk, self.mode, now)
             for rank in self.ranks:
-                plan = rank.plan(self.profile, self.chunk, self.mode, self.now(), quantum)
-                for req in rank.transfer:
-                    if req.task is None:
-                        req.task = asyncio.create_task(self._receive_kv(rank, req))
-                if plan is not None:
-                    plans.append((rank, plan))
-            if not plans:
+                self._start_transfers(rank)
+            if step is None:
                 self._wake.clear()
                 await self._wake.wait()
+                end = None
                 continue
-            secs = max(p.seconds for _, p in plans)
-            await self.sleep(secs)
-            for rank, plan in plans:
-                self._apply(rank, plan, secs)
+            t0 = now
+            if end is not None:
+                t0 = max(end, now - MAX_LAG_WALL_S * self.opt.speed)
+                self.behind_s += t0 - end  # time the model lost to a CPU-starved loop
+            self._wake.clear()
+            done = step.k
+            if step.k > 1:  # a run of decode steps: new work cuts it at a step boundary
+                timeout = (t0 + step.k * step.dt - self.now()) / self.opt.speed
+                try:
+                    await asyncio.wait_for(self._wake.wait(), max(0.0, timeout))
+                    done = steps_done(step, self.now() - t0)
+                except asyncio.TimeoutError:
+                    pass
+            end = t0 + done * step.dt
+            await self.sleep(end - self.now())
+            self._apply(step, done)
 
-    def _apply(self, rank: Rank, plan: Plan, secs: float) -> None:
-        for req, n in plan.prefill:
-            if req.phase != "prefill":
-                continue  # aborted during the step
-            req.prefilled += n
-            rank.prefill_tokens_total += n
-            if req.remaining_prefill == 0:
-                if rank.chunked is req:
-                    rank.chunked = None
-                self._prefill_done(rank, req)
-        done = 0
-        for req in plan.decode:
-            if req.phase != "running":
-                rank.private -= plan.steps  # its reserved tokens go back
+    def _start_transfers(self, rank: Rank) -> None:
+        for req in rank.transfer:
+            if req.task is None:
+                req.task = asyncio.create_task(self._receive_kv(rank, req))
+
+    def _apply(self, step: EngineStep, done: int) -> None:
+        """Settle a step: ``done`` of its ``k`` steps happened."""
+        secs = done * step.dt
+        self.busy_s += secs
+        self.steps += done
+        if step.any_prefill:
+            self.prefill_steps += 1
+        for rank, plan in step.plans:
+            for req, n in plan.prefill:
+                if req.phase != "prefill":
+                    continue  # aborted during the step
+                req.prefilled += n
+                rank.prefill_tokens_total += n
+                if req.remaining_prefill == 0:
+                    if rank.chunked is req:
+                        rank.chunked = None
+                    rank.prefilling.remove(req)
+                    self._prefill_done(rank, req)
+            if plan.kind != "decode":
                 continue
-            req.private += plan.steps
-            req.completion += plan.steps
-            done += plan.steps
-            if req.completion >= req.max_new:
-                self._finish(rank, req)
-        self.generated_tokens += done
-        rank.last_gen_throughput = done / secs if plan.decode and secs > 0 else 0.0
+            rank.private -= plan.steps * len(plan.decode)  # the run's reservation goes back ...
+            made = 0
+            for req in plan.decode:
+                if req.phase != "running":
+                    continue  # aborted or retracted meanwhile: its KV was released
+                rank.private += done  # ... and each request keeps what it generated
+                req.private += done
+                req.completion += done
+                made += done
+                if req.completion >= req.max_new:
+                    self._finish(rank, req)
+            self.generated_tokens += made
+            rank.last_gen_throughput = made / secs if secs > 0 else 0.0
 
     def _prefill_done(self, rank: Rank, req: Req) -> None:
         if self.mode == "prefill":
@@ -261,7 +313,10 @@ class EmulatedEngine:
         try:
             if link is not None and link.prefill_url:
                 if self._client is None:
-                    self._client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
+                    # No pool limit: every request in transfer holds one long poll (httpx's
+                    # default of 100 connections would queue the 101st behind the others).
+                    self._client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0),
+                                                     limits=httpx.Limits(max_connections=None))
                 r = await self._client.get(f"{link.prefill_url}/_emu/kv/{link.room}")
                 got = r.json() if r.status_code == 200 else {"ok": False}
             else:  # no peer to ask: assume its prefill ran alone

@@ -37,6 +37,7 @@ class Worker:
     cost: float = 1.0
     is_healthy: bool = True
     load: int = 0
+    picks: int = 0
     labels: dict = field(default_factory=dict)
 
     def info(self) -> dict:
@@ -61,7 +62,10 @@ def create_router_app(health_timeout_s: float = 30.0, health_interval_s: float =
     app = FastAPI(title="emulated sglang router")
     workers: dict[str, Worker] = {}
     jobs: dict[str, dict] = {}
-    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
+    # No pool limit: a request holds its worker connection until it is answered, and httpx's
+    # default of 100 connections would queue the 101st request (two per request in PD).
+    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0),
+                               limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
     app.state.workers = workers
 
     async def healthy(url: str) -> bool:
@@ -172,12 +176,32 @@ def create_router_app(health_timeout_s: float = 30.0, health_interval_s: float =
             {"status": "accepted", "worker_id": wid,
              "message": "Worker removal queued for background processing"}, 202)
 
-    def pick(kind: str) -> Worker | None:
+    # Cache-aware routing, after SMG's ``cache_aware`` policy (its defaults: cache threshold
+    # 0.3, balance thresholds 64 requests absolute and 1.5x relative): when the loads are
+    # balanced, a request goes to the worker that holds its prefix; otherwise, or with no
+    # such worker, to the least loaded. SMG matches a radix tree of the text; here the
+    # prefix is named by ``emulated_prefix_id`` (the emulated engines' synthetic tokens), so
+    # a match is all or nothing. Dropped when the worker leaves (its cache is gone).
+    BALANCE_ABS, BALANCE_REL = 64, 1.5
+    affinity: dict[str, str] = {}  # prefix id -> worker id
+
+    def pick(kind: str, prefix: str | None = None) -> Worker | None:
         pool = [w for w in workers.values() if w.worker_type == kind and w.is_healthy]
         if not pool:
             return None
-        low = min(w.load for w in pool)
-        return random.choice([w for w in pool if w.load == low])
+        low, high = min(w.load for w in pool), max(w.load for w in pool)
+        balanced = not (high - low > BALANCE_ABS and high > BALANCE_REL * low)
+        if prefix is not None and balanced:
+            w = workers.get(affinity.get(prefix, ""))
+            if w is not None and w in pool:
+                return w
+        # Ties broken by how often each was picked, then registration order: deterministic
+        # for a given arrival order (a seeded run routes alike run after run).
+        w = min(pool, key=lambda w: (w.load, w.picks))
+        w.picks += 1
+        if prefix is not None:
+            affinity[prefix] = w.id
+        return w
 
     async def forward(w: Worker, body: dict) -> httpx.Response:
         w.load += 1
@@ -190,7 +214,9 @@ def create_router_app(health_timeout_s: float = 30.0, health_interval_s: float =
     async def generate(body: Any = Body(...)) -> Response:
         if not isinstance(body, dict):
             return _error(400, "request body must be a JSON object", "BAD_REQUEST")
-        prefill, decode = pick("prefill"), pick("decode")
+        prefix = body.get("emulated_prefix_id")
+        prefix = prefix if isinstance(prefix, str) else None
+        prefill, decode = pick("prefill", prefix), pick("decode")
         try:
             if prefill is not None and decode is not None:
                 host = urlparse(prefill.url).hostname
@@ -202,7 +228,7 @@ def create_router_app(health_timeout_s: float = 30.0, health_interval_s: float =
                 if p_resp.status_code != 200:
                     return Response(p_resp.content, p_resp.status_code, media_type="application/json")
                 return Response(d_resp.content, d_resp.status_code, media_type="application/json")
-            regular = pick("regular")
+            regular = pick("regular", prefix)
             if regular is None:
                 return _error(503, "No available workers", "NO_AVAILABLE_WORKERS")
             resp = await forward(regular, body)

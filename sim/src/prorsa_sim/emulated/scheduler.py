@@ -87,6 +87,8 @@ class Rank:
         self.private = 0
         self.waiting: deque[Req] = deque()
         self.chunked: Req | None = None
+        self.prefilling: list[Req] = []
+        """Admitted requests whose prefill is under way (the chunked one included)."""
         self.running: list[Req] = []
         self.prealloc: deque[Req] = deque()
         self.transfer: list[Req] = []
@@ -129,13 +131,18 @@ class Rank:
     def requests(self) -> list[Req]:
         out = list(self.waiting) + self.running + list(self.prealloc) + self.transfer
         out += self.inflight + list(self.retracted)
-        return out + ([self.chunked] if self.chunked else [])
+        return out + self.prefilling
 
     def idle(self) -> bool:
         return not self.requests()
 
     def load(self) -> int:
-        return len(self.waiting) + len(self.running) + len(self.prealloc) + len(self.transfer)
+        """The simulator's routing key (``engines.route_prefill``): prompt tokens still to
+        prefill here, plus 256 per request decoding or bound to decode here."""
+        todo = sum(r.prompt_tokens + r.completion - r.private for r in self.waiting)
+        todo += sum(r.remaining_prefill for r in self.prefilling)
+        return todo + 256 * (len(self.running) + len(self.prealloc) + len(self.transfer)
+                             + len(self.retracted))
 
     # -- admission ----------------------------------------------------------------------
     def admit(self, req: Req, use_cache: bool) -> bool:
@@ -158,7 +165,7 @@ class Rank:
         for q in (self.waiting, self.prealloc, self.retracted):
             if req in q:
                 q.remove(req)
-        for lst in (self.running, self.transfer, self.inflight):
+        for lst in (self.running, self.transfer, self.inflight, self.prefilling):
             if req in lst:
                 lst.remove(req)
         if self.chunked is req:
@@ -166,16 +173,19 @@ class Rank:
         self.release(req)
 
     # -- planning -----------------------------------------------------------------------
-    def plan(self, profile: ModelProfile, chunk: int, mode: str, now: float,
-             quantum_s: float) -> Plan | None:
-        """This rank's work for the next step (mutates queues: admission and retraction)."""
+    def plan(self, profile: ModelProfile, chunk: int, mode: str, now: float) -> Plan | None:
+        """This rank's work for the next step (mutates queues: admission and retraction).
+        A decode plan's ``seconds`` and ``steps`` are set by :func:`plan_step`, which sees
+        every rank."""
         if mode == "decode":
             self._admit_decode()
         else:
             p = self._plan_prefill(profile, chunk, mode, now)
             if p is not None:
                 return p
-        return self._plan_decode(profile, mode, quantum_s)
+        if mode == "prefill":
+            return None
+        return self._plan_decode(mode)
 
     def _admit_decode(self) -> None:
         while self.retracted and self.reserve(self.retracted[0], self.retracted[0].prompt_tokens
@@ -203,12 +213,15 @@ class Rank:
             if not self.admit(req, use_cache=True):
                 break  # FIFO: the head waits for KV
             self.waiting.popleft()
+            self.prefilling.append(req)
             req.phase, req.started_at = "prefill", now
             n = min(budget, req.remaining_prefill)
             batch.append((req, n))
             budget -= n
         if not batch:
             return None
+        # As the simulator's ``_build_chunk``: one fixed overhead per forward, plus each
+        # piece's tokens and attention over its context.
         secs = profile.prefill_fixed_s + sum(
             profile.prefill_time(n, r.cached_tokens + r.prefilled) - profile.prefill_fixed_s
             for r, n in batch if n > 0)
@@ -216,26 +229,20 @@ class Rank:
         self.chunked = last if n_last < last.remaining_prefill else None
         return Plan("prefill", secs, prefill=batch)
 
-    def _plan_decode(self, profile: ModelProfile, mode: str, quantum_s: float) -> Plan | None:
+    def _plan_decode(self, mode: str) -> Plan | None:
+        # SGLang retracts before a decode step that does not fit (newest first).
         while self.running and not self.fits(len(self.running)):
             self._retract(self.running.pop(), mode)
         if not self.running:
             return None
-        b = len(self.running)
-        kv = sum(r.prompt_tokens + r.completion for r in self.running)
-        one = profile.decode_step_time(b, kv)
-        # Several steps at once when nothing else can happen before a request finishes and
-        # the wall time stays under the quantum (new arrivals wait at most that long).
-        steps = 1
-        if not (self.waiting or self.prealloc or self.retracted or self.chunked) and quantum_s > one:
-            left = min(r.max_new - r.completion for r in self.running)
-            steps = max(1, min(left, int(quantum_s / one)))
-            while steps > 1 and not self.fits(steps * b):
-                steps //= 2
-        secs = steps * profile.decode_step_time(b, kv + b * (steps - 1) // 2)
-        self.cache.evict(max(0, steps * b - self.free()))
-        self.private += steps * b  # reserved now, handed to each request when applied
-        return Plan("decode", secs, decode=list(self.running), steps=steps)
+        return Plan("decode", 0.0, decode=list(self.running))
+
+    def headroom(self) -> int:
+        """KV tokens free once unlocked cache pages are evicted."""
+        return self.free() + self.cache.evictable_tokens
+
+    def kv_of_running(self) -> int:
+        return sum(r.prompt_tokens + r.completion for r in self.running)
 
     def _retract(self, req: Req, mode: str) -> None:
         self.retractions += 1
@@ -246,3 +253,67 @@ class Rank:
         else:  # re-prefill prompt + output later, first in line
             req.phase, req.prefilled = "waiting", 0
             self.waiting.appendleft(req)
+
+
+MAX_MACRO_STEPS = 512
+"""As the simulator's ``engines.MAX_MACRO_STEPS``: the longest run of decode-only steps
+planned at once (a new arrival cuts it short at the next step boundary)."""
+
+
+@dataclass
+class EngineStep:
+    """One engine step of every rank in lock-step, or a run of ``k`` decode-only steps."""
+
+    plans: list[tuple[Rank, Plan]]
+    dt: float
+    """Seconds of one step: the slowest rank's (``ModelProfile.engine_step_time``)."""
+    k: int
+    any_prefill: bool
+
+
+def plan_step(ranks: list[Rank], profile: ModelProfile, chunk: int, mode: str, now: float,
+              max_k: int = MAX_MACRO_STEPS) -> EngineStep | None:
+    """The next engine step, as the simulator plans it (``engines.ClusterSim._plan``).
+
+    Every rank either runs one prefill chunk (prefill first, when an admissible request is
+    waiting) or one decode step of its running batch. The ranks run in lock-step: the step
+    lasts as long as the slowest one, and while any rank prefills, the decoding ranks pay
+    the extend step's penalty (``decode_step_time(..., extend=True)``). With no prefill
+    anywhere, ``k`` decode steps are planned at once: up to the first request to finish or
+    the KV that is free, at the mid-run KV (it grows one token per sequence per step).
+    Reserves the decode run's KV (``k`` tokens per sequence); :func:`settle` hands it back.
+    """
+    plans: list[tuple[Rank, Plan]] = []
+    for rank in ranks:
+        p = rank.plan(profile, chunk, mode, now)
+        if p is not None:
+            plans.append((rank, p))
+    if not plans:
+        return None
+    any_prefill = any(p.kind == "prefill" for _, p in plans)
+    k = 1
+    if not any_prefill:
+        k = max_k
+        for rank, p in plans:
+            b = len(p.decode)
+            left = min(r.max_new - r.completion for r in p.decode)
+            k = min(k, max(1, left), max(1, rank.headroom() // b))
+    times = []
+    for rank, p in plans:
+        if p.kind == "decode":
+            b = len(p.decode)
+            kv = sum(r.prompt_tokens + r.completion for r in p.decode)
+            p.seconds = profile.decode_step_time(b, kv + b * (k // 2), extend=any_prefill)
+            p.steps = k
+            rank.cache.evict(max(0, k * b - rank.free()))
+            rank.private += k * b  # reserved now, handed to each request when settled
+        times.append(p.seconds)
+    return EngineStep(plans, profile.engine_step_time(times), k, any_prefill)
+
+
+def steps_done(step: EngineStep, elapsed: float) -> int:
+    """Decode steps of a ``k``-step run that are done or under way after ``elapsed``
+    seconds: where a new arrival cuts the run short (at the end of the step under way)."""
+    if step.k <= 1 or step.dt <= 0:
+        return step.k
+    return max(1, min(step.k, int(elapsed / step.dt) + 1))

@@ -202,6 +202,14 @@ def create_engine_app(options: EngineOptions, engine: EmulatedEngine | None = No
         """Answers when this prefill engine's request of ``room`` is prefilled (see pd.py)."""
         return await eng.rooms.wait(room, timeout)
 
+    @app.get("/_emu/stats")
+    async def emu_stats() -> dict:
+        """Emulation health: engine steps, emulated seconds spent stepping, and the emulated
+        seconds the loop fell behind its cost model (a CPU-starved host; 0 when it kept up)."""
+        return {"now_s": round(eng.now(), 3), "steps": eng.steps, "prefill_steps": eng.prefill_steps,
+                "busy_s": round(eng.busy_s, 3), "behind_s": round(eng.behind_s, 3),
+                "emulated_model": eng.profile.name, "speed": options.speed}
+
     @app.post("/_emu/config")
     async def emu_config(body: dict = Body(...)) -> dict:
         """Change emulation knobs at run time: switch_seconds, fail_switch, speed."""
