@@ -80,16 +80,28 @@ def parse_start(text: str | None) -> tuple[int, int] | str | None:
 
 
 def build_policy(spec: str, start: tuple[int, int] | None = None) -> Policy:
-    """``make_policy(spec)``, started from ``start`` when it is a switching policy."""
+    """``make_policy(spec)``, started from ``start`` when it is a switching policy (not
+    one that ``chooses_start`` itself, as ``bound`` does)."""
     pol = make_policy(spec)
-    if start is not None and not is_pd_fixed(spec):
+    if start is not None and not is_pd_fixed(spec) and not getattr(pol, "chooses_start", False):
         return StartAt(pol, *start)
     return pol
 
 
-def simulate(cfg: SimConfig, policy_spec: str, sink=None, progress=None, start: tuple[int, int] | None = None) -> Result:
-    """Run one simulation of a concrete policy (not the ``static`` sweep)."""
-    return Simulator(cfg, build_policy(policy_spec, start), sink=sink).run(progress=progress)
+def simulate(cfg: SimConfig, policy_spec: str, sink=None, progress=None, start: tuple[int, int] | None = None,
+             search_progress=None) -> Result:
+    """Run one simulation of a concrete policy (not the ``static`` sweep).
+
+    A policy with ``prepare(cfg, progress)`` (``bound``: its search) is prepared first,
+    with ``search_progress``; its ``search_report`` goes into the summary as
+    ``bound_search``."""
+    pol = build_policy(policy_spec, start)
+    if hasattr(pol, "prepare"):
+        pol.prepare(cfg, progress=search_progress)
+    res = Simulator(cfg, pol, sink=sink).run(progress=progress)
+    if getattr(pol, "search_report", None) is not None:
+        res.summary["bound_search"] = pol.search_report
+    return res
 
 
 # --- jobs: one simulation each, run in parallel processes, cached on disk ------------------
@@ -133,7 +145,8 @@ def run_job(job: Job) -> dict:
     """Run one job; its summary (no timeline), with the start split recorded."""
     res = simulate(job.cfg, job.spec, start=job.start if not is_pd_fixed(job.spec) else None)
     s = res.summary
-    s["start"] = f"{job.start[0]}:{job.start[1]}" if job.start and not is_pd_fixed(job.spec) else None
+    s["start"] = (f"{job.start[0]}:{job.start[1]}" if job.start and not is_pd_fixed(job.spec)
+                  and "bound_search" not in s else None)
     return s
 
 

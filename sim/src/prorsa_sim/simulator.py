@@ -178,6 +178,16 @@ class Simulator(ClusterSim):
         """Simulate until ``config.steps`` steps are done; return a Result."""
         from .summary import build_result
 
+        self.begin(progress)
+        self.run_until(lambda: self.done or self.now > self.cfg.max_sim_s)
+        self._close_empty_time()
+        return build_result(self)
+
+    def begin(self, progress=None) -> None:
+        """Set the run up at t = 0 (events, first window, first dispatch) without running
+        it: :meth:`run` is ``begin`` then ``run_until`` the end. A search that steers the
+        run segment by segment (``policies/bound.py``) calls ``begin`` and then
+        ``run_until`` itself."""
         cfg = self.cfg
         self.emit(
             E.RunStarted, mode=cfg.mode, batch_size=cfg.batch_size,
@@ -201,9 +211,6 @@ class Simulator(ClusterSim):
         self.progress = progress
         self.warmup_mark: dict | None = None
         self.initial_role_counts = {r: sum(e.role == r for e in self.engines) for r in ("prefill", "decode", "mixed")}
-        self.run_until(lambda: self.done or self.now > cfg.max_sim_s)
-        self._close_empty_time()
-        return build_result(self)
 
     # --- sampler ------------------------------------------------------------------------
 
@@ -603,6 +610,23 @@ class Simulator(ClusterSim):
         return FutureDemand(
             t0, horizon_s, backlog + twin.cur.prefill_demand, twin.cur.decode_admit, twin.cur.prefill_demand
         )
+
+    def fork(self) -> Simulator:
+        """A deep copy of this simulation that goes on by itself: same state, same heap
+        (windows included, so its policy -- copied with it -- is called as in the
+        original), no events (``forking``), no sink, no progress callback. Running the
+        fork under the same policy decisions gives what the original would."""
+        sink, events, progress = self.sink, self.window_events, getattr(self, "progress", None)
+        self.sink, self.window_events, self.progress = None, [], None
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(limit, _FORK_RECURSION_LIMIT))
+        try:
+            twin = copy.deepcopy(self)
+        finally:
+            sys.setrecursionlimit(limit)
+            self.sink, self.window_events, self.progress = sink, events, progress
+        twin.forking = True
+        return twin
 
     def _close_empty_time(self) -> None:
         self.end_time = self.now

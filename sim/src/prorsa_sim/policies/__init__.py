@@ -1,7 +1,8 @@
 """Issue #6's simulator policies, registered in ``POLICY_FACTORIES`` on import (which
 :func:`prorsa_sim.policy.make_policy` does on first use): ``prorsa`` (forecaster +
 allocator cores on what the live system sees), ``reactive`` (load-threshold autoscaler,
-+-1 engine per step) and ``oracle`` (the allocator fed the true future demand).
++-1 engine per step), ``oracle`` (the allocator fed the true future demand) and ``bound`` (the hindsight-best
+dynamic P:D schedule a search over forked simulations finds; ``bound[:<grid_s>][:beam=<B>]``).
 
 Each takes an optional switch mode: ``prorsa:restart`` models stock SGLang 0.5.23 (it
 refuses in-place switches with EP > 1, i.e. in all three paper setups); ``prorsa:in_place``
@@ -14,6 +15,7 @@ time as well as KV, no decode step more than ``slack`` slower than an idle engin
 from __future__ import annotations
 
 from ..policy import POLICY_FACTORIES
+from .bound import BoundPolicy, parse_bound
 from .oracle import OraclePolicy
 from .prorsa import AllocatorDriver, ProrsaPolicy
 from .reactive import ReactivePolicy
@@ -60,5 +62,7 @@ def _allocating(cls, spec: str):
 POLICY_FACTORIES.setdefault("prorsa", lambda spec: _allocating(ProrsaPolicy, spec))
 POLICY_FACTORIES.setdefault("reactive", lambda spec: _named(ReactivePolicy(switch_mode=parse_mode(spec)), spec))
 POLICY_FACTORIES.setdefault("oracle", lambda spec: _allocating(OraclePolicy, spec))
+# The hindsight-best dynamic schedule (bound.py): searched before the run, then replayed.
+POLICY_FACTORIES.setdefault("bound", parse_bound)
 
-__all__ = ["OraclePolicy", "ProrsaPolicy", "ReactivePolicy", "parse_mode", "parse_spec"]
+__all__ = ["BoundPolicy", "OraclePolicy", "ProrsaPolicy", "ReactivePolicy", "parse_mode", "parse_spec"]

@@ -1,0 +1,387 @@
+"""The ``bound`` policy: the hindsight-best dynamic P:D schedule the search finds.
+
+A *schedule* is piecewise constant on a grid of ``grid_s`` seconds (default 60): segment k,
+``[k * grid_s, (k + 1) * grid_s)``, has a target number of prefill engines; at the window
+that opens the segment the policy asks for the switches that reach it (the rest decode).
+Switches go through the simulator's own mechanics (drain, deadline aborts, switch time,
+the prefix cache lost; in the weight-update pause, no drain), so a schedule pays what any
+policy pays.
+
+The search (:func:`search`; docs/simulator.md, "The bound") runs on the simulator's own
+forked state (:meth:`Simulator.fork`, a deep copy that goes on by itself):
+
+1. The static sweep (every ratio of an 8-engine cluster, the runner's grid otherwise)
+   gives the best static ratio P* and its rollout time.
+2. The warm-up step is not measured: the search holds P* through it (with ``--steps 1``,
+   through the first segment) and starts at the first grid boundary after it. Every
+   candidate then shares the warm-up, and the rollout time of a schedule is its run's end
+   time minus a constant: the search minimises time.
+3. Beam search with a base plan (a rollout algorithm): each beam member is a forked
+   simulation at the segment boundary with its schedule so far and a *plan* for the rest
+   (at first: P* held). Each member is expanded by every candidate target for the segment
+   (every static-sweep ratio and the neighbours +-1, +-2 of the member's planned target);
+   a child is scored by simulating ahead, from a fork, to the *finish line* -- the end of
+   the next step that no member has completed yet -- under two continuations: the
+   target held, and the target for this one segment followed by the parent's plan; the
+   better of the two is the child's score and new plan. The ``beam`` best children
+   (ties: candidate order) go on; the next segment starts from them. A child that cannot
+   enter the beam (its lookahead passes the beam's worst score) is cut short.
+4. The parent's own plan is always among its children (same target, same continuation,
+   score reused), so the best score in the beam never gets worse: the search ends with a
+   schedule at least as fast as P* held, measured on the same forks.
+5. The answer is the better of the searched schedule and P* (the static run), both
+   measured by a full simulation under the summary's rule; the reported run replays it.
+
+Spec: ``bound[:<grid_s>][:beam=<B>][:in_place|:restart]``, e.g. ``bound:30``,
+``bound:120:beam=1``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..costmodel import ModelProfile, get_profile
+from ..policy import Observation, SwitchRequest, static_sweep_ratios
+
+GRID_S = 60.0
+"""CHOICE: segment length of a schedule. Four in-place switch times (15 s, costmodel) and
+longer than the 10 s drain deadline plus the switch (25 s), so that a segment's switch
+has landed before the next decision; fine enough to follow a step's prefill burst and
+decode tail (steps last 300-4,500 s at paper scale)."""
+BEAM = 2
+"""CHOICE: members kept per segment. Each member costs ~2 x (candidates - 1) lookaheads
+per segment; 2 keeps a paper-scale DeepSeek run within tens of minutes on one core."""
+NEIGHBOURS = 2
+"""CHOICE: besides the static-sweep ratios, a member's candidates include its planned
+target +-1 and +-2 engines (all ratios of an 8-engine cluster are sweep ratios anyway)."""
+
+
+# --- the schedule and how it is applied ------------------------------------------------------
+
+
+def moves(obs: Observation, target: int, mode: str) -> list[SwitchRequest]:
+    """The switches that bring the committed prefill count (engines in the prefill role
+    and not switching, plus engines switching to prefill) to ``target``. CHOICE of which
+    engines: from decode, the ones holding the least KV (fewest sequences a drain can
+    abort); from prefill, the least queued. A switch in flight cannot be cancelled, so a
+    target may be reached only at a later boundary."""
+    committed = [(v.to_role if v.switching else v.role) for v in obs.engines]
+    n_p = sum(r == "prefill" for r in committed)
+    if target > n_p:
+        donors = sorted((v for v in obs.engines if v.role == "decode" and not v.switching),
+                        key=lambda v: (v.kv_used_tokens, v.running_reqs + v.queued_reqs, v.engine))
+        return [SwitchRequest(v.engine, "prefill", mode) for v in donors[: target - n_p]]
+    if target < n_p:
+        donors = sorted((v for v in obs.engines if v.role == "prefill" and not v.switching),
+                        key=lambda v: (v.queued_reqs + v.running_reqs, v.kv_used_tokens, v.engine))
+        return [SwitchRequest(v.engine, "decode", mode) for v in donors[: n_p - target]]
+    return []
+
+
+def _mode(profile: ModelProfile, mode: str | None) -> str:
+    return mode or ("in_place" if "in_place" in profile.switch_modes else "restart")
+
+
+@dataclass
+class SchedulePolicy:
+    """Apply a piecewise-constant schedule: ``schedule[k]`` prefill engines from
+    ``k * grid_s`` on (the last entry holds to the end). What the search's forks run and
+    what the bound's reported run replays."""
+
+    schedule: list[int]
+    grid_s: float = GRID_S
+    switch_mode: str | None = None
+    name: str = "bound"
+    wants_future: bool = False
+
+    def initial_roles(self, profile: ModelProfile, n_engines: int) -> list[str]:
+        p = self.schedule[0]
+        if not 1 <= p <= n_engines - 1:
+            raise ValueError(f"{self.name}: {p} prefill engines do not split {n_engines} engines")
+        return ["prefill"] * p + ["decode"] * (n_engines - p)
+
+    def on_window(self, obs: Observation) -> list[SwitchRequest]:
+        k = round(obs.t / self.grid_s)
+        if abs(obs.t - k * self.grid_s) > 1e-6 or k == 0:
+            return []
+        return moves(obs, self.schedule[min(k, len(self.schedule) - 1)], _mode(obs.profile, self.switch_mode))
+
+
+def changes(schedule: list[int], grid_s: float) -> list[list[float]]:
+    """``[[t, prefill engines], ...]`` where the schedule's target changes (t = 0 first)."""
+    out: list[list[float]] = []
+    for k, p in enumerate(schedule):
+        if not out or out[-1][1] != p:
+            out.append([round(k * grid_s, 3), p])
+    return out
+
+
+# --- the search --------------------------------------------------------------------------------
+
+
+@dataclass
+class _Member:
+    sim: object
+    """The forked simulation at the current segment boundary."""
+    plan: list[int]
+    """Schedule: the segments already run, then the plan for the rest (last holds)."""
+    score: float
+    """Time the plan reaches ``line`` (the finish line it was scored against)."""
+    line: int
+    order: int = 0
+
+
+@dataclass
+class SearchStats:
+    segments: int = 0
+    lookaheads: int = 0
+    pruned: int = 0
+    reused: int = 0
+    forks: int = 0
+    sim_s_lookahead: float = 0.0
+    sim_s_advance: float = 0.0
+    candidates: list[int] = field(default_factory=list)
+    members: list[int] = field(default_factory=list)
+
+
+def _until(sim, t: float) -> None:
+    """Run ``sim`` through every event before ``t`` (the window at ``t`` is left for the
+    caller to steer)."""
+    cap = sim.cfg.max_sim_s
+    sim.run_until(lambda: sim.done or sim.now > cap or not sim._heap or sim._heap[0][0] >= t)
+
+
+def _candidates(planned: int, n: int, sweep: list[int]) -> list[int]:
+    """The planned target first, then its neighbours, then the other sweep ratios."""
+    out = [planned]
+    for d in range(1, NEIGHBOURS + 1):
+        out += [planned - d, planned + d]
+    out += sorted(sweep, key=lambda p: (abs(p - planned), p))
+    seen: list[int] = []
+    for p in out:
+        if 1 <= p <= n - 1 and p not in seen:
+            seen.append(p)
+    return seen
+
+
+def search(cfg, grid_s: float = GRID_S, beam: int = BEAM, switch_mode: str | None = None,
+           progress: Callable[[int, int, dict], None] | None = None) -> tuple[list[int], dict]:
+    """Search a schedule for ``cfg`` (see the module doc). Returns the chosen schedule and
+    the ``bound_search`` report."""
+    from ..runner import best_static
+    from ..simulator import Simulator
+
+    wall0 = time.perf_counter()
+    prof = get_profile(cfg.model)
+    n = prof.engines_in(cfg.total_gpus)
+    if n < 2:
+        raise ValueError(f"bound needs at least two engines; {cfg.total_gpus} GPUs hold {n}")
+    if grid_s <= 0 or abs(grid_s / cfg.window_s - round(grid_s / cfg.window_s)) > 1e-9:
+        raise ValueError(f"bound: the grid ({grid_s} s) must be a positive multiple of the {cfg.window_s} s window")
+    if beam < 1:
+        raise ValueError("bound: beam must be >= 1")
+    best_spec, best_res, tried = best_static(cfg)
+    p_star = int(best_spec.split(":")[1])
+    r_star = best_res.summary["rollout_time_s"]
+    sweep = [p for p, _ in static_sweep_ratios(n)]
+    stats = SearchStats()
+    wall_sweep = time.perf_counter() - wall0
+
+    def mk(schedule: list[int]):
+        sim = Simulator(cfg, SchedulePolicy(list(schedule), grid_s, switch_mode))
+        sim.forking = True
+        sim.begin()
+        return sim
+
+    def fork(sim):
+        stats.forks += 1
+        return sim.fork()
+
+    # Hold P* through the warm-up step (through the first segment with one step).
+    root = mk([p_star])
+    if cfg.steps >= 2:
+        root.run_until(lambda: root.done or root.step >= 1 or root.now > cfg.max_sim_s)
+    k = max(1, math.floor(root.now / grid_s + 1e-9) + 1)
+    _until(root, k * grid_s)
+    k0 = k
+    root.policy.schedule = [p_star] * k
+    stats.sim_s_advance += root.now
+    est_total = max(1, math.ceil((best_res.summary["sim_time_s"] - k0 * grid_s) / grid_s))
+    members = [_Member(root, [p_star] * k, math.inf, -1)]
+
+    def score(sim, plan: list[int], line: int, cut: float) -> float:
+        look = fork(sim)
+        look.policy.schedule = list(plan)
+        t0 = look.now
+        look.run_until(lambda: look.step >= line or look.now > cut or look.now > cfg.max_sim_s)
+        stats.lookaheads += 1
+        stats.sim_s_lookahead += look.now - t0
+        if look.step >= line:
+            return look.now
+        stats.pruned += 1
+        return math.inf
+
+    while any(not m.sim.done for m in members):
+        line = min(cfg.steps, max(m.sim.step for m in members) + 1)
+        kids: list[tuple[float, int, _Member | None, list[int], _Member]] = []
+        order = 0
+
+        def cut() -> float:
+            finite = sorted(s for s, *_ in kids if s < math.inf)
+            return finite[beam - 1] if len(finite) >= beam else math.inf
+
+        for m in members:
+            if m.sim.done:
+                kids.append((m.sim.now, order, None, m.plan, m))
+                order += 1
+                continue
+            # The member's own plan first: its score stands when the finish line has not moved.
+            if m.line == line:
+                stats.reused += 1
+                own = m.score
+            else:
+                own = score(m.sim, m.plan, line, math.inf)
+            kids.append((own, order, m, m.plan, m))
+            order += 1
+            # The plan, its last entry repeated (it holds), to segment k + 1 at least.
+            full = m.plan + [m.plan[-1]] * max(0, k + 2 - len(m.plan))
+            cands = _candidates(full[k], n, sweep)
+            stats.candidates.append(len(cands))
+            for target in cands[1:]:
+                held = full[:k] + [target]
+                back = full[:k] + [target] + full[k + 1:]
+                best_plan, best_score = held, score(m.sim, held, line, cut())
+                if back != held:
+                    s = score(m.sim, back, line, min(cut(), best_score))
+                    if s < best_score:
+                        best_plan, best_score = back, s
+                kids.append((best_score, order, m, best_plan, m))
+                order += 1
+        kids.sort(key=lambda x: (x[0], x[1]))
+        chosen = [x for x in kids if x[0] < math.inf][:beam] or kids[:1]
+        # The last child of a parent takes its simulation; the others fork it.
+        last_use = {id(x[4]): i for i, x in enumerate(chosen)}
+        new: list[_Member] = []
+        for i, (s, o, parent, plan, src) in enumerate(chosen):
+            if parent is None:
+                new.append(src)
+                continue
+            sim = src.sim if last_use[id(src)] == i else fork(src.sim)
+            sim.policy.schedule = list(plan)
+            t0 = sim.now
+            _until(sim, (k + 1) * grid_s)
+            stats.sim_s_advance += sim.now - t0
+            new.append(_Member(sim, list(plan), s, line, o))
+        members = new
+        stats.members.append(len(members))
+        k += 1
+        stats.segments += 1
+        if progress is not None:
+            best = min(m.score for m in members)
+            progress(stats.segments, max(est_total, stats.segments), {
+                "t": round(k * grid_s), "best_finish_s": None if best == math.inf else round(best, 1),
+                "lookaheads": stats.lookaheads, "sim_s": round(stats.sim_s_lookahead + stats.sim_s_advance),
+            })
+
+    finished = sorted(members, key=lambda m: (m.sim.now, m.order))
+    found = finished[0]
+    found_plan = found.plan
+    # Measure the searched schedule as the summary does: a full run of its own.
+    from ..summary import build_result
+
+    check = Simulator(cfg, SchedulePolicy(list(found_plan), grid_s, switch_mode)).run()
+    r_found = check.summary["rollout_time_s"]
+    fork_result = build_result(found.sim).summary["rollout_time_s"]
+    use_found = r_found is not None and (r_star is None or r_found < r_star)
+    schedule = list(found_plan) if use_found else [p_star]
+    segs = max(stats.segments, 1)
+    cand_mean = sum(stats.candidates) / len(stats.candidates) if stats.candidates else 0.0
+    report = {
+        "grid_s": grid_s,
+        "beam_width": beam,
+        "neighbours": NEIGHBOURS,
+        "candidates_per_segment": {"max": max(stats.candidates, default=0), "mean": round(cand_mean, 2)},
+        "continuations_per_candidate": 2,
+        "search_start_s": round(k0 * grid_s, 3),
+        "segments": stats.segments,
+        "lookaheads": stats.lookaheads,
+        "lookaheads_cut": stats.pruned,
+        "scores_reused": stats.reused,
+        "forks": stats.forks,
+        "sim_s_explored": round(stats.sim_s_lookahead + stats.sim_s_advance, 1),
+        "sim_s_lookahead": round(stats.sim_s_lookahead, 1),
+        "static_sweep": tried,
+        "static_sweep_s": round(wall_sweep, 2),
+        "best_static": best_spec,
+        "best_static_rollout_s": r_star,
+        "searched_rollout_s": r_found,
+        "search_matches_replay": fork_result == r_found,
+        "chosen": "searched" if use_found else "static",
+        "schedule": changes(schedule, grid_s),
+        "space_log10": round(stats.segments * math.log10(n - 1), 2) if n > 2 else 0.0,
+        "explored_schedules": stats.lookaheads + stats.reused,
+        "wall_s": None,
+    }
+    report["wall_s"] = round(time.perf_counter() - wall0, 2)
+    return schedule, report
+
+
+# --- the policy ------------------------------------------------------------------------------
+
+
+@dataclass
+class BoundPolicy:
+    """``prepare(cfg)`` searches (the runner calls it before the run); the run then
+    replays the chosen schedule as a normal simulation (events and all)."""
+
+    grid_s: float = GRID_S
+    beam: int = BEAM
+    switch_mode: str | None = None
+    name: str = "bound"
+    wants_future: bool = False
+    chooses_start: bool = True
+    """The schedule fixes the start split: a comparison's common start does not apply."""
+    schedule: list[int] | None = None
+    search_report: dict | None = None
+
+    def prepare(self, cfg, progress: Callable[[int, int, dict], None] | None = None) -> None:
+        self.schedule, self.search_report = search(cfg, self.grid_s, self.beam, self.switch_mode, progress)
+        self._replay = SchedulePolicy(self.schedule, self.grid_s, self.switch_mode, name=self.name)
+
+    def initial_roles(self, profile: ModelProfile, n_engines: int) -> list[str]:
+        if self.schedule is None:
+            raise ValueError("bound: the schedule is searched by prepare(cfg) before the run "
+                             "(prorsa_sim.runner.simulate does it)")
+        return self._replay.initial_roles(profile, n_engines)
+
+    def on_window(self, obs: Observation) -> list[SwitchRequest]:
+        return self._replay.on_window(obs)
+
+
+def parse_bound(spec: str) -> BoundPolicy:
+    """``bound[:<grid_s>][:beam=<B>][:in_place|:restart]``."""
+    name, *parts = spec.split(":")
+    pol = BoundPolicy()
+    for part in parts:
+        if part in ("in_place", "restart"):
+            pol.switch_mode = part
+        elif part.startswith("beam="):
+            try:
+                pol.beam = int(part[len("beam="):])
+            except ValueError:
+                raise ValueError(f"bad policy {spec!r}: beam needs an integer") from None
+            if pol.beam < 1:
+                raise ValueError(f"bad policy {spec!r}: beam must be >= 1")
+        else:
+            try:
+                pol.grid_s = float(part)
+            except ValueError:
+                raise ValueError(f"bad policy {spec!r}: expected bound[:<grid_s>][:beam=<B>][:in_place|:restart]") from None
+            if not pol.grid_s > 0 or pol.grid_s == float("inf"):
+                raise ValueError(f"bad policy {spec!r}: the grid must be a positive number of seconds")
+    if parts:
+        pol.name = spec
+    return pol
