@@ -138,3 +138,23 @@ def test_spec_and_preparation():
         Simulator(SimConfig(total_gpus=32, batch_size=8), make_policy("bound"))
     with pytest.raises(ValueError, match="multiple"):
         simulate(SimConfig(model="qwen3-235b", total_gpus=12, batch_size=8, steps=1), "bound:25")
+
+
+def test_cli_run_and_compare_take_the_bound():
+    import json
+
+    from typer.testing import CliRunner
+
+    from prorsa_cli.main import app
+
+    common = ["--workload", "general", "--staleness", "2", "--model", "qwen3-235b", "--gpus", "12",
+              "--batch-size", "8", "--steps", "1"]
+    r = CliRunner().invoke(app, ["sim", "compare", *common, "--policies", "static,bound:60:beam=1", "--seeds", "0",
+                                 "--jobs", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    static, bound = json.loads(r.stdout)
+    assert bound["policy"] == "bound:60:beam=1"
+    assert bound["rollout_time_s"]["mean"] <= static["rollout_time_s"]["mean"]
+    assert "bound_search" in bound["per_seed"][0]
+    bad = CliRunner().invoke(app, ["sim", "run", *common, "--policy", "bound:beam=zero", "--out", "unused"])
+    assert bad.exit_code != 0 and "beam" in bad.output

@@ -60,8 +60,9 @@ def register(app: typer.Typer) -> None:
         model: ModelOpt = "deepseek-v3.2",
         policy: Annotated[str, typer.Option(
             "--policy",
-            help="colocation | static | static:P:D | reactive | prorsa | oracle "
-            "(switching policies take :in_place or :restart, e.g. prorsa:restart)",
+            help="colocation | static | static:P:D | reactive | prorsa | oracle | bound "
+            "(switching policies take :in_place or :restart, e.g. prorsa:restart; bound[:<grid_s>][:beam=<B>] "
+            "searches the hindsight-best schedule first: slow)",
         )] = "colocation",
         steps: StepsOpt = 6,
         seed: SeedOpt = 0,
@@ -92,7 +93,8 @@ def register(app: typer.Typer) -> None:
             with Progress(console=console, transient=True) as bar:
                 task = bar.add_task(f"simulating {policy}", total=cfg.steps)
                 res = run_to_dir(cfg, policy, out, progress=lambda step, t: bar.update(task, completed=step),
-                                 plot=not no_plot, start=start, n_jobs=jobs or default_jobs())
+                                 plot=not no_plot, start=start, n_jobs=jobs or default_jobs(),
+                                 search_progress=_search_bar(bar))
         except ValueError as exc:
             fail(str(exc))
         stdout.print_json(json.dumps({k: v for k, v in res.summary.items() if k not in ("step_times_s", "ideal_split")}))
@@ -105,7 +107,8 @@ def register(app: typer.Typer) -> None:
         policies: Annotated[str, typer.Option(
             "--policies",
             help="Comma-separated; the first is the baseline. 'all' = colocation,static,reactive,"
-            "prorsa,oracle ('all:restart': the switching ones restart instead of switching in place).",
+            "prorsa,oracle ('all:restart': the switching ones restart instead of switching in place); "
+            "bound (the hindsight-best schedule, searched: slow) is not in 'all'.",
         )] = "colocation,static",
         steps: StepsOpt = 6,
         seeds: Annotated[str, typer.Option("--seeds", help="Comma-separated workload seeds.")] = "0,1,2",
@@ -257,6 +260,21 @@ def _ints(text: str, opt: str) -> list[int]:
     if not vals:
         fail(f"{opt} is empty")
     return vals
+
+
+def _search_bar(bar):
+    """A progress callback for a policy's search (``bound``): a second task on ``bar``."""
+    state: dict = {}
+
+    def update(done: int, total: int, info: dict) -> None:
+        if "task" not in state:
+            state["task"] = bar.add_task("bound search", total=total)
+        best = info.get("best_finish_s")
+        bar.update(state["task"], completed=done, total=total,
+                   description=f"bound search: segment at {info['t']} s, {info['lookaheads']} lookaheads, "
+                               f"{info['sim_s']} sim s" + (f", best finish {best} s" if best is not None else ""))
+
+    return update
 
 
 def _flat(row: dict) -> dict:

@@ -281,7 +281,7 @@ def _split(spec: str) -> tuple[int, int]:
 
 
 def run_to_dir(cfg: SimConfig, policy_spec: str, out: Path, progress=None, plot: bool = True,
-               start: str | None = None, n_jobs: int = 1) -> Result:
+               start: str | None = None, n_jobs: int = 1, search_progress=None) -> Result:
     """``prorsa sim run``: write ``events.jsonl.gz``, ``summary.json``, ``timeline.json``,
     ``timeline.png`` and ``ideal_split.png``. ``start``: ``best`` / ``P:D`` / ``own`` (a
     switching policy's initial split; ``best`` runs the static sweep first)."""
@@ -297,7 +297,8 @@ def run_to_dir(cfg: SimConfig, policy_spec: str, out: Path, progress=None, plot:
         if st == "best":
             st = _split(best)
     with LogWriter(out / "events.jsonl.gz") as sink:
-        res = simulate(cfg, policy_spec, sink=sink, progress=progress, start=st if isinstance(st, tuple) else None)
+        res = simulate(cfg, policy_spec, sink=sink, progress=progress, start=st if isinstance(st, tuple) else None,
+                       search_progress=search_progress)
     if sweep is not None:
         res.summary["static_sweep"] = sweep
     (out / "summary.json").write_text(json.dumps(res.summary, indent=2, sort_keys=True) + "\n")
