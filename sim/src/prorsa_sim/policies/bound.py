@@ -147,6 +147,19 @@ class SearchStats:
     members: list[int] = field(default_factory=list)
 
 
+def _norm(plan: list[int]) -> tuple[int, ...]:
+    """A schedule without its trailing repeats (the last entry holds anyway)."""
+    end = len(plan)
+    while end > 1 and plan[end - 1] == plan[end - 2]:
+        end -= 1
+    return tuple(plan[:end])
+
+
+def _over(sim) -> bool:
+    """The run is over: its steps are done, or it passed the safety stop."""
+    return sim.done or sim.now > sim.cfg.max_sim_s
+
+
 def _until(sim, t: float) -> None:
     """Run ``sim`` through every event before ``t`` (the window at ``t`` is left for the
     caller to steer)."""
@@ -224,9 +237,10 @@ def search(cfg, grid_s: float = GRID_S, beam: int = BEAM, switch_mode: str | Non
         stats.pruned += 1
         return math.inf
 
-    while any(not m.sim.done for m in members):
+    while any(not _over(m.sim) for m in members):
         line = min(cfg.steps, max(m.sim.step for m in members) + 1)
         kids: list[tuple[float, int, _Member | None, list[int], _Member]] = []
+        seen: set[tuple[int, ...]] = set()
         order = 0
 
         def cut() -> float:
@@ -234,8 +248,8 @@ def search(cfg, grid_s: float = GRID_S, beam: int = BEAM, switch_mode: str | Non
             return finite[beam - 1] if len(finite) >= beam else math.inf
 
         for m in members:
-            if m.sim.done:
-                kids.append((m.sim.now, order, None, m.plan, m))
+            if _over(m.sim):
+                kids.append((m.sim.now if m.sim.done else math.inf, order, None, m.plan, m))
                 order += 1
                 continue
             # The member's own plan first: its score stands when the finish line has not moved.
@@ -250,18 +264,28 @@ def search(cfg, grid_s: float = GRID_S, beam: int = BEAM, switch_mode: str | Non
             full = m.plan + [m.plan[-1]] * max(0, k + 2 - len(m.plan))
             cands = _candidates(full[k], n, sweep)
             stats.candidates.append(len(cands))
+            seen.add(_norm(m.plan))
             for target in cands[1:]:
-                held = full[:k] + [target]
-                back = full[:k] + [target] + full[k + 1:]
-                best_plan, best_score = held, score(m.sim, held, line, cut())
-                if back != held:
-                    s = score(m.sim, back, line, min(cut(), best_score))
-                    if s < best_score:
-                        best_plan, best_score = back, s
-                kids.append((best_score, order, m, best_plan, m))
-                order += 1
+                # Schedules another member's expansion already scored (same state at the
+                # boundary, so the same score) are not scored again.
+                best_plan, best_score = None, math.inf
+                for plan in (full[:k] + [target], full[:k] + [target] + full[k + 1:]):
+                    if _norm(plan) in seen:
+                        continue
+                    seen.add(_norm(plan))
+                    s = score(m.sim, plan, line, min(cut(), best_score))
+                    if best_plan is None or s < best_score:
+                        best_plan, best_score = plan, s
+                if best_plan is not None:
+                    kids.append((best_score, order, m, best_plan, m))
+                    order += 1
         kids.sort(key=lambda x: (x[0], x[1]))
-        chosen = [x for x in kids if x[0] < math.inf][:beam] or kids[:1]
+        chosen, taken = [], set()
+        for x in kids:
+            if x[0] < math.inf and _norm(x[3]) not in taken and len(chosen) < beam:
+                chosen.append(x)
+                taken.add(_norm(x[3]))
+        chosen = chosen or kids[:1]
         # The last child of a parent takes its simulation; the others fork it.
         last_use = {id(x[4]): i for i, x in enumerate(chosen)}
         new: list[_Member] = []
@@ -286,7 +310,7 @@ def search(cfg, grid_s: float = GRID_S, beam: int = BEAM, switch_mode: str | Non
                 "lookaheads": stats.lookaheads, "sim_s": round(stats.sim_s_lookahead + stats.sim_s_advance),
             })
 
-    finished = sorted(members, key=lambda m: (m.sim.now, m.order))
+    finished = sorted(members, key=lambda m: (m.sim.now if m.sim.done else math.inf, m.order))
     found = finished[0]
     found_plan = found.plan
     # Measure the searched schedule as the summary does: a full run of its own.
