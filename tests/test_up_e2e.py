@@ -1,8 +1,8 @@
 """`prorsa up --emulated-cluster` end to end over real processes: a nats-server, the tracker,
 forecaster, allocator, two engine agents with emulated engines, the router and the driver.
 
-Each run is small (6 engines, 16 trajectories x 2 steps at x10 speed) to stay near a minute
-on two cores.
+Each run is small (6 emulated DeepSeek-V3.2 engines of 16 DP ranks, 16 trajectories x 2
+steps at x10 speed) to stay near a minute or two on two cores.
 """
 
 from __future__ import annotations
@@ -26,9 +26,15 @@ UP = [sys.executable, "-m", "prorsa_cli.main", "up", "--emulated-cluster", "--po
       "--horizon", "3", "--run", "e2e"]
 
 
+# The test checks the switch plumbing, so it declares a prefill throughput (θᴾ) far below
+# the emulated engines' (their profile's ~80k tokens/s x speed): the allocator then wants
+# more prefill engines for the first turns' burst and switches. The demo uses the profile's.
+ENV = {**os.environ, "PRORSA_ALLOCATOR_PREFILL_TOKENS_PER_S": "5000"}
+
+
 def _start(workdir: Path) -> subprocess.Popen:
     return subprocess.Popen(UP + ["--workdir", str(workdir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, env=ENV)
 
 
 def _finish(proc: subprocess.Popen, timeout: float = 240) -> str:
@@ -48,6 +54,10 @@ def _check_run(workdir: Path, out: str) -> dict:
     assert driver["completed"] == 32
     assert summary["tracker_events"] == driver["events"] == summary["run_events_in_log"], out[-3000:]
     assert summary["anomalies"] == 0
+    # The emulated engines (the demo's multi-DP profile) answered for their own stepping.
+    assert summary["emulated_model"] == "deepseek-v3.2"
+    assert summary["emulated_engines"]["engines_answered"] == 6 and summary["emulated_engines"]["steps"] > 0
+    assert summary["trajectory_mean_s"] > 0
     # Forecasts every window: consecutive window starts from the first to the last.
     import sqlite3
 

@@ -162,10 +162,16 @@ def _finish(opts: UpOptions, plan: StackPlan, driver: dict, stop: threading.Even
 
     _wait(last_window, 4 * opts.horizon + 10, stop)
     metrics = scrape(plan.metrics["forecaster"])
+    emu = engine_stats([f"http://{opts.host}:{port}" for port, _b in plan.ports.engines])
     events = load_events(plan.db_url)
     summary = summarise(events, opts.run, driver, metrics, opts.horizon)
-    summary.update(policy=opts.policy, workload=opts.workload, engines=opts.engines, speed=opts.speed,
-                   tracker_events=stored[0], anomalies=stored[1], durable_log=plan.db_url)
+    summary.update(policy=opts.policy, workdir=str(opts.workdir.resolve()), tracker_events=stored[0], anomalies=stored[1], durable_log=plan.db_url,
+                   **scenario(opts))
+    summary["emulated_engines"] = emu
+    steps = summary["rollout_step_times_s"]
+    summary["rollout_mean_s"] = round(sum(steps) / len(steps), 3) if steps else None
+    if opts.compare_with is not None:
+        summary["comparison"] = compare(summary, opts.compare_with)
     wd = opts.workdir.resolve()
     png = timeline(events, opts.run, opts.horizon, wd / "timeline.png",
                    f"{opts.policy}: {opts.workload}, {opts.engines} engines, speed x{opts.speed:g}")
@@ -178,15 +184,80 @@ def _finish(opts: UpOptions, plan: StackPlan, driver: dict, stop: threading.Even
     return 0 if ok else 1
 
 
+def engine_stats(urls: list[str]) -> dict:
+    """The emulated engines' own account: emulated seconds stepping, and seconds they fell
+    behind their cost model (a CPU-starved host makes them slower than the profile)."""
+    import httpx
+
+    busy = behind = 0.0
+    steps = prefill_steps = answered = 0
+    for url in urls:
+        try:
+            r = httpx.get(f"{url}/_emu/stats", timeout=2.0)
+            st = r.json() if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            st = None
+        if not isinstance(st, dict):
+            continue
+        answered += 1
+        busy += st.get("busy_s", 0.0)
+        behind += st.get("behind_s", 0.0)
+        steps += st.get("steps", 0)
+        prefill_steps += st.get("prefill_steps", 0)
+    return {"engines_answered": answered, "busy_s": round(busy, 1), "behind_s": round(behind, 1),
+            "steps": steps, "prefill_steps": prefill_steps,
+            "behind_share": round(behind / (busy + behind), 4) if busy + behind > 0 else None}
+
+
+SCENARIO_KEYS = ("workload", "engines", "speed", "batch_size", "steps", "max_turns", "seed", "emulated_model")
+"""What two runs must share for their rollout times to be compared."""
+
+
+def scenario(opts: UpOptions) -> dict:
+    return {k: getattr(opts, k) for k in SCENARIO_KEYS}
+
+
+def compare(summary: dict, other_dir: Path) -> dict | None:
+    """PD against colocation when ``other_dir`` holds the other policy's summary of the same
+    scenario (same seed, workload, engines, speed, ...); None otherwise."""
+    other = _read_json(other_dir / "summary.json")
+    if not other or any(other.get(k) != summary.get(k) for k in SCENARIO_KEYS):
+        return None
+    if (summary["policy"] == "colocation") == (other.get("policy") == "colocation"):
+        return None
+    pd, col = (other, summary) if summary["policy"] == "colocation" else (summary, other)
+    t_pd, t_col = sum(pd["rollout_step_times_s"]), sum(col["rollout_step_times_s"])
+    return {
+        "pd_policy": pd["policy"], "pd_workdir": pd.get("workdir"), "colocation_workdir": col.get("workdir"),
+        "pd_step_times_s": pd["rollout_step_times_s"], "colocation_step_times_s": col["rollout_step_times_s"],
+        "pd_switches": [pd["commands"], pd["switches"]],
+        "speedup": round(t_col / t_pd, 3) if t_pd > 0 else None,
+        "pd_trajectory_mean_s": pd.get("trajectory_mean_s"),
+        "colocation_trajectory_mean_s": col.get("trajectory_mean_s"),
+        "trajectory_speedup": round(col["trajectory_mean_s"] / pd["trajectory_mean_s"], 3)
+        if pd.get("trajectory_mean_s") and col.get("trajectory_mean_s") else None,
+        "speedup_per_step": [round(c / p, 3) if p > 0 else None
+                             for p, c in zip(pd["rollout_step_times_s"], col["rollout_step_times_s"])],
+    }
+
+
 def _print_summary(s: dict, plan: StackPlan, opts: UpOptions) -> None:
     t = Table(title=f"live run {s['run']} ({s['policy']})")
     t.add_column("measure")
     t.add_column("value")
     steps = ", ".join(f"{w:.1f} s" for w in s["rollout_step_times_s"])
     sim = ", ".join(f"{w:.0f} s" for w in s["rollout_step_times_simulated_s"])
+    t.add_row("engines (emulated model)", f"{opts.engines} x {opts.emulated_model}")
     t.add_row("rollout time per step (wall)", steps or "-")
     t.add_row(f"rollout time per step (simulated, x{opts.speed:g})", sim or "-")
     t.add_row("trajectories", str(s["trajectories"]))
+    if s.get("trajectory_mean_s") is not None:
+        t.add_row("mean trajectory time (wall)", f"{s['trajectory_mean_s']:.1f} s")
+    e = s.get("emulated_engines") or {}
+    if e.get("engines_answered"):
+        share = e["behind_share"] or 0.0
+        t.add_row("emulated engines: steps (with a prefill) / behind the cost model",
+                  f"{e['steps']} ({e['prefill_steps']}) / {100 * share:.1f}% of their time")
     t.add_row("events: published / in the log / anomalies", f"{s['driver_events']} / {s['tracker_events']} / {s['anomalies']}")
     t.add_row("switches: commanded / executed / failed", f"{s['commands']} / {s['switches']} / {s['switch_failures']}")
     w = s["forecast_wape"]
@@ -196,6 +267,28 @@ def _print_summary(s: dict, plan: StackPlan, opts: UpOptions) -> None:
     t.add_row("durable log", plan.db_url)
     t.add_row("timeline", str(s["timeline_png"]))
     out.print(t)
+    c = s.get("comparison")
+    if c:
+        ct = Table(title=f"PD ({c['pd_policy']}) against colocation, same scenario and seed")
+        ct.add_column("run")
+        ct.add_column("rollout time per step (wall)")
+        ct.add_column("mean trajectory time (wall)")
+        ct.add_column("switches: commanded / executed")
+        fmt = lambda ts: ", ".join(f"{w:.1f} s" for w in ts)  # noqa: E731
+        sec = lambda v: "-" if v is None else f"{v:.1f} s"  # noqa: E731
+        ct.add_row(f"PD ({c['pd_policy']})", fmt(c["pd_step_times_s"]), sec(c["pd_trajectory_mean_s"]),
+                   "{} / {}".format(*c["pd_switches"]))
+        ct.add_row("colocation", fmt(c["colocation_step_times_s"]), sec(c["colocation_trajectory_mean_s"]), "0 / 0")
+        per = ", ".join(f"{x:.2f}x" for x in c["speedup_per_step"] if x is not None)
+        tj = c.get("trajectory_speedup")
+        ct.add_row("PD speedup (colocation / PD)", f"{c['speedup']:.2f}x over the run ({per} per step)",
+                   "-" if tj is None else f"{tj:.2f}x", "")
+        out.print(ct)
+    elif opts.compare_with is not None:
+        other = "colocation" if opts.policy != "colocation" else "prorsa"
+        out.print(f"no {other} run of the same scenario in {opts.compare_with} to compare with "
+                  f"(`prorsa demo --policy {other}` with the same options makes one; `--compare` runs both)",
+                  highlight=False)
     db = plan.db_url
     exe = _prorsa_command()
     out.print("explore the durable log:", highlight=False)

@@ -82,7 +82,18 @@ def summarise(events: list[dict], run: str, driver: dict | None, forecaster_metr
     wape = {s: forecaster_metrics.get(f'prorsa_forecaster_wape{{series="{s}"}}') for s in ("prefill", "decode")}
     wape = {k: (None if v is None or math.isnan(v) else round(v, 4)) for k, v in wape.items()}
     speed = (driver or {}).get("speed", 1.0)
+    # Mean trajectory completion time (the paper's Table 2 measure): dispatch to reward.
+    began: dict[str, float] = {}
+    spans: list[float] = []
+    for e in events:
+        if e.get("run") != run:
+            continue
+        if e["type"] == "trajectory.dispatched":
+            began[e["traj"]] = e["ts"]
+        elif e["type"] == "reward.finished" and e["traj"] in began:
+            spans.append(e["ts"] - began.pop(e["traj"]))
     return {
+        "trajectory_mean_s": round(sum(spans) / len(spans), 3) if spans else None,
         "run": run,
         "rollout_step_times_s": (driver or {}).get("step_times_s", []),
         "rollout_step_times_simulated_s": [round(t * speed, 1) for t in (driver or {}).get("step_times_s", [])],

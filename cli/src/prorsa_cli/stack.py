@@ -23,9 +23,20 @@ Policy = Literal["prorsa", "static", "colocation"]
 PY = sys.executable
 
 EMULATED_ALLOCATOR_ENV = {
-    "PRORSA_ALLOCATOR_PREFILL_TOKENS_PER_S": "10000",
+    # CHOICE: a run of a few minutes needs a dwell of a few windows, not the production one.
     "PRORSA_ALLOCATOR_MIN_DWELL_S": "10",
 }
+
+
+def emulated_prefill_tokens_per_s(model: str, speed: float) -> float:
+    """θᴾ of one emulated engine as its profile computes it: every attention-DP rank running
+    full chunks (``attn_dp x chunk / prefill_time(chunk)``), per wall second (x ``speed``:
+    the services run on the wall clock). The allocator's prior, as an operator who
+    benchmarked the engine would set it; it then learns θᴾ from engine.stats."""
+    from prorsa_sim.emulated.profiles import emulated_profile
+
+    p = emulated_profile(model)
+    return speed * p.attn_dp * p.chunk_size / p.prefill_time(p.chunk_size)
 
 
 class UpError(RuntimeError):
@@ -51,10 +62,12 @@ class UpOptions:
     steps: int = 2
     max_turns: int = 6
     seed: int = 0
+    emulated_model: str = "deepseek-v3.2"
     run: str = "demo"
     horizon: float = 5.0
     port_base: int | None = None  # None: the standard ports; 0: any free block
     host: str = "127.0.0.1"
+    compare_with: Path | None = None  # a workdir whose summary.json (the other policy) to compare with
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -224,10 +237,11 @@ def plan_stack(opts: UpOptions) -> StackPlan:
     if opts.policy == "prorsa":
         alloc_env = {"PRORSA_ALLOCATOR_METRICS_PORT": str(ports.allocator_metrics)}
         if opts.emulated_cluster:
-            # Emulated engines serve requests concurrently with no batch limit, so they have
-            # no prefill capacity to measure: the demo declares one (θᴾ) for the allocator to
-            # plan against, and a dwell that fits a run of a few minutes. Env vars win.
-            alloc_env.update({k: v for k, v in EMULATED_ALLOCATOR_ENV.items() if k not in os.environ})
+            # The emulated engines' θᴾ from their profile, and a dwell that fits a run of a few
+            # minutes. Env vars win.
+            env = {**EMULATED_ALLOCATOR_ENV, "PRORSA_ALLOCATOR_PREFILL_TOKENS_PER_S":
+                   f"{emulated_prefill_tokens_per_s(opts.emulated_model, opts.speed):.0f}"}
+            alloc_env.update({k: v for k, v in env.items() if k not in os.environ})
         specs.append(ProcSpec("allocator", cli + ["allocator", "run"], env={**base_env, **alloc_env},
             ready=lambda: _http_ok(m["allocator"] + "/metrics")))
     else:
@@ -243,7 +257,7 @@ def plan_stack(opts: UpOptions) -> StackPlan:
         specs.append(ProcSpec("router", [PY, "-m", "prorsa_sim.emulated", "router", "--host", h, "--port",
                                          str(ports.router), "--health-interval", "0.5"],
                               ready=lambda: _http_ok(router_url + "/health")))
-        emu = ["--speed", str(opts.speed), "--switch-seconds", "2"]
+        emu = ["--speed", str(opts.speed), "--switch-seconds", "2", "--emulated-model", opts.emulated_model]
         if opts.policy == "colocation":
             for i, (port, _b) in enumerate(ports.engines):
                 url = f"http://{h}:{port}"
@@ -281,7 +295,7 @@ def plan_stack(opts: UpOptions) -> StackPlan:
             PY, "-m", "prorsa_sim.driver", "--router", router_url, "--nats", nats_url, "--run", opts.run,
             "--workload", opts.workload, "--batch-size", str(opts.batch_size), "--steps", str(opts.steps),
             "--max-turns", str(opts.max_turns), "--speed", str(opts.speed), "--seed", str(opts.seed),
-            "--out", str(driver_out), "--progress", str(progress)], env=base_env, restart=False))
+            "--emulated-model", opts.emulated_model, "--out", str(driver_out), "--progress", str(progress)], env=base_env, restart=False))
     for s in specs:
         s.env = {**base_env, **s.env}
     return StackPlan(specs, ports, nats_url, db_url, router_url, token, driver_out, progress, m, colocated)

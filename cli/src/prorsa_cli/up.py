@@ -41,6 +41,7 @@ def register(app: typer.Typer) -> None:
         steps: Annotated[int, typer.Option(help="Rollout steps.")] = 2,
         max_turns: Annotated[int, typer.Option(help="Cap on turns per trajectory.")] = 6,
         seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
+        emulated_model: Annotated[str, typer.Option(help="Cost-model profile of the emulated engines.")] = "deepseek-v3.2",
         run: Annotated[str, typer.Option(help="Run id of the driver's events.")] = "demo",
         horizon: Annotated[float, typer.Option(help="Forecast window S in seconds.")] = 5.0,
         port_base: Annotated[Optional[int], typer.Option(help="Put every port in a block from N (0: any free block).")] = None,
@@ -59,17 +60,33 @@ def register(app: typer.Typer) -> None:
         workdir: WorkdirOpt = Path(".prorsa/demo"),
         policy: Annotated[str, typer.Option(help="prorsa (switching), static or colocation (for comparison).")] = "prorsa",
         speed: Annotated[float, typer.Option(help="Simulated seconds per wall second.")] = 10.0,
-        engines: Annotated[int, typer.Option(help="Emulated engines.")] = 6,
-        batch_size: Annotated[int, typer.Option(help="Trajectories per rollout step.")] = 24,
+        engines: Annotated[int, typer.Option(help="Emulated engines.")] = 4,
+        batch_size: Annotated[int, typer.Option(help="Trajectories per rollout step.")] = 64,
         steps: Annotated[int, typer.Option(help="Rollout steps.")] = 2,
+        workload: Annotated[str, typer.Option(help="math, coding or general.")] = "general",
+        max_turns: Annotated[int, typer.Option(help="Cap on turns per trajectory.")] = 6,
+        seed: Annotated[int, typer.Option(help="Workload seed (the same seed gives the same trajectories under every policy).")] = 0,
+        emulated_model: Annotated[str, typer.Option(help="Cost-model profile of the emulated engines.")] = "deepseek-v3.2",
         port_base: Annotated[Optional[int], typer.Option(help="Put every port in a block from N (0: any free block).")] = 0,
+        compare: Annotated[bool, typer.Option("--compare", help="Run colocation first, then --policy, and print the PD speedup.")] = False,
     ) -> None:
-        """The live demo: `prorsa up --emulated-cluster` on a small scenario, then a summary and a PNG."""
+        """The live demo: `prorsa up --emulated-cluster` on a small scenario, then a summary and a PNG.
+
+        Each policy runs in `<workdir>/<policy>`; when the other policy's run of the same
+        scenario (same seed and options) is there, the summary adds the PD/colocation speedup."""
         from .livedemo import run_up
         from .stack import UpOptions
 
-        opts = _options(UpOptions, {**locals(), "emulated_cluster": True, "run": f"demo-{policy}"})
-        raise typer.Exit(run_up(opts, keep_running=False, fresh=True))
+        base = dict(locals())
+        if compare and policy == "colocation":
+            fail("--compare runs colocation against --policy prorsa or static")
+        code = 0
+        for pol in (["colocation"] if compare else []) + [policy]:
+            other = "prorsa" if pol == "colocation" else "colocation"
+            opts = _options(UpOptions, {**base, "policy": pol, "emulated_cluster": True, "run": f"demo-{pol}",
+                                        "workdir": workdir / pol, "compare_with": workdir / other})
+            code = max(code, run_up(opts, keep_running=False, fresh=True))
+        raise typer.Exit(code)
 
 
 def _options(cls, given: dict):
@@ -82,6 +99,15 @@ def _options(cls, given: dict):
     for name in ("engines", "agents", "batch_size", "steps", "max_turns"):
         if name in given and given[name] < 1:
             fail(f"--{name.replace('_', '-')} must be >= 1")
+    if given.get("emulated_model") is not None:
+        try:
+            from prorsa_sim.emulated.profiles import emulated_profile
+
+            emulated_profile(given["emulated_model"])
+        except ImportError:
+            pass
+        except ValueError as exc:
+            fail(str(exc))
     if given.get("engines", 2) < 2 and policy != "colocation":
         fail("PD needs at least 2 engines (one per role)")
     if given.get("port_base") is not None and not (given["port_base"] == 0 or 1024 <= given["port_base"] <= 65000):
