@@ -33,6 +33,10 @@ def engine_parser() -> argparse.ArgumentParser:
     g.add_argument("--emulated-model", default=DEFAULT_MODEL,
                    help=f"cost-model profile: {', '.join(sorted(EMULATED_PROFILES))} (default "
                         f"{DEFAULT_MODEL}); not --model, which SGLang reads as --model-path")
+    g.add_argument("--emulated-dp-routing", choices=("load", "prefix"), default="load",
+                   help="how a request's attention-DP rank is chosen, as the simulator's "
+                        "dp_routing: load (SGLang's data-parallel controller; default) or "
+                        "prefix (a DP-aware, cache-aware router)")
     g.add_argument("--speed", type=float, default=1.0, help="emulated seconds per wall second")
     g.add_argument("--startup-seconds", type=float, default=0.0, help="emulated model load time")
     g.add_argument("--switch-seconds", type=float, default=None,

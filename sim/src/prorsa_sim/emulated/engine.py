@@ -61,6 +61,11 @@ class EngineOptions:
     """Default: the profile's chunk size."""
     # emulation knobs (not SGLang flags)
     emulated_model: str = DEFAULT_MODEL
+    emulated_dp_routing: str = "load"
+    """``load``: the attention-DP rank is the least loaded (SGLang's data-parallel controller
+    picks by load, not by prefix); ``prefix``: the rank holding the longest cached prefix
+    wins when it is no more loaded once the cached tokens are counted off (a DP-aware,
+    cache-aware router). As the simulator's ``SimConfig.dp_routing``."""
     speed: float = 1.0
     startup_seconds: float = 0.0
     switch_seconds: float | None = None
@@ -176,11 +181,11 @@ class EmulatedEngine:
         return self._response(req, finish)
 
     def _pick_rank(self, keys: list[int]) -> Rank:
-        """Attention DP rank, as the simulator routes (``engines.route_prefill``, prefix
-        mode): the least loaded, unless the rank holding the longest cached prefix is no
-        more loaded once the cached tokens are counted off."""
+        """Attention DP rank, as the simulator routes (``engines.route_prefill``): the least
+        loaded; in ``prefix`` routing, the rank holding the longest cached prefix instead
+        when it is no more loaded once the cached tokens are counted off."""
         best = min(self.ranks, key=lambda r: (r.load(), r.index))
-        if self.mode == "decode":
+        if self.mode == "decode" or self.opt.emulated_dp_routing != "prefix":
             return best
         sticky = max(self.ranks, key=lambda r: (r.cache.match_len(keys), -r.index))
         hit = sticky.cache.match_len(keys) * PAGE
