@@ -124,3 +124,19 @@ def test_cli_compare_json_and_bad_input():
     assert bad.exit_code == 2 and "unknown policy" in bad.output
     bad = runner.invoke(app, ["sim", "run", "--model", "gpt-9", "--out", "/tmp/x"])
     assert bad.exit_code == 2 and "unknown model" in bad.output
+    bad = runner.invoke(app, ["sim", "compare", "--dp-routing", "random"])
+    assert bad.exit_code == 2 and "unknown dp routing" in bad.output
+
+
+def test_cli_compare_takes_the_dp_routing():
+    runner = CliRunner()
+    base = ["sim", "compare", "--workload", "general", "--model", "deepseek-v3.2", "--policies", "colocation",
+            "--steps", "1", "--batch-size", "24", "--seeds", "0", "--jobs", "1", "--json"]
+    rows = {}
+    for mode in ("load", "prefix"):
+        r = runner.invoke(app, [*base, "--dp-routing", mode])
+        assert r.exit_code == 0, r.output
+        rows[mode] = json.loads(r.stdout)[0]["per_seed"][0]
+        assert rows[mode]["dp_routing"] == mode
+    # Following the prefix reuses more of it: fewer prompt tokens are computed.
+    assert rows["prefix"]["prefill_computed_tokens"] < rows["load"]["prefill_computed_tokens"]

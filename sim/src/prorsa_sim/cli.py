@@ -20,9 +20,14 @@ JobsOpt = Annotated[int | None, typer.Option("--jobs", help="Parallel processes 
 SeedOpt = Annotated[int, typer.Option("--seed", help="Workload seed (same seed, same trajectories).")]
 BatchOpt = Annotated[int, typer.Option("--batch-size", help="Trajectories per step.")]
 GpusOpt = Annotated[int, typer.Option("--gpus", help="Cluster GPUs (paper: 128).")]
+DpRoutingOpt = Annotated[str, typer.Option(
+    "--dp-routing",
+    help="How a request's attention-DP rank is chosen: load (SGLang's data-parallel controller, "
+    "by load; default) or prefix (a DP-aware, cache-aware router).",
+)]
 
 
-def _config(workload, model, staleness, steps, seed, batch_size, gpus):
+def _config(workload, model, staleness, steps, seed, batch_size, gpus, dp_routing="load"):
     from prorsa_cli.common import fail
 
     from .simulator import build_config
@@ -30,7 +35,7 @@ def _config(workload, model, staleness, steps, seed, batch_size, gpus):
     try:
         return build_config(
             workload=workload, model=model, staleness=staleness, steps=steps, seed=seed,
-            batch_size=batch_size, total_gpus=gpus,
+            batch_size=batch_size, total_gpus=gpus, dp_routing=dp_routing,
         )
     except (ValueError, TypeError) as exc:
         fail(str(exc))
@@ -68,6 +73,7 @@ def register(app: typer.Typer) -> None:
         seed: SeedOpt = 0,
         batch_size: BatchOpt = 512,
         gpus: GpusOpt = 128,
+        dp_routing: DpRoutingOpt = "load",
         start: StartOpt = "own",
         jobs: JobsOpt = None,
         no_plot: Annotated[bool, typer.Option("--no-plot", help="Skip timeline.png and ideal_split.png.")] = False,
@@ -79,7 +85,7 @@ def register(app: typer.Typer) -> None:
         from .policy import make_policy
         from .runner import default_jobs, parse_start, run_to_dir
 
-        cfg = _config(workload, model, staleness, steps, seed, batch_size, gpus)
+        cfg = _config(workload, model, staleness, steps, seed, batch_size, gpus, dp_routing)
         _check(cfg)
         try:
             if policy != "static":
@@ -115,6 +121,7 @@ def register(app: typer.Typer) -> None:
         seed: Annotated[int | None, typer.Option("--seed", help="One seed (same as --seeds N).", hidden=True)] = None,
         batch_size: BatchOpt = 512,
         gpus: GpusOpt = 128,
+        dp_routing: DpRoutingOpt = "load",
         start: StartOpt = "best",
         grid: Annotated[int, typer.Option("--grid", help="Points of the static sweep.")] = 7,
         jobs: JobsOpt = None,
@@ -128,7 +135,7 @@ def register(app: typer.Typer) -> None:
         from .policy import expand_policies, make_policy
         from .runner import compare_seeds, default_jobs, parse_start
 
-        cfg = _config(workload, model, staleness, steps, 0, batch_size, gpus)
+        cfg = _config(workload, model, staleness, steps, 0, batch_size, gpus, dp_routing)
         _check(cfg)
         specs = expand_policies(policies)
         if not specs:

@@ -636,4 +636,8 @@ def build_config(**kw) -> SimConfig:
     """Validate and build a :class:`SimConfig` (raises ValueError with a clear reason)."""
     get_workload(kw.get("workload", "coding"))
     get_profile(kw.get("model", "deepseek-v3.2"))
+    from .engines import DP_ROUTING
+
+    if kw.get("dp_routing", "load") not in DP_ROUTING:
+        raise ValueError(f"unknown dp routing {kw['dp_routing']!r}; choose one of: {', '.join(DP_ROUTING)}")
     return SimConfig(**kw)

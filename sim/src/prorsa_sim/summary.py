@@ -53,6 +53,7 @@ def build_result(sim) -> Result:
         "mode": cfg.mode,
         "staleness": cfg.staleness,
         "seed": cfg.seed,
+        "dp_routing": cfg.dp_routing,
         "batch_size": cfg.batch_size,
         "engines": len(sim.engines),
         "gpus_per_engine": prof.gpus_per_engine,
