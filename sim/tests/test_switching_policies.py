@@ -49,6 +49,20 @@ def test_restart_mode_reaches_the_engines_and_stats_carry_prefill_rates(tmp_path
     assert any(e.cache_hit_rate is not None for e in stats if e.role == "prefill")
 
 
+def test_prorsa_paper_keeps_the_papers_rule_and_prorsa_sees_the_updates():
+    assert make_policy("prorsa:paper").driver.rule == "paper"
+    assert make_policy("prorsa:paper:restart").driver.switch_mode == "restart"
+    assert make_policy("prorsa").driver.rule == "priced"
+    with pytest.raises(ValueError):
+        make_policy("prorsa:restart:paper")  # the rule comes first
+    # The default prorsa folds policy.updated in (the weight-update pause is free to switch in).
+    policy = make_policy("prorsa")
+    res = Simulator(SimConfig(workload="general", staleness=2, steps=2, batch_size=48), policy).run()
+    assert res.summary["trajectories_done"] > 0
+    assert policy.driver.allocator.last_update_ts is not None
+    assert policy.driver.allocator.config.rule == "priced"
+
+
 def test_prorsa_learns_prefill_throughput_from_engine_stats():
     policy = ProrsaPolicy()
     res = Simulator(SimConfig(workload="general", staleness=2, steps=2, batch_size=48), policy).run()

@@ -128,8 +128,9 @@ def test_one_switch_in_flight_per_engine_and_completion() -> None:
 
 def test_restart_switch_that_cannot_pay_back_is_not_made() -> None:
     # Restart engines (6.5 min per switch) vs a 60 s lookahead: the imbalance is real but a
-    # switch would cost more than it gains.
-    alloc = cluster(4, 4, config(restart_lookahead_s=0.0), modes=("restart",))
+    # switch would cost more than it gains. (The paper rule's 60 s lookahead: the priced rule
+    # judges a move over at least horizon_switch_multiple x its dead time, test_pricing.py.)
+    alloc = cluster(4, 4, config(restart_lookahead_s=0.0, rule="paper"), modes=("restart",))
     for t in range(60, 600, 10):  # persistent, so only the payback test decides
         assert commands(alloc.handle(forecast(t=float(t), prefill_engines=6.0, decode_engines=1.0))) == []
     assert "below the hysteresis" in alloc.last_decision.selection.reason
@@ -238,8 +239,9 @@ def test_learned_switch_cost() -> None:
 
 def test_learned_switch_cost_does_not_count_the_expected_drain_twice() -> None:
     # engine.switched.seconds runs from the command to the switch, drain included; the gain
-    # test adds its own drain estimate, so the learned switch time is net of it.
-    alloc = cluster(4, 4, config(switch_cost_alpha=1.0, drain_decode_s=20.0))
+    # test adds its own drain estimate, so the learned switch time is net of it. (The paper
+    # rule's 20 s decode drain; the priced rule's, the drain deadline: test_pricing.py.)
+    alloc = cluster(4, 4, config(switch_cost_alpha=1.0, drain_decode_s=20.0, rule="paper"))
     for i in range(4):
         alloc.handle(stats(f"d{i}", "decode", ts=50.0, running=3, kv_used=1_000))  # all busy
     (c1, c2) = commands(alloc.handle(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0)))

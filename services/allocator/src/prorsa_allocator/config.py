@@ -3,6 +3,8 @@ the simulator and tests build them directly)."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -81,6 +83,70 @@ class AllocatorConfig(BaseModel):
     max_delta: float = Field(default=100.0, gt=0, description="Cap of the reported headroom δ.")
 
     # -- switch selection ---------------------------------------------------------------------
+    rule: Literal["priced", "paper"] = Field(
+        default="priced",
+        description="The gain test. 'priced': every switch priced (dead time, re-prefill of "
+        "what its drain aborts, prefix cache lost) over ``horizon_s``, free in the weight-update "
+        "pause, a step started from the previous step's plan (switching.py, docs/allocator.md). "
+        "'paper': the window's capacity ratio over ``lookahead_windows`` with drain x "
+        "``drain_weight`` + switch time as the only cost (paper §4.2 with this allocator's "
+        "switch execution; kept to compare).",
+    )
+    horizon_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="'priced' rule: seconds over which a switch must pay back its price. "
+        "CHOICE: about five drain-and-switch times of an in-place switch (10 s drain deadline "
+        "+ 15 s switch on the simulated models), so a switch is bought for a demand that "
+        "lasts several times what it takes, not for one window's.",
+    )
+    horizon_switch_multiple: float = Field(
+        default=4.0,
+        ge=1,
+        description="'priced' rule: the horizon is at least this many times the slowest "
+        "move's dead time (CHOICE: a switch must serve in its new role at least three times "
+        "as long as it is dead).",
+    )
+    served_alpha: float = Field(
+        default=0.05,
+        gt=0,
+        le=1,
+        description="'priced' rule: EMA weight of a window's served prefill rate in the rate "
+        "measured at its prefill count (the plain mean over the first 1/alpha windows). CHOICE: "
+        "about 20 windows of memory: one window's rate varies by +-10% on MiMo coding/2 at a "
+        "fixed 6:2, more than the hysteresis; with 0.2 the veto let a 7:1 that served 5% less "
+        "through whenever 6:2 had a slow minute.",
+    )
+    served_min_samples: int = Field(
+        default=3,
+        ge=1,
+        description="'priced' rule: windows measured at a prefill count before its served rate "
+        "can veto a move to it (CHOICE: three windows, 30 s, a few turns of an agentic step).",
+    )
+    served_memory_s: float = Field(
+        default=7200.0,
+        gt=0,
+        description="'priced' rule: a prefill count's served rate older than this no longer "
+        "vetoes (the demand it was measured under has moved on). CHOICE: about three agentic "
+        "steps on MiMo coding/2 (~2,200 s each): an RL run's steps repeat their demand, so one "
+        "step's evidence holds for the next. Measured there (seed 0, 3 steps, from 6:2): 600 s "
+        "2286.6 s rollout, 1800 s 2287.9 s, 7200 s 2240.9 s; a shorter memory lets the "
+        "6:2 -> 7:1 flip recur each time its evidence expires.",
+    )
+    drain_deadline_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="The engine agent's drain deadline: what still runs this long after the "
+        "command is aborted and re-queued (the simulator's DRAIN_DEADLINE_S, 10 s). Bounds a "
+        "decode engine's drain; what it aborts is re-prefilled.",
+    )
+    weight_sync_s: float = Field(
+        default=5.0,
+        ge=0,
+        description="Length of the weight-update pause after policy.updated (the simulator's "
+        "weight_sync_s, 5 s). Every engine is empty then: a switch requested in it needs no "
+        "drain, aborts nothing and loses no cache (already flushed).",
+    )
     min_dwell_s: float = Field(
         default=30.0,
         ge=0,

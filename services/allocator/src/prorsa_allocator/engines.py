@@ -70,6 +70,11 @@ class EngineView:
     """Set while a switch is under way (our command, or an engine.switching we observed)."""
     command: Command | None = None
     cooldown_until: float = -math.inf
+    prefill_tokens_per_s: float | None = None
+    """Computed (uncached) prefill tokens/s of the last engine.stats (prefill engines)."""
+    cache_hit_rate: float | None = None
+    """Prefix-cache hit ratio of the last engine.stats (prefill engines): with the rate,
+    what a flip to decode would make its trajectories recompute (switching.py)."""
 
     @property
     def busy(self) -> bool:
@@ -116,6 +121,10 @@ class EngineTable:
         if isinstance(event, EngineStats):
             view.running_reqs, view.queued_reqs = event.running_reqs, event.queued_reqs
             view.kv_used_tokens = event.kv_used_tokens
+            if event.prefill_tokens_per_s is not None:
+                view.prefill_tokens_per_s = event.prefill_tokens_per_s
+            if event.cache_hit_rate is not None:
+                view.cache_hit_rate = event.cache_hit_rate
             if event.kv_capacity_tokens > 0:
                 view.kv_capacity_tokens = event.kv_capacity_tokens
             if view.switching_to is None and event.role != view.role:

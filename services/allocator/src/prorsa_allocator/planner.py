@@ -30,7 +30,7 @@ from .decode import DecodeStep, DecodeStepFit, decode_instances_for_latency, dec
 from .engines import ENGINE_EVENT_TYPES, EngineTable
 from .estimate import PrefillThroughput, SwitchCost, cluster_shape
 from .optimize import Allocation, Capacity, Demand, solve
-from .switching import DemandView, Selection, prefill_band, select_switches
+from .switching import DemandView, PricedContext, Selection, prefill_band, select_priced, select_switches
 
 log = logging.getLogger("prorsa.allocator")
 
@@ -127,6 +127,14 @@ class Allocator:
         # Since when (forecast time) the engines have been off target in one direction.
         self._imbalance_dir: str | None = None
         self._imbalance_since = 0.0
+        # Weight updates ('priced' rule): the last policy.updated's event time, and the
+        # demand of each step's opening phase (the horizon after its pause), by step.
+        self.last_update_ts: float | None = None
+        self._phase: list[tuple[float, float, float, float]] = []
+        self._prev_phase: tuple[float, float, float, float] | None = None
+        # 'priced' rule: the full-prompt prefill rate the cluster served at each prefill
+        # count, measured over whole windows with no switch under way: (EMA, windows).
+        self.served: dict[int, tuple[float, int, float]] = {}  # count -> (EMA, windows, last t)
 
     # -- the one entry point -----------------------------------------------------------------
     def handle(self, event: Event, act: bool = True) -> list[Event]:
@@ -143,6 +151,8 @@ class Allocator:
                 out.extend(decision.events)
         elif event.type in ENGINE_EVENT_TYPES or isinstance(event, EngineCommand):
             self._observe(event)
+        elif event.type == "policy.updated":
+            self.on_update(event.ts)
         if act:
             out.extend(self.expire(self.now))
         return out
@@ -154,6 +164,21 @@ class Allocator:
             raise ValueError(f"watermark time must be finite, got {ts!r}")
         self.now = max(self.now, ts)
         return self.expire(self.now)
+
+    def on_update(self, ts: float) -> None:
+        """A weight update at event time ``ts``: the pause starts, and the opening phase of
+        the step that ends here becomes the previous step's plan."""
+        if self._phase:
+            n = len(self._phase)
+            self._prev_phase = tuple(sum(x[i] for x in self._phase) / n for i in range(4))  # type: ignore[assignment]
+        self._phase = []
+        self.last_update_ts = ts
+
+    def pause_left(self) -> float:
+        """Seconds left of the weight-update pause at event time (0: not in one)."""
+        if self.last_update_ts is None:
+            return 0.0
+        return max(0.0, self.last_update_ts + self.config.weight_sync_s - self.now)
 
     def _observe(self, event: Event) -> None:
         note = self.table.apply(event)
@@ -222,25 +247,43 @@ class Allocator:
             load = _decode_load(engines)
             extra = self._decode_step_demand(load, kv_total, a_p, fc.decode_kv_now, fc.decode_admit_tokens, room)
             demand = Demand(fc.prefill_tokens, fc.horizon, kv_total, extra)
+            pause_left = self.pause_left() if cfg.rule == "priced" else 0.0
+            phase = self._phase_demand(fc, demand, pause_left)
+            if phase is not None:
+                demand = phase
         except ValueError as exc:  # e.g. a forecast of non-finite numbers that slipped through
             decision.skipped = f"cannot plan: {exc}"
             return decision
         alloc = solve(demand, cap, cfg.max_delta)
         decision.allocation = alloc
         a_p_later = prefill_rate / cap.prefill_tokens_per_s
-        dv = DemandView(
-            prefill_now=alloc.prefill_demand,
-            decode_now=alloc.decode_demand,
-            prefill_later=prefill_rate / cap.prefill_tokens_per_s,
-            decode_later=max(decode_kv / kv_cap, self._decode_step_demand(
-                load, decode_kv, a_p_later, fc.decode_kv_now, fc.decode_admit_tokens, self._decode_room(a_p_later, cap))),
-            horizon_s=fc.horizon,
-        )
-        sel = select_switches(
-            alloc, engines, dv, self.now, cfg, self.switch_cost, self.last_direction, self.last_switch_ts,
-            self._imbalance_age(alloc, engines, fc.t), initial=self.counters.commands == 0,
-            decode_drain_s=self.decode_turn_s,
-        )
+        if phase is not None:
+            # The step opens as the previous one did: its plan is the demand for the horizon.
+            dv = DemandView(alloc.prefill_demand, alloc.decode_demand, alloc.prefill_demand, alloc.decode_demand,
+                            fc.horizon)
+        else:
+            dv = DemandView(
+                prefill_now=alloc.prefill_demand,
+                decode_now=alloc.decode_demand,
+                prefill_later=prefill_rate / cap.prefill_tokens_per_s,
+                decode_later=max(decode_kv / kv_cap, self._decode_step_demand(
+                    load, decode_kv, a_p_later, fc.decode_kv_now, fc.decode_admit_tokens,
+                    self._decode_room(a_p_later, cap))),
+                horizon_s=fc.horizon,
+            )
+        imbalance = self._imbalance_age(alloc, engines, fc.t)
+        if cfg.rule == "priced":
+            self._measure_served(engines, fc)
+            served = {p: r for p, (r, n, t) in self.served.items()
+                      if n >= cfg.served_min_samples and fc.t - t <= cfg.served_memory_s}
+            ctx = PricedContext(self.theta.value, self._pool_hit(engines), self.decode_turn_s, pause_left, served)
+            sel = select_priced(alloc, engines, dv, self.now, cfg, self.switch_cost, ctx, self.last_direction,
+                                self.last_switch_ts, imbalance, initial=self.counters.commands == 0)
+        else:
+            sel = select_switches(
+                alloc, engines, dv, self.now, cfg, self.switch_cost, self.last_direction, self.last_switch_ts,
+                imbalance, initial=self.counters.commands == 0, decode_drain_s=self.decode_turn_s,
+            )
         decision.selection = sel
         base = _base_id(fc.id)
         ts = max(self.now, fc.ts)
@@ -280,6 +323,61 @@ class Allocator:
         if sel.moves:
             self.last_direction, self.last_switch_ts = sel.moves[0].to_role, ts
         return decision
+
+    def _phase_demand(self, fc: ForecastWindow, demand: Demand, pause_left: float) -> Demand | None:
+        """'priced' rule. After a weight update's pause and within ``horizon_s`` of it, the
+        window's demand is recorded as this step's opening phase. In the pause, the
+        previous step's opening phase (mean over its windows) is returned: the demand the
+        step is planned for, since the pause's own window sees only the aborted requests
+        re-queued by the update. None: use the forecast."""
+        if self.config.rule != "priced" or self.last_update_ts is None:
+            return None
+        if pause_left > 0:
+            if self._prev_phase is None:
+                return None
+            w, h, kv, extra = self._prev_phase
+            return Demand(w, h, kv, extra)
+        if fc.t - self.last_update_ts <= self.config.horizon_s:
+            self._phase.append((demand.prefill_tokens, demand.horizon_s, demand.decode_kv_tokens,
+                                demand.decode_instances))
+        return None
+
+    def _measure_served(self, engines: list, fc: ForecastWindow) -> None:
+        """Fold the last window's served prefill rate into the rate of the prefill count
+        that served it: Σ over prefill engines of computed tokens/s / (1 − hit), the
+        full-prompt tokens the cluster prefilled per second. In a closed rollout loop that
+        is the rate turns go round, whichever role limits it: a prefill count whose decode
+        side chokes serves fewer prompts however large the prefill queue looks. Only whole
+        windows count: no switch under way, every engine in its role for the window, and
+        no weight-update pause in it; and only saturated ones (some engine queues at the
+        window's end): below capacity the rate is the demand, not what the split can serve
+        (a warm-up ramp would otherwise veto the counts it passed through)."""
+        cfg = self.config
+        if any(v.switching_to is not None for v in engines) or not any(v.queued_reqs > 0 for v in engines):
+            return
+        if any(v.since_ts > fc.t - fc.horizon for v in engines if v.switched):
+            return
+        if self.last_update_ts is not None and fc.t - self.last_update_ts < fc.horizon + cfg.weight_sync_s:
+            return
+        rate, p = 0.0, 0
+        for v in engines:
+            if v.role == "prefill":
+                p += 1
+                hit = min(v.cache_hit_rate or 0.0, cfg.max_cache_hit_rate)
+                rate += (v.prefill_tokens_per_s or 0.0) / (1.0 - hit)
+        old = self.served.get(p)
+        a = cfg.served_alpha
+        if old is None or fc.t - old[2] > cfg.served_memory_s:
+            self.served[p] = (rate, 1, fc.t)  # none yet, or too old to build on
+        else:
+            w = max(a, 1.0 / (old[1] + 1))  # the mean until 1/alpha windows, then the EMA
+            self.served[p] = ((1 - w) * old[0] + w * rate, old[1] + 1, fc.t)
+
+    @staticmethod
+    def _pool_hit(engines: list) -> float:
+        """The prefill pool's prefix-cache hit ratio: the mean of its engines' last reports."""
+        hits = [v.cache_hit_rate for v in engines if v.role == "prefill" and v.cache_hit_rate is not None]
+        return sum(hits) / len(hits) if hits else 0.0
 
     @staticmethod
     def _decode_room(prefill_instances: float, cap: Capacity) -> float:

@@ -8,7 +8,9 @@ Each takes an optional switch mode: ``prorsa:restart`` models stock SGLang 0.5.2
 refuses in-place switches with EP > 1, i.e. in all three paper setups); ``prorsa:in_place``
 the paper's patched SGLang. Without one, a policy switches in place when the model
 profile allows it (the paper's setting). ``prorsa`` and ``oracle`` also take
-``tpot=<slack>`` (e.g. ``prorsa:tpot=0.1``, ``oracle:restart:tpot=0.1``): decode sized by step
+``paper`` first (``prorsa:paper``: the allocator's gain test as paper §4.2 states it, one
+window's capacity ratio, drain and switch time as the only cost; the default prices every
+switch, see docs/allocator.md), and ``tpot=<slack>`` (e.g. ``prorsa:tpot=0.1``, ``oracle:restart:tpot=0.1``): decode sized by step
 time as well as KV, no decode step more than ``slack`` slower than an idle engine's
 (the allocator's ``decode_tpot_slack``; off by default, as in the paper)."""
 
@@ -24,10 +26,20 @@ SWITCH_MODES = ("in_place", "restart")
 
 
 def parse_spec(spec: str, options: bool = True) -> tuple[str | None, float | None]:
-    """(switch mode, TPOT slack) of ``name[:in_place|:restart][:tpot=<slack>]`` (None: default)."""
+    """(switch mode, TPOT slack) of ``name[:paper][:in_place|:restart][:tpot=<slack>]`` (None: default)."""
+    return parse_options(spec, options)[:2]  # type: ignore[return-value]
+
+
+def parse_options(spec: str, options: bool = True) -> tuple[str | None, float | None, str]:
+    """(switch mode, TPOT slack, gain-test rule) of
+    ``name[:paper][:in_place|:restart][:tpot=<slack>]``; the rule is ``paper`` or ``priced``."""
     name, *parts = spec.split(":")
-    expected = f"expected {name}, {name}:in_place or {name}:restart" + (", then optionally :tpot=<slack>" if options else "")
+    expected = f"expected {name}, {name}:in_place or {name}:restart" + (
+        ", optionally :paper first, then optionally :tpot=<slack>" if options else "")
     mode = slack = None
+    rule = "priced"
+    if options and parts and parts[0] == "paper":
+        rule, parts = "paper", parts[1:]
     for i, part in enumerate(parts):
         if part in SWITCH_MODES and i == 0:
             mode = part
@@ -40,7 +52,7 @@ def parse_spec(spec: str, options: bool = True) -> tuple[str | None, float | Non
                 raise ValueError(f"bad policy {spec!r}: tpot slack must be a finite number > 0")
         else:
             raise ValueError(f"bad policy {spec!r}: {expected}")
-    return mode, slack
+    return mode, slack, rule
 
 
 def parse_mode(spec: str) -> str | None:
@@ -55,8 +67,8 @@ def _named(policy, spec: str):
 
 
 def _allocating(cls, spec: str):
-    mode, slack = parse_spec(spec)
-    return _named(cls(driver=AllocatorDriver(switch_mode=mode, tpot_slack=slack), switch_mode=mode), spec)
+    mode, slack, rule = parse_options(spec)
+    return _named(cls(driver=AllocatorDriver(switch_mode=mode, tpot_slack=slack, rule=rule), switch_mode=mode), spec)
 
 
 POLICY_FACTORIES.setdefault("prorsa", lambda spec: _allocating(ProrsaPolicy, spec))
@@ -65,4 +77,4 @@ POLICY_FACTORIES.setdefault("oracle", lambda spec: _allocating(OraclePolicy, spe
 # The hindsight-best dynamic schedule (bound.py): searched before the run, then replayed.
 POLICY_FACTORIES.setdefault("bound", parse_bound)
 
-__all__ = ["BoundPolicy", "OraclePolicy", "ProrsaPolicy", "ReactivePolicy", "parse_mode", "parse_spec"]
+__all__ = ["BoundPolicy", "OraclePolicy", "ProrsaPolicy", "ReactivePolicy", "parse_mode", "parse_options", "parse_spec"]

@@ -45,6 +45,8 @@ class AllocatorDriver:
     """``in_place`` / ``restart``; None: in place when the profile allows it."""
     tpot_slack: float | None = None
     """The allocator's ``decode_tpot_slack`` (decode sized by step time too); None: off."""
+    rule: str = "priced"
+    """The allocator's gain test: ``priced`` (default) or ``paper`` (``prorsa:paper``)."""
     allocator: Allocator | None = None
     _window: int = 0
 
@@ -62,13 +64,14 @@ class AllocatorDriver:
             cfg = self.config or AllocatorConfig(
                 prefill_tokens_per_s=prefill_rate_computed(prof),
                 in_place_switch_s=prof.in_place_switch_s, restart_switch_s=prof.restart_switch_s,
-                decode_tpot_slack=self.tpot_slack, **decode_step_prior(prof),
+                decode_tpot_slack=self.tpot_slack, rule=self.rule, **decode_step_prior(prof),
             )
             self.allocator = Allocator(cfg)
         alloc = self.allocator
         for ev in obs.events:
             # The simulator's switch ids are its own: our commands are tracked by _sync.
-            if ev.type.startswith("engine.") and ev.type != "engine.command":
+            # policy.updated opens the weight-update pause (switches then need no drain).
+            if (ev.type.startswith("engine.") and ev.type != "engine.command") or ev.type == "policy.updated":
                 alloc.handle(ev, act=False)
         alloc.now = max(alloc.now, obs.t)
         self._sync(obs.engines, obs)

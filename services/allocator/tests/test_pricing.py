@@ -1,0 +1,223 @@
+"""The 'priced' gain test: each switch's price (dead time, re-prefill of what its drain
+aborts, prefix cache lost) and the horizon it must pay back over, on hand-computed cases;
+the weight-update pause (free switches) and the step started from the previous step's plan."""
+
+from __future__ import annotations
+
+import pytest
+
+from prorsa_allocator.config import AllocatorConfig
+from prorsa_allocator.engines import EngineView
+from prorsa_allocator.planner import Allocator
+from prorsa_allocator.switching import DemandView, PricedContext, SwitchPrice, price_switch, priced_net
+from prorsa_allocator.testing import RUN, THETA, forecast, registered, stats, switched
+from prorsa_schemas import EngineCommand, PolicyUpdated
+
+CFG = AllocatorConfig(prefill_tokens_per_s=THETA)  # drain deadline 10 s, prefill drain 2 s
+
+
+def view(role: str, running: int = 0, kv_used: int = 0, kv_cap: int = 100_000, rate=None, hit=None) -> EngineView:
+    return EngineView(engine="e", server="s", role=role, gpus=8, kv_capacity_tokens=kv_cap, switch_modes=("in_place",),
+                      running_reqs=running, kv_used_tokens=kv_used, prefill_tokens_per_s=rate, cache_hit_rate=hit)
+
+
+def test_idle_engine_costs_only_its_switch() -> None:
+    assert price_switch(view("decode"), "prefill", 15.0, CFG, decode_turn_s=40.0) == SwitchPrice(0.0, 15.0)
+    assert price_switch(view("prefill"), "decode", 15.0, CFG, decode_turn_s=40.0) == SwitchPrice(0.0, 15.0)
+
+
+def test_busy_decode_engine_drains_to_the_deadline_and_aborts_what_is_left() -> None:
+    v = view("decode", running=20, kv_used=100_000)
+    # Turns of 40 s: at the 10 s deadline 1 - 10/40 = 3/4 of the sequences still run; their
+    # 75k KV tokens are re-prefilled; the engine is dead 10 s + 15 s.
+    p = price_switch(v, "prefill", 15.0, CFG, decode_turn_s=40.0)
+    assert (p.drain_s, p.switch_s, p.reprefill_tokens, p.cache_lost_tokens) == (10.0, 15.0, 75_000.0, 0.0)
+    assert p.dead_s == 25.0
+    # At θᴾ = 50k tokens/s that is 1.5 s of one prefill engine.
+    assert p.prefill_engine_s(50_000.0, 0.6) == pytest.approx(1.5)
+    # Turns of 5 s finish before the deadline: a 5 s drain, nothing aborted.
+    assert price_switch(v, "prefill", 15.0, CFG, decode_turn_s=5.0) == SwitchPrice(5.0, 15.0, 0.0)
+    # No turn length known: the KV-full engine reaches the deadline and aborts everything.
+    assert price_switch(v, "prefill", 15.0, CFG) == SwitchPrice(10.0, 15.0, 100_000.0)
+
+
+def test_busy_prefill_engine_loses_its_prefix_cache() -> None:
+    # 20k computed tokens/s at a 50% hit ratio = 20k cached tokens/s; over one turn cycle
+    # (30 s decode turn + one 10 s window) 800k tokens would have been hit, but the cache
+    # holds at most the engine's KV: 500k. Recomputed at θᴾ·(1 - hit) = 25k tokens/s: 20 s.
+    v = view("prefill", running=2, rate=20_000.0, hit=0.5, kv_cap=500_000)
+    p = price_switch(v, "decode", 15.0, CFG, decode_turn_s=30.0, window_s=10.0)
+    assert (p.drain_s, p.switch_s, p.reprefill_tokens, p.cache_lost_tokens) == (2.0, 15.0, 0.0, 500_000.0)
+    assert p.prefill_engine_s(50_000.0, 0.5) == pytest.approx(20.0)
+    # With room in the cache the cycle decides: 20k x 40 s = 800k.
+    big = view("prefill", running=2, rate=20_000.0, hit=0.5, kv_cap=10_000_000)
+    assert price_switch(big, "decode", 15.0, CFG, decode_turn_s=30.0).cache_lost_tokens == pytest.approx(800_000.0)
+
+
+def test_a_switch_in_the_pause_costs_only_what_outlasts_the_pause() -> None:
+    v = view("decode", running=20, kv_used=100_000)
+    # 3 s of the 5 s pause left: a 15 s switch is dead 12 s beyond it; no drain, no aborts.
+    assert price_switch(v, "prefill", 15.0, CFG, decode_turn_s=40.0, pause_left_s=3.0) == SwitchPrice(0.0, 12.0)
+    pf = view("prefill", running=2, rate=20_000.0, hit=0.5)
+    assert price_switch(pf, "decode", 2.0, CFG, pause_left_s=3.0) == SwitchPrice(0.0, 0.0)
+
+
+def test_priced_net_by_hand() -> None:
+    # 6:2, prefill demand 7 engines, decode 1, over 120 s (S = 10 s): W_P = 840, W_D = 120
+    # engine-seconds; f_old = min(720/840, 240/120 -> capped 2) = 6/7.
+    # One decode engine to prefill, dead 25 s, re-prefilling 75k tokens at θ 50k (1.5 s):
+    # capᴾ = 720 + 95 = 815, W_P = 841.5, capᴰ = 120: f = min(815/841.5, 1.0).
+    dv = DemandView(7.0, 1.0, 7.0, 1.0, 10.0)
+    prices = [SwitchPrice(10.0, 15.0, 75_000.0)]
+    f_new, f_old = priced_net(6, 2, "prefill", prices, dv, CFG, 120.0, PricedContext(50_000.0))
+    assert f_old == pytest.approx(6 / 7)
+    assert f_new[0] == pytest.approx(815 / 841.5)
+    # The now/later split: 10 s at 9 engines, 110 s at 7: W_P = 90 + 770 = 860.
+    dv2 = DemandView(9.0, 1.0, 7.0, 1.0, 10.0)
+    f_new2, f_old2 = priced_net(6, 2, "prefill", prices, dv2, CFG, 120.0, PricedContext(50_000.0))
+    assert f_old2 == pytest.approx(720 / 860)
+    assert f_new2[0] == pytest.approx(815 / 861.5)
+    # Toward decode: 2:6 with decode demand 7, the prefill engine's lost cache (20 s of
+    # a prefill engine) adds to W_P = 1 x 120: capᴾ = 120 -> 120/140; capᴰ = 720 + 103 = 823.
+    dv3 = DemandView(1.0, 7.0, 1.0, 7.0, 10.0)
+    cache = [SwitchPrice(2.0, 15.0, 0.0, 500_000.0)]
+    f_new3, f_old3 = priced_net(2, 6, "decode", cache, dv3, CFG, 120.0, PricedContext(50_000.0, 0.5))
+    assert f_old3 == pytest.approx(720 / 840)
+    assert f_new3[0] == pytest.approx(min(120 / 140, 823 / 840))
+
+
+def _busy_cluster(cfg: AllocatorConfig) -> Allocator:
+    alloc = Allocator(cfg)
+    for i in range(15):
+        alloc.handle(registered(f"p{i}", "prefill"))
+    for i in range(2):
+        alloc.handle(registered(f"d{i}", "decode"))
+        alloc.handle(stats(f"d{i}", "decode", ts=90.0, running=3, kv_used=100_000))
+    return alloc
+
+
+def test_the_pause_makes_a_marginal_switch_pay() -> None:
+    # 15:2, prefill demand 15.5 engines, decode 0.5: the target is 16:1. H = max(120, 4 x 25).
+    # Outside the pause: dead 10 + 15 s, 100k tokens re-prefilled (10 s at θ 10k):
+    #   f_old = 1800/1860, f_new = min(1895/1870, 120/60) -> gain 4.72% < 5%.
+    # In the pause (5 s left): dead 10 s, nothing re-prefilled: 1910/1860 -> +6.1%.
+    cfg = AllocatorConfig(prefill_tokens_per_s=THETA, in_place_switch_s=15.0)
+    out = _busy_cluster(cfg)
+    assert [e for e in out.handle(forecast(t=100.0, prefill_engines=15.5, decode_engines=0.5))
+            if isinstance(e, EngineCommand)] == []
+    assert "below the hysteresis" in out.last_decision.selection.reason
+    assert (1895 / 1870) / (1800 / 1860) - 1 == pytest.approx(0.0472, abs=1e-4)
+
+    inside = _busy_cluster(cfg)
+    inside.handle(PolicyUpdated(id="pu-1", ts=100.0, run=RUN, version=1))
+    assert inside.pause_left() == 5.0
+    cmds = [e for e in inside.handle(forecast(t=100.0, prefill_engines=15.5, decode_engines=0.5))
+            if isinstance(e, EngineCommand)]
+    assert [c.to_role for c in cmds] == ["prefill"]
+    assert "in the pause" in inside.last_decision.selection.reason
+    # Its deadline carries no drain: max(min_deadline_s, 2 x (0 + 10)).
+    assert cmds[0].deadline == 100.0 + 30.0
+
+
+def test_a_step_opens_with_the_previous_steps_plan() -> None:
+    # No switch is ever made here (hysteresis 10x): only the plan is checked.
+    alloc = Allocator(AllocatorConfig(prefill_tokens_per_s=THETA, hysteresis=10.0))
+    for i in range(4):
+        alloc.handle(registered(f"p{i}", "prefill"))
+        alloc.handle(registered(f"d{i}", "decode"))
+    alloc.handle(PolicyUpdated(id="pu-1", ts=0.0, run=RUN, version=1))
+    # The step's opening phase (after the pause, within horizon_s = 120 s): prefill-heavy.
+    for t in range(10, 130, 10):
+        alloc.handle(forecast(t=float(t), prefill_engines=6.0, decode_engines=1.0))
+    phase = alloc.last_decision.allocation
+    # Later in the step the demand turns to decode; it does not enter the phase.
+    for t in range(130, 500, 10):
+        alloc.handle(forecast(t=float(t), prefill_engines=1.0, decode_engines=6.0))
+    assert alloc.last_decision.allocation.n_prefill < phase.n_prefill
+    # In the next pause the window sees the decode-heavy tail; the plan is the phase's.
+    alloc.handle(PolicyUpdated(id="pu-2", ts=500.0, run=RUN, version=2))
+    alloc.handle(forecast(t=500.0, prefill_engines=1.0, decode_engines=6.0))
+    got = alloc.last_decision.allocation
+    assert (got.n_prefill, got.n_decode) == (phase.n_prefill, phase.n_decode)
+    # The paper rule plans every window from its forecast alone.
+    paper = Allocator(AllocatorConfig(prefill_tokens_per_s=THETA, hysteresis=10.0, rule="paper"))
+    for i in range(4):
+        paper.handle(registered(f"p{i}", "prefill"))
+        paper.handle(registered(f"d{i}", "decode"))
+    paper.handle(PolicyUpdated(id="pu-1", ts=0.0, run=RUN, version=1))
+    paper.handle(forecast(t=10.0, prefill_engines=6.0, decode_engines=1.0))
+    paper.handle(PolicyUpdated(id="pu-2", ts=500.0, run=RUN, version=2))
+    paper.handle(forecast(t=500.0, prefill_engines=1.0, decode_engines=6.0))
+    assert paper.last_decision.allocation.n_prefill < phase.n_prefill
+
+
+def test_learned_switch_cost_is_net_of_the_deadline_drain() -> None:
+    # The priced rule expects a busy decode engine to drain to the 10 s deadline: a switch
+    # reported at 35 s (command to switched) is learned as 25 s of switch.
+    alloc = Allocator(AllocatorConfig(prefill_tokens_per_s=THETA, switch_cost_alpha=1.0))
+    for i in range(4):
+        alloc.handle(registered(f"p{i}", "prefill"))
+        alloc.handle(registered(f"d{i}", "decode"))
+        alloc.handle(stats(f"d{i}", "decode", ts=50.0, running=3, kv_used=1_000))
+    cmds = [e for e in alloc.handle(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0))
+            if isinstance(e, EngineCommand)]
+    assert cmds
+    alloc.handle(switched(cmds[0].engine, cmds[0].cmd, "decode", "prefill", ts=95.0, seconds=35.0))
+    assert alloc.switch_cost.in_place_s == pytest.approx(25.0)
+
+
+def _cluster(n_p: int, n_d: int, **kw) -> Allocator:
+    alloc = Allocator(AllocatorConfig(prefill_tokens_per_s=THETA, **kw))
+    for i in range(n_p):
+        alloc.handle(registered(f"p{i}", "prefill"))
+    for i in range(n_d):
+        alloc.handle(registered(f"d{i}", "decode"))
+    return alloc
+
+
+def test_a_count_that_served_less_is_not_gone_back_to() -> None:
+    # 6:2 with prefill demand 7, decode 1: the forecast asks for 7:1 (+16.7% before price).
+    def cmds(served7: float) -> list:
+        alloc = _cluster(6, 2)
+        # (EMA of the served full-prompt rate, windows measured, last window's t)
+        alloc.served = {6: (100_000.0, 5, 50.0), 7: (served7, 5, 50.0)}
+        out = alloc.handle(forecast(t=60.0, prefill_engines=7.0, decode_engines=1.0))
+        return [e for e in out if isinstance(e, EngineCommand)], alloc.last_decision.selection.reason
+
+    got, reason = cmds(90_000.0)  # 7:1 was held and served 10% less: vetoed
+    assert got == [] and "served less" in reason
+    got, _ = cmds(104_000.0)  # 4% more is within the hysteresis (5%): still vetoed
+    assert got == []
+    got, _ = cmds(106_000.0)  # 6% more: the forecast's move is made
+    assert [c.to_role for c in got] == ["prefill"]
+    # Evidence older than served_memory_s, or from fewer than served_min_samples windows, does not veto.
+    alloc = _cluster(6, 2, served_memory_s=5.0)
+    alloc.served = {6: (100_000.0, 5, 50.0), 7: (90_000.0, 5, 50.0)}
+    assert [e for e in alloc.handle(forecast(t=60.0, prefill_engines=7.0, decode_engines=1.0))
+            if isinstance(e, EngineCommand)]
+    alloc = _cluster(6, 2)
+    alloc.served = {6: (100_000.0, 5, 50.0), 7: (90_000.0, 2, 50.0)}
+    assert [e for e in alloc.handle(forecast(t=60.0, prefill_engines=7.0, decode_engines=1.0))
+            if isinstance(e, EngineCommand)]
+
+
+def test_served_rate_is_measured_on_saturated_whole_windows() -> None:
+    alloc = _cluster(2, 2, hysteresis=10.0)  # no switch: only the measurement is checked
+    # Prefill engines: 20k computed tokens/s at hit 0.5 (40k full-prompt) and 30k at hit 0
+    # (30k): 70k tokens/s served at 2 prefill engines. Nothing queues: no sample.
+    alloc.handle(stats("p0", "prefill", ts=55.0, running=2, prefill_tokens_per_s=20_000.0, cache_hit_rate=0.5))
+    alloc.handle(stats("p1", "prefill", ts=55.0, running=2, prefill_tokens_per_s=30_000.0, cache_hit_rate=0.0))
+    alloc.handle(forecast(t=60.0, prefill_engines=2.0, decode_engines=2.0))
+    assert alloc.served == {}
+    alloc.handle(stats("p1", "prefill", ts=65.0, running=2, queued=3, prefill_tokens_per_s=30_000.0, cache_hit_rate=0.0))
+    alloc.handle(forecast(t=70.0, prefill_engines=2.0, decode_engines=2.0))
+    assert alloc.served == {2: (pytest.approx(70_000.0), 1, 70.0)}
+    # A second window of 50k (p0 at 10k / 0.5): the mean while fewer than 1/served_alpha
+    # windows were seen; an EMA of weight served_alpha after that.
+    alloc.handle(stats("p0", "prefill", ts=75.0, running=2, prefill_tokens_per_s=10_000.0, cache_hit_rate=0.5))
+    alloc.handle(forecast(t=80.0, prefill_engines=2.0, decode_engines=2.0))
+    assert alloc.served[2][0] == pytest.approx(60_000.0)
+    # A window that opens within one window + the pause after a weight update is not measured.
+    alloc.handle(PolicyUpdated(id="pu-1", ts=85.0, run=RUN, version=1))
+    alloc.handle(forecast(t=90.0, prefill_engines=2.0, decode_engines=2.0))
+    assert alloc.served[2][1] == 2
