@@ -203,6 +203,13 @@ def test_a_count_that_served_less_is_not_gone_back_to() -> None:
 
 def test_served_rate_is_measured_on_saturated_whole_windows() -> None:
     alloc = _cluster(2, 2, hysteresis=10.0)  # no switch: only the measurement is checked
+    # The run's cold first step is measured, and forgotten at the first weight update.
+    alloc.handle(stats("p0", "prefill", ts=5.0, running=2, queued=3, prefill_tokens_per_s=20_000.0))
+    alloc.handle(forecast(t=10.0, prefill_engines=2.0, decode_engines=2.0))
+    assert alloc.served == {2: (pytest.approx(20_000.0), 1, 10.0)}
+    alloc.handle(PolicyUpdated(id="pu-0", ts=20.0, run=RUN, version=1))
+    assert alloc.served == {}
+    alloc.handle(stats("p0", "prefill", ts=45.0, running=2, queued=0, prefill_tokens_per_s=20_000.0, cache_hit_rate=0.5))
     # Prefill engines: 20k computed tokens/s at hit 0.5 (40k full-prompt) and 30k at hit 0
     # (30k): 70k tokens/s served at 2 prefill engines. Nothing queues: no sample.
     alloc.handle(stats("p0", "prefill", ts=55.0, running=2, prefill_tokens_per_s=20_000.0, cache_hit_rate=0.5))
@@ -218,6 +225,6 @@ def test_served_rate_is_measured_on_saturated_whole_windows() -> None:
     alloc.handle(forecast(t=80.0, prefill_engines=2.0, decode_engines=2.0))
     assert alloc.served[2][0] == pytest.approx(60_000.0)
     # A window that opens within one window + the pause after a weight update is not measured.
-    alloc.handle(PolicyUpdated(id="pu-1", ts=85.0, run=RUN, version=1))
+    alloc.handle(PolicyUpdated(id="pu-1", ts=85.0, run=RUN, version=2))
     alloc.handle(forecast(t=90.0, prefill_engines=2.0, decode_engines=2.0))
     assert alloc.served[2][1] == 2
