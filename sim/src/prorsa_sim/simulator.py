@@ -592,15 +592,9 @@ class Simulator(ClusterSim):
         backlog = sum(r.waiting_tokens for e in self.engines for r in e.ranks if e.role != "decode")
         sink, events, policy = self.sink, self.window_events, self.policy
         self.sink, self.window_events = None, []
-        # deepcopy recurses once per nesting level of the object graph (request -> rank ->
-        # engine -> ranks -> queues -> requests ...); long queues (math, async) went past
-        # Python's default limit of 1000 (RecursionError in the oracle).
-        limit = sys.getrecursionlimit()
-        sys.setrecursionlimit(max(limit, _FORK_RECURSION_LIMIT))
         try:
-            twin = copy.deepcopy(self)
+            twin = _deep_copy(self)
         finally:
-            sys.setrecursionlimit(limit)
             self.sink, self.window_events, self.policy = sink, events, policy
         twin.forking = True
         twin.progress = None
@@ -618,18 +612,27 @@ class Simulator(ClusterSim):
         fork under the same policy decisions gives what the original would."""
         sink, events, progress = self.sink, self.window_events, getattr(self, "progress", None)
         self.sink, self.window_events, self.progress = None, [], None
-        limit = sys.getrecursionlimit()
-        sys.setrecursionlimit(max(limit, _FORK_RECURSION_LIMIT))
         try:
-            twin = copy.deepcopy(self)
+            twin = _deep_copy(self)
         finally:
-            sys.setrecursionlimit(limit)
             self.sink, self.window_events, self.progress = sink, events, progress
         twin.forking = True
         return twin
 
     def _close_empty_time(self) -> None:
         self.end_time = self.now
+
+
+def _deep_copy(obj):
+    """``copy.deepcopy`` with room to recurse: it recurses once per nesting level of the
+    object graph (request -> rank -> engine -> ranks -> queues -> requests ...), and long
+    queues (math, async) go past Python's default limit of 1000."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, _FORK_RECURSION_LIMIT))
+    try:
+        return copy.deepcopy(obj)
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 def build_config(**kw) -> SimConfig:

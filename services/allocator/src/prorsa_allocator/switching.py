@@ -105,6 +105,29 @@ def prefill_band(alloc: Allocation, n_engines: int) -> tuple[int, int]:
     return max(1, lo), min(n_engines - 1, hi)
 
 
+def _band_move(engines, alloc, cfg, now, last_direction, last_switch_ts, initial):
+    """What both rules share: the prefill count against the target band, the direction and
+    size of the move, the dwell guard, the movable donors and the per-plan cap fraction.
+    Returns a :class:`Selection` when nothing is to move, else the move's parts."""
+    n = len(engines)
+    if n < 2:
+        return Selection(reason="fewer than two PD engines")
+    p = in_flight = 0
+    for v in engines:
+        p += v.committed_role == "prefill"
+        in_flight += v.switching_to is not None
+    d = n - p
+    lo, hi = prefill_band(alloc, n)
+    if lo <= p <= hi:
+        return Selection(reason=f"prefill count {p} within target band [{lo}, {hi}]")
+    to_role, donor, wanted = ("prefill", "decode", lo - p) if p < lo else ("decode", "prefill", p - hi)
+    if last_direction is not None and last_direction != to_role and now - last_switch_ts < cfg.min_dwell_s:
+        return Selection(reason=f"would reverse the last switch (to {last_direction}) within the dwell time")
+    donors = [v for v in engines if v.role == donor and v.switching_to is None]
+    fraction = max(cfg.max_switch_fraction, cfg.initial_switch_fraction) if initial else cfg.max_switch_fraction
+    return n, p, d, in_flight, to_role, donor, wanted, donors, fraction
+
+
 def select_switches(
     alloc: Allocation,
     engines: list[EngineView],
@@ -123,22 +146,10 @@ def select_switches(
     ``initial``: no switch has been commanded yet, so the engines sit in the roles they
     registered with; the per-plan cap is then ``initial_switch_fraction`` (see the config).
     """
-    n = len(engines)
-    if n < 2:
-        return Selection(reason="fewer than two PD engines")
-    p = in_flight = 0
-    for v in engines:
-        p += v.committed_role == "prefill"
-        in_flight += v.switching_to is not None
-    d = n - p
-    lo, hi = prefill_band(alloc, n)
-    if lo <= p <= hi:
-        return Selection(reason=f"prefill count {p} within target band [{lo}, {hi}]")
-    to_role, donor, wanted = ("prefill", "decode", lo - p) if p < lo else ("decode", "prefill", p - hi)
-    if last_direction is not None and last_direction != to_role and now - last_switch_ts < cfg.min_dwell_s:
-        return Selection(reason=f"would reverse the last switch (to {last_direction}) within the dwell time")
-    donors = [v for v in engines if v.role == donor and v.switching_to is None]
-    fraction = max(cfg.max_switch_fraction, cfg.initial_switch_fraction) if initial else cfg.max_switch_fraction
+    move = _band_move(engines, alloc, cfg, now, last_direction, last_switch_ts, initial)
+    if isinstance(move, Selection):
+        return move
+    n, p, d, in_flight, to_role, donor, wanted, donors, fraction = move
     limit = max(1, math.ceil(fraction * n)) - in_flight
     k_max = min(wanted, len(donors) - 1, limit)  # len(donors) - 1: one engine stays in the role
     # Sorting all movable donors beats a heap selection once k is a sizeable share of them
@@ -329,22 +340,10 @@ def select_priced(
     judges it over the horizon (``horizon_s``, at least ``horizon_switch_multiple`` x the
     slowest move's dead time). Candidates are taken least loaded first; the test takes the
     best prefix of them (the moves are priced one by one and summed)."""
-    n = len(engines)
-    if n < 2:
-        return Selection(reason="fewer than two PD engines")
-    p = in_flight = 0
-    for v in engines:
-        p += v.committed_role == "prefill"
-        in_flight += v.switching_to is not None
-    d = n - p
-    lo, hi = prefill_band(alloc, n)
-    if lo <= p <= hi:
-        return Selection(reason=f"prefill count {p} within target band [{lo}, {hi}]")
-    to_role, donor, wanted = ("prefill", "decode", lo - p) if p < lo else ("decode", "prefill", p - hi)
-    if last_direction is not None and last_direction != to_role and now - last_switch_ts < cfg.min_dwell_s:
-        return Selection(reason=f"would reverse the last switch (to {last_direction}) within the dwell time")
-    donors = [v for v in engines if v.role == donor and v.switching_to is None]
-    fraction = max(cfg.max_switch_fraction, cfg.initial_switch_fraction) if initial else cfg.max_switch_fraction
+    move = _band_move(engines, alloc, cfg, now, last_direction, last_switch_ts, initial)
+    if isinstance(move, Selection):
+        return move
+    n, p, d, in_flight, to_role, donor, wanted, donors, fraction = move
     if ctx.pause_left_s > 0:
         # In the pause a switch costs no drain, no aborts and no cache: the per-plan cap
         # (a guard against one wrong forecast's drains) does not apply; the gain test does.
