@@ -22,6 +22,47 @@ def _mean(xs) -> float | None:
     return _r(sum(xs) / len(xs), 3) if xs else None
 
 
+def switch_stats(switch_log: list[dict], since_t: float | None, measured_steps: int) -> dict:
+    """Switch counts and flip-backs from a run's ``switch_log`` (one record per completed
+    switch: ``requested_t``, ``t`` back in service, ``engine``, ``from``, ``to``,
+    ``drain_s``, ``switch_s``).
+
+    *Measured* switches are those requested at or after ``since_t`` (the warm-up step's end;
+    None: the whole run); ``switches_per_step`` divides them by ``measured_steps`` (at least
+    one: a single-step run is measured over that step).
+
+    A *flip-back*: an engine switches back to the role it left (B.to == A.from, B.from ==
+    A.to for its previous switch A) with B requested less than A's own switch time
+    (A.drain_s + A.switch_s: request to back in service, drain included) after A ended. It
+    then served its new role for less time than it spent getting there. ``flip_backs``
+    counts those whose switch back was requested in the measured period,
+    ``flip_backs_run`` the whole run; ``flip_back_log`` lists them all (engine, the roles,
+    when A ended, when B was requested, the time served in between, A's switch time)."""
+    log = sorted(switch_log, key=lambda r: (r["requested_t"], r["t"], r["engine"]))
+    measured = [r for r in log if since_t is None or r["requested_t"] >= since_t]
+    last: dict[str, dict] = {}
+    flips: list[dict] = []
+    for r in log:
+        prev = last.get(r["engine"])
+        if prev is not None and r["from"] == prev["to"] and r["to"] == prev["from"]:
+            took = prev["drain_s"] + prev["switch_s"]
+            served = r["requested_t"] - prev["t"]
+            if served < took:
+                flips.append({
+                    "engine": r["engine"], "from": prev["from"], "to": prev["to"], "back_in_service_t": prev["t"],
+                    "switch_back_requested_t": r["requested_t"], "served_s": _r(served, 3), "switch_time_s": _r(took, 3),
+                    "measured": since_t is None or r["requested_t"] >= since_t,
+                })
+        last[r["engine"]] = r
+    return {
+        "switches_measured": len(measured),
+        "switches_per_step": _r(len(measured) / max(measured_steps, 1), 3),
+        "flip_backs": sum(f["measured"] for f in flips),
+        "flip_backs_run": len(flips),
+        "flip_back_log": flips,
+    }
+
+
 def build_result(sim) -> Result:
     """Summarise ``sim`` (a finished :class:`~prorsa_sim.simulator.Simulator`).
 
@@ -106,6 +147,9 @@ def build_result(sim) -> Result:
         # Per switch: drain_s (request to empty), switch_s (empty to back in service).
         "switch_log": list(sim.switch_log),
     }
+    # No flapping: switches per measured step, and engines switched back within their own
+    # switch time (:func:`switch_stats`).
+    summary.update(switch_stats(sim.switch_log, base["t"] if mark else None, summary["measured_steps"]))
     timeline = [
         {
             "t": w.t, "step": w.step, "prefill_demand": w.prefill_demand, "decode_admit": w.decode_admit,
