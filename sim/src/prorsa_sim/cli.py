@@ -129,10 +129,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run several policies on the same seeded workloads; mean and spread across seeds."""
         from prorsa_cli.common import console, fail, out as stdout
-        from rich.progress import Progress
         from rich.table import Table
 
         from .policy import expand_policies, make_policy
+        from .progress import sweep_bar
         from .runner import compare_seeds, default_jobs, parse_start
 
         cfg = _config(workload, model, staleness, steps, 0, batch_size, gpus, dp_routing)
@@ -150,12 +150,9 @@ def register(app: typer.Typer) -> None:
             fail(str(exc))
         if grid < 1:
             fail("--grid must be >= 1")
-        with Progress(console=console, transient=True) as bar:
-            task = bar.add_task("simulations", total=None)
-            res = compare_seeds(
-                cfg, specs, seed_list, n_jobs=jobs or default_jobs(), start=start, grid=grid,
-                progress=lambda _j: bar.advance(task), on_total=lambda n: bar.update(task, total=n),
-            )
+        with sweep_bar(console) as bar:
+            res = compare_seeds(cfg, specs, seed_list, n_jobs=jobs or default_jobs(), start=start, grid=grid,
+                                progress=bar.progress, on_total=bar.on_total)
         rows = res["rows"]
         if as_json:
             stdout.print_json(json.dumps([_flat(r) for r in rows]))
@@ -214,11 +211,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run the paper's settings and print each §5 figure beside the simulator's."""
         from prorsa_cli.common import console, fail, out as stdout
-        from rich.progress import Progress
 
         from .costmodel import PROFILES
         from .paper import options, report, to_markdown
         from .policy import make_policy
+        from .progress import sweep_bar
         from .workloads import WORKLOADS
 
         ms = [m for m in models.split(",") if m] or None
@@ -246,9 +243,8 @@ def register(app: typer.Typer) -> None:
             _check(_config("coding", m, 0, 1, 0, batch_size, gpus))
         if out.exists() and not out.is_dir():
             fail(f"--out {out} exists and is not a folder")
-        with Progress(console=console, transient=True) as bar:
-            task = bar.add_task("simulations", total=None)
-            rep = report(o, out, progress=lambda _j: bar.advance(task), on_total=lambda n: bar.update(task, total=n))
+        with sweep_bar(console) as bar:
+            rep = report(o, out, progress=bar.progress, on_total=bar.on_total)
         (out / "report.json").write_text(json.dumps(rep, indent=1, sort_keys=True) + "\n")
         (out / "report.md").write_text(to_markdown(rep))
         if as_json:

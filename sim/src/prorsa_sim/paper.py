@@ -28,9 +28,7 @@ import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .runner import (
-    FULL_GRID, Job, code_version, compare_seeds, default_jobs, is_pd_fixed, pick_best, run_jobs, sweep_specs,
-)
+from .runner import FULL_GRID, Setting, code_versions, default_jobs, run_matrix
 from .simulator import SimConfig
 
 MODELS = ("qwen3-235b", "deepseek-v3.2", "mimo-v2.5-pro")
@@ -131,37 +129,17 @@ def _policies(o: Options) -> list[str]:
     return ["colocation", "static"] + ([o.pd_policy] if o.pd_policy else [])
 
 
-def run_settings(o: Options, out: Path, progress=None, on_total=None, version: str | None = None) -> list[dict]:
-    """Run (or load from ``out``'s cache) every setting; one aggregated entry per setting."""
-    version = version or code_version()
+def run_settings(o: Options, out: Path, progress=None, on_total=None, version=None) -> list[dict]:
+    """Run (or load from ``out``'s cache) every setting; one aggregated entry per setting
+    (:func:`prorsa_sim.runner.run_matrix`: colocation and the sweep of every setting at
+    once, then the switching policy from each seed's best static ratio)."""
+    version = version or code_versions()
     settings = [(m, w, s) for m in o.models for w in o.workloads for s in o.staleness]
-    pol = _policies(o)
-    # Phase 1, every setting at once so the process pool stays full: colocation + sweep.
-    phase1 = []
-    for m, w, s in settings:
-        cfg = _cfg(o, m, w, s)
-        for seed in o.seeds:
-            c = replace(cfg, seed=seed)
-            phase1 += [Job(c, "colocation")] + [Job(c, spec) for spec in sweep_specs(cfg, o.grid)]
-    n_switch = len(settings) * len(o.seeds) * (1 if o.pd_policy else 0)
-    if on_total is not None:
-        on_total(len(phase1) + n_switch)
-    run_jobs(phase1, o.jobs, out, progress, version)
-    if o.pd_policy and not is_pd_fixed(o.pd_policy):
-        # Phase 2: the switching policy, started from each seed's best static ratio.
-        phase2 = []
-        for m, w, s in settings:
-            for seed in o.seeds:
-                c = replace(_cfg(o, m, w, s), seed=seed)
-                best = pick_best(run_jobs([Job(c, spec) for spec in sweep_specs(c, o.grid)], 1, out, None, version))[0]
-                p, d = (int(x) for x in best.split(":")[1:])
-                phase2.append(Job(c, o.pd_policy, (p, d)))
-        run_jobs(phase2, o.jobs, out, progress, version)
+    mat = run_matrix([Setting(_cfg(o, m, w, s)) for m, w, s in settings], _policies(o), list(o.seeds), o.jobs,
+                     "best", o.grid, out, progress, on_total, version)
     entries = []
-    for m, w, s in settings:
-        res = compare_seeds(_cfg(o, m, w, s), pol, list(o.seeds), n_jobs=1, start="best", grid=o.grid, cache_dir=out,
-                            version=version)
-        rows = {r["spec"]: r for r in res["rows"]}
+    for i, (m, w, s) in enumerate(settings):
+        rows = {r["spec"]: r for r in mat.rows(i)}
         pd_row = rows[o.pd_policy] if o.pd_policy else rows["static"]
         co = rows["colocation"]
         entries.append({
@@ -347,14 +325,15 @@ def git_commit() -> str | None:
 def report(o: Options, out: Path, progress=None, on_total=None) -> dict:
     """Run the settings (cached in ``out``) and build the report."""
     out.mkdir(parents=True, exist_ok=True)
-    version = code_version()
+    version = code_versions()
     entries = run_settings(o, out, progress, on_total, version)
     return {
         "meta": {
             "models": list(o.models), "workloads": list(o.workloads), "staleness": list(o.staleness),
             "seeds": list(o.seeds), "steps": o.steps, "measured_steps": max(0, o.steps - 1), "grid": o.grid,
             "batch_size": o.batch_size, "gpus": o.gpus, "pd": o.pd_policy or "best static (sweep)",
-            "quick": o.quick, "code_version": version, "commit": git_commit(),
+            "quick": o.quick, "code_version": str(version),
+            "allocator_code_version": version.allocator if o.pd_policy else None, "commit": git_commit(),
             "point_tolerance": POINT_TOLERANCE,
             "calibration": "no paper §5 figure was used to set a constant: every row is a check "
                            "(prorsa sim calibrate shows what the cost model is built from)",

@@ -110,16 +110,73 @@ _RESULT_MODULES = ("cluster", "costmodel", "engines", "simulator", "summary", "w
                    "runner", "idealsplit")
 
 
-def code_version() -> str:
-    """Hash of the sources that decide a simulation's result (the cache key's code part:
-    a changed cost model, workload or engine invalidates every cached result)."""
-    here = Path(__file__).parent
+ALLOCATOR_POLICIES = ("prorsa", "oracle")
+"""Policies whose results also depend on the allocator and the forecaster (and the
+tracker's fold the forecaster runs): their cache key hashes those sources too."""
+
+_NOT_IN_RESULTS = ("cli.py", "service.py", "settings.py", "metrics.py", "testing.py", "evaluate.py")
+
+
+def _hash_files(files: list[Path]) -> str:
     h = hashlib.sha256()
-    files = [here / f"{m}.py" for m in _RESULT_MODULES] + sorted((here / "policies").glob("*.py"))
     for f in files:
         h.update(f.name.encode())
         h.update(f.read_bytes())
     return h.hexdigest()[:12]
+
+
+def _package_dir(name: str) -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.origin is not None, name
+    return Path(spec.origin).parent
+
+
+def _allocator_files() -> list[Path]:
+    files: list[Path] = []
+    for pkg in ("prorsa_allocator", "prorsa_forecaster"):
+        files += sorted(f for f in _package_dir(pkg).glob("*.py") if f.name not in _NOT_IN_RESULTS)
+    tracker = _package_dir("prorsa_tracker")
+    files += [tracker / f for f in ("core.py", "engines.py", "state.py")]
+    return files
+
+
+def uses_allocator(spec: str) -> bool:
+    return spec.split(":", 1)[0] in ALLOCATOR_POLICIES
+
+
+def code_version(spec: str | None = None) -> str:
+    """Hash of the sources that decide a simulation's result (the cache key's code part:
+    a changed cost model, workload or engine invalidates every cached result). For a
+    policy of :data:`ALLOCATOR_POLICIES` (``spec``), the allocator's and forecaster's
+    sources too, joined with ``+``."""
+    here = Path(__file__).parent
+    files = [here / f"{m}.py" for m in _RESULT_MODULES] + sorted((here / "policies").glob("*.py"))
+    sim = _hash_files(files)
+    return f"{sim}+{_hash_files(_allocator_files())}" if spec is not None and uses_allocator(spec) else sim
+
+
+@dataclass(frozen=True)
+class CodeVersions:
+    """The code versions taken once (:func:`code_versions`): a long sweep keys its cache
+    by them, so edits made while it runs do not make it recompute what it has just run.
+    Called with a job, the version of that job's policy."""
+
+    sim: str
+    allocator: str
+
+    def __call__(self, job: Job) -> str:
+        return f"{self.sim}+{self.allocator}" if uses_allocator(job.spec) else self.sim
+
+    def __str__(self) -> str:
+        return self.sim
+
+
+def code_versions() -> CodeVersions:
+    full = code_version("prorsa")
+    sim, alloc = full.split("+")
+    return CodeVersions(sim, alloc)
 
 
 @dataclass(frozen=True)
@@ -156,19 +213,23 @@ def default_jobs() -> int:
 
 
 def run_jobs(jobs: list[Job], n_jobs: int = 1, cache_dir: Path | None = None,
-             progress: Callable[[Job], None] | None = None, version: str | None = None) -> list[dict]:
+             progress: Callable[[Job], None] | None = None,
+             version: str | Callable[[Job], str] | None = None) -> list[dict]:
     """Run ``jobs`` (results in the same order). ``n_jobs`` > 1: in that many processes
     (``concurrent.futures.ProcessPoolExecutor``). ``cache_dir``: a job whose result file
     ``<key>.json`` (with the same code version) is there is not run again, and every new
     result is written there as soon as it is done, so an interrupted sweep resumes.
-    ``version``: the code version to key the cache by (default: :func:`code_version` now;
-    a long report passes the one it started with, so edits made meanwhile do not make it
-    recompute what it has just run)."""
-    version = version or code_version()
+    ``version``: the code version to key the cache by -- one string, or a function of the
+    job (:class:`CodeVersions`); default: :func:`code_versions` now. A long report passes
+    the one it started with, so edits made meanwhile do not make it recompute what it has
+    just run."""
+    if version is None:
+        version = code_versions()
+    ver: Callable[[Job], str] = version if callable(version) else (lambda _job, v=version: v)
     results: list[dict | None] = [None] * len(jobs)
     todo: list[int] = []
     for i, job in enumerate(jobs):
-        cached = _read_cache(cache_dir, job, version)
+        cached = _read_cache(cache_dir, job, ver(job))
         if cached is not None:
             results[i] = cached
             if progress is not None:
@@ -180,7 +241,7 @@ def run_jobs(jobs: list[Job], n_jobs: int = 1, cache_dir: Path | None = None,
     unique = [i for i in todo if first.setdefault(jobs[i].key(), i) == i]
 
     def done(i: int, summary: dict) -> None:
-        _write_cache(cache_dir, jobs[i], version, summary)
+        _write_cache(cache_dir, jobs[i], ver(jobs[i]), summary)
         for j in todo:
             if jobs[j].key() == jobs[i].key():
                 results[j] = summary
@@ -331,10 +392,119 @@ SPREAD_KEYS = ("rollout_time_s", "warmup_step_s", "mean_trajectory_s", "gpu_idle
                "gpu_unused_ratio", "switches", "preemptions")
 
 
+@dataclass(frozen=True)
+class Setting:
+    """One setting of a sweep over several: its config (the seed is set per seed) and
+    fixed ratios (``static:P:D``) run besides the static grid; they count toward the best."""
+
+    cfg: SimConfig
+    statics: tuple[str, ...] = ()
+
+
+@dataclass
+class Matrix:
+    """What :func:`run_matrix` ran: every summary by (setting index, seed, spec) and the
+    best static ratio by (setting index, seed): ``(spec, summary, every ratio's time)``."""
+
+    settings: list[Setting]
+    policies: list[str]
+    seeds: list[int]
+    seeds_for: dict[str, list[int]]
+    start: str | None
+    grid: int
+    runs: dict[tuple[int, int, str], dict]
+    best: dict[tuple[int, int], tuple[str, dict, dict[str, float]]]
+
+    def rows(self, i: int) -> list[dict]:
+        """Setting ``i``'s rows as :func:`compare_seeds` returns them: per policy its seeds,
+        per-seed summaries (``static``: that seed's best ratio, with ``static_sweep``), the
+        spread of each key of :data:`SPREAD_KEYS`, and the speedup over the first policy
+        on the same seed."""
+        rows = []
+        for p in self.policies:
+            seeds = self.seeds_for.get(p, self.seeds)
+            per_seed = []
+            for s in seeds:
+                if p == "static":
+                    spec, summ, tried = self.best[(i, s)]
+                    summ = dict(summ, static_sweep=tried)
+                else:
+                    summ = self.runs[(i, s, p)]
+                per_seed.append(summ)
+            rows.append({"spec": p, "policy": p, "seeds": list(seeds), "per_seed": per_seed})
+        base = dict(zip(rows[0]["seeds"], rows[0]["per_seed"])) if rows else {}
+        for row in rows:
+            speed = []
+            for s, r in zip(row["seeds"], row["per_seed"]):
+                b = base.get(s)
+                ok = b is not None and b["rollout_time_s"] and r["rollout_time_s"]
+                speed.append(b["rollout_time_s"] / r["rollout_time_s"] if ok else None)
+            row["speedup_per_seed"] = [round(x, 4) if x is not None else None for x in speed]
+            row["speedup"] = spread(speed)
+            for k in SPREAD_KEYS:
+                row[k] = spread([r.get(k) for r in row["per_seed"]])
+            if row["spec"] == "static":
+                # The best ratio per seed; the row is named by them (one name when they agree).
+                ratios = [r["policy"][len("static:"):] for r in row["per_seed"]]
+                row["best_ratio_per_seed"] = ratios
+                row["policy"] = "static:" + "/".join(dict.fromkeys(ratios))
+        return rows
+
+
+def chooses_start(spec: str) -> bool:
+    """A policy that fixes its own start split (``bound``: the schedule it searched)."""
+    return not is_pd_fixed(spec) and spec != "static" and bool(getattr(make_policy(spec), "chooses_start", False))
+
+
+def run_matrix(settings: list[Setting], policies: list[str], seeds: list[int], n_jobs: int = 1,
+               start: str | None = "best", grid: int = FULL_GRID, cache_dir: Path | None = None,
+               progress: Callable[[Job], None] | None = None, on_total: Callable[[int], None] | None = None,
+               version: str | Callable[[Job], str] | None = None,
+               seeds_for: dict[str, list[int]] | None = None) -> Matrix:
+    """Run each policy on each seed of each setting, through :func:`run_jobs` (parallel,
+    cached). Phase 1, every setting at once so the process pool stays full: the fixed
+    policies (colocation, ``static:P:D``), the static grid and each setting's extra
+    ``statics``. Phase 2: the switching policies, started from ``start`` (``best``: that
+    seed's best static ratio; a policy that chooses its own start, as ``bound``, runs from
+    it, and first, being the slowest). ``seeds_for``: a policy run on fewer seeds (those of
+    ``seeds`` it lists)."""
+    st = parse_start(start)
+    only = seeds_for or {}
+    for_p = {p: [s for s in seeds if s in only.get(p, seeds)] for p in policies}
+    switching = [p for p in dict.fromkeys(policies) if not is_pd_fixed(p) and p != "static"]
+    fixed = [p for p in policies if is_pd_fixed(p)]
+    need_sweep = "static" in policies or (st == "best" and bool(switching))
+    sweeps: dict[int, list[str]] = {}
+    phase1: list[tuple[int, Job]] = []
+    for i, setting in enumerate(settings):
+        sweeps[i] = list(dict.fromkeys((sweep_specs(setting.cfg, grid) if need_sweep else []) + list(setting.statics)))
+        for s in seeds:
+            c = replace(setting.cfg, seed=s)
+            specs = [q for q in fixed if s in for_p[q]] + sweeps[i]
+            phase1 += [(i, Job(c, q)) for q in dict.fromkeys(specs)]
+    if on_total is not None:
+        on_total(len(phase1) + len(settings) * sum(len(for_p[p]) for p in switching))
+    runs: dict[tuple[int, int, str], dict] = {}
+    for (i, j), summ in zip(phase1, run_jobs([j for _, j in phase1], n_jobs, cache_dir, progress, version)):
+        runs[(i, j.cfg.seed, j.spec)] = summ
+    best = {(i, s): pick_best(runs[(i, s, spec)] for spec in sweeps[i])
+            for i in range(len(settings)) for s in seeds if sweeps[i]}
+    own = {p: chooses_start(p) for p in switching}
+    phase2: list[tuple[int, Job]] = []
+    for p in sorted(switching, key=lambda q: not own[q]):
+        for i, setting in enumerate(settings):
+            for s in for_p[p]:
+                split = _split(best[(i, s)][0]) if st == "best" else (st if isinstance(st, tuple) else None)
+                phase2.append((i, Job(replace(setting.cfg, seed=s), p, None if own[p] else split)))
+    for (i, j), summ in zip(phase2, run_jobs([j for _, j in phase2], n_jobs, cache_dir, progress, version)):
+        runs[(i, j.cfg.seed, j.spec)] = summ
+    return Matrix(list(settings), list(policies), list(seeds), for_p, start, grid, runs, best)
+
+
 def compare_seeds(cfg: SimConfig, policies: list[str], seeds: list[int], n_jobs: int = 1,
                   start: str | None = "best", grid: int = FULL_GRID, cache_dir: Path | None = None,
                   progress: Callable[[Job], None] | None = None, on_total: Callable[[int], None] | None = None,
-                  version: str | None = None) -> dict:
+                  version: str | Callable[[Job], str] | None = None) -> dict:
     """Run each policy on each seed (same seed, same workload); aggregate across seeds.
 
     ``static`` is the sweep (per seed: the best of ``grid`` ratios). Switching policies
@@ -342,55 +512,10 @@ def compare_seeds(cfg: SimConfig, policies: list[str], seeds: list[int], n_jobs:
     even when ``static`` is not asked for). Returns ``{"seeds", "start", "rows"}``: one row
     per policy with its per-seed summaries, the spread of each key of
     :data:`SPREAD_KEYS` and the speedup over the first policy (per seed, then spread).
+    (:func:`run_matrix` with one setting.)
     """
-    st = parse_start(start)
-    need_sweep = "static" in policies or (st == "best" and any(not is_pd_fixed(p) and p != "static" for p in policies))
-    fixed = [p for p in policies if is_pd_fixed(p)]
-    sweep = sweep_specs(cfg, grid) if need_sweep else []
-    phase1 = [Job(replace(cfg, seed=s), p) for s in seeds for p in dict.fromkeys(fixed + sweep)]
-    switching = [p for p in policies if not is_pd_fixed(p) and p != "static"]
-    if on_total is not None:
-        on_total(len(phase1) + len(seeds) * len(switching))
-    done1 = run_jobs(phase1, n_jobs, cache_dir, progress, version)
-    by = {(j.cfg.seed, j.spec): s for j, s in zip(phase1, done1)}
-    best: dict[int, tuple[str, dict, dict]] = {}
-    for s in seeds:
-        if sweep:
-            best[s] = pick_best(by[(s, spec)] for spec in sweep)
-    phase2 = []
-    for s in seeds if switching else []:
-        split = _split(best[s][0]) if st == "best" else (st if isinstance(st, tuple) else None)
-        phase2 += [Job(replace(cfg, seed=s), p, split) for p in switching]
-    done2 = run_jobs(phase2, n_jobs, cache_dir, progress, version)
-    for j, summ in zip(phase2, done2):
-        by[(j.cfg.seed, j.spec)] = summ
-    rows = []
-    for p in policies:
-        per_seed = []
-        for s in seeds:
-            if p == "static":
-                spec, summ, tried = best[s]
-                summ = dict(summ, static_sweep=tried)
-            else:
-                summ = by[(s, p)]
-            per_seed.append(summ)
-        rows.append({"spec": p, "policy": p, "per_seed": per_seed})
-    base = rows[0]["per_seed"] if rows else []
-    for row in rows:
-        speed = [
-            (b["rollout_time_s"] / r["rollout_time_s"]) if b["rollout_time_s"] and r["rollout_time_s"] else None
-            for b, r in zip(base, row["per_seed"])
-        ]
-        row["speedup_per_seed"] = [round(x, 4) if x is not None else None for x in speed]
-        row["speedup"] = spread(speed)
-        for k in SPREAD_KEYS:
-            row[k] = spread([r.get(k) for r in row["per_seed"]])
-        if row["spec"] == "static":
-            # The best ratio per seed; the row is named by them (one name when they agree).
-            ratios = [r["policy"][len("static:"):] for r in row["per_seed"]]
-            row["best_ratio_per_seed"] = ratios
-            row["policy"] = "static:" + "/".join(dict.fromkeys(ratios))
-    return {"seeds": list(seeds), "start": start, "grid": grid, "rows": rows}
+    m = run_matrix([Setting(cfg)], policies, seeds, n_jobs, start, grid, cache_dir, progress, on_total, version)
+    return {"seeds": list(seeds), "start": start, "grid": grid, "rows": m.rows(0)}
 
 
 def compare(cfg: SimConfig, policies: list[str], progress=None) -> list[dict]:
