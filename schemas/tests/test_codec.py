@@ -96,3 +96,81 @@ def test_writer_refuses_newlines(tmp_path: Path) -> None:
 def test_decode_accepts_str_and_bytes() -> None:
     raw = json.dumps(event("sandbox.ready"))
     assert decode_event(raw) == decode_event(raw.encode())
+
+
+# --- no poison: any input becomes an EventError with a reason -------------------------------
+
+POISON = [
+    (b"[" * 1000, "nested too deeply"),  # the 2 KB message that crashed services
+    (b'{"a":' * 1000, "nested too deeply"),
+    (b"\xff\xfe\x00garbage", "not valid JSON"),
+    ("\ud800".encode("utf-8", "surrogatepass"), "not valid JSON"),  # not UTF-8
+    (b'"\\ud800"', "not valid JSON"),
+    (b"[" * 200_000, "nested too deeply"),
+    (b"", "not valid JSON"),
+    (b"null", "JSON object"),
+]
+
+
+@pytest.mark.parametrize("data,why", POISON, ids=[f"poison{i}" for i in range(len(POISON))])
+def test_any_bad_input_is_an_event_error_with_a_reason(data: bytes, why: str) -> None:
+    from prorsa_schemas import EventError
+
+    with pytest.raises(EventError) as got:
+        decode_event(data)
+    assert why.lower() in got.value.reason.lower() or "nested too deeply" in got.value.reason
+
+
+def test_deep_nesting_inside_an_otherwise_valid_event_is_rejected() -> None:
+    from prorsa_schemas import EventError
+
+    obj = event("sandbox.ready")
+    raw = json.dumps(obj)[:-1].encode() + b', "extra": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    with pytest.raises(EventError, match="nested too deeply|recursion"):
+        decode_event(raw)
+
+
+def test_oversized_and_non_bytes_input_are_refused_with_a_reason() -> None:
+    from prorsa_schemas import EventError
+
+    with pytest.raises(EventError, match="longer than the limit of 1048576 bytes"):
+        decode_event(b" " * (2 << 20))
+    with pytest.raises(EventError, match="must be bytes or text, not NoneType"):
+        decode_event(None)  # type: ignore[arg-type]
+
+
+def test_a_failure_inside_the_validator_becomes_an_event_error(monkeypatch) -> None:
+    # MemoryError or a bug in a library: the reason names it, the caller sees one type.
+    from prorsa_schemas import EventError, codec
+
+    class Exploding:
+        def validate_json(self, *a, **k):
+            raise MemoryError
+
+    monkeypatch.setattr(codec, "_ADAPTER", Exploding())
+    with pytest.raises(EventError, match="out of memory"):
+        decode_event(b"{}")
+
+
+def test_a_log_with_poison_lines_reports_each_and_reads_on(tmp_path: Path) -> None:
+    good = json.dumps(event("policy.updated")).encode()
+    path = tmp_path / "poison.jsonl"
+    path.write_bytes(b"\n".join([good, b"[" * 1000, b"\xff\xfe", good]) + b"\n")
+    got = list(read_log(path))
+    assert [(g.lineno, g.ok) for g in got] == [(1, True), (2, False), (3, False), (4, True)]
+    assert "nested too deeply" in got[1].error.reason
+
+
+def test_decode_message_checks_that_subject_and_type_agree() -> None:
+    from prorsa_schemas import EventError, Namespace, SubjectMismatch, decode_message
+
+    ns = Namespace(prefix="p", stream="P")
+    cmd = json.dumps(event("engine.command")).encode()
+    assert decode_message(cmd, "p.control.engine.command", ns).type == "engine.command"
+    with pytest.raises(SubjectMismatch) as got:
+        decode_message(cmd, "p.rollout.request.queued", ns)
+    assert "'p.rollout.request.queued'" in got.value.reason and "'p.control.engine.command'" in got.value.reason
+    assert got.value.event.type == "engine.command"
+    with pytest.raises(EventError) as bad:
+        decode_message(b"[" * 1000, "p.control.engine.command", ns)
+    assert not isinstance(bad.value, SubjectMismatch)

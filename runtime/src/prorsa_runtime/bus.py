@@ -15,6 +15,8 @@ from nats.js.errors import NotFoundError
 
 from prorsa_schemas import Event, Namespace, encode_event
 
+from .redact import mask_secrets, mask_url
+
 log = logging.getLogger("prorsa.bus")
 
 MSG_ID = "Nats-Msg-Id"
@@ -70,6 +72,7 @@ async def connect(
         BusUnavailable: no server answered within ``timeout``.
     """
     creds = credentials or Credentials()
+    shown = mask_url(url)  # what messages say: never the password a URL may carry
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     last: BaseException | None = None
@@ -88,12 +91,12 @@ async def connect(
     async def disconnected_cb() -> None:
         if holder and holder[0].is_closed:
             return  # our own close(), not an outage
-        log.warning("nats: disconnected from %s; reconnecting", url)
+        log.warning("nats: disconnected from %s; reconnecting", shown)
         if on_disconnect:
             await on_disconnect()
 
     async def reconnected_cb() -> None:
-        log.info("nats: reconnected to %s", url)
+        log.info("nats: reconnected to %s", shown)
         if on_reconnect:
             await on_reconnect()
 
@@ -124,11 +127,11 @@ async def connect(
             text = f"{exc} {auth_errors[-1] if auth_errors else ''}"
             if "uthorization" in text or "uthentication" in text:
                 raise BusAuthError(
-                    f"the NATS server at {url} refused {name}'s credentials: {text.strip()}"
+                    f"the NATS server at {shown} refused {name}'s credentials: {mask_secrets(text.strip())}"
                 ) from exc
             if loop.time() >= deadline:
                 raise BusUnavailable(
-                    f"could not connect to NATS at {url} within {timeout:g}s: {exc!r}. "
+                    f"could not connect to NATS at {shown} within {timeout:g}s: {mask_secrets(repr(exc))}. "
                     "Is the server running? (`prorsa nats` starts a local one.)"
                 ) from exc
             await asyncio.sleep(min(reconnect_wait, max(0.0, deadline - loop.time())))

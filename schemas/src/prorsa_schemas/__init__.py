@@ -5,12 +5,13 @@ from .codec import (
     LogLine,
     LogWriter,
     decode_event,
+    decode_message,
     encode_event,
     event_from_dict,
     iter_events,
     read_log,
 )
-from .errors import EventError, Violation
+from .errors import EventError, SubjectMismatch, Violation
 from .events import *  # noqa: F403
 from .events import (
     CONTRACT_VERSION,
@@ -39,9 +40,11 @@ __all__ = [
     "MAX_TOKENS",
     "Namespace",
     "ROLLOUT_TYPES",
+    "SubjectMismatch",
     "Violation",
     "category",
     "decode_event",
+    "decode_message",
     "encode_event",
     "event_from_dict",
     "iter_events",

@@ -7,7 +7,6 @@ than ``max_line_bytes`` is reported and skipped without being read into memory w
 from __future__ import annotations
 
 import gzip
-import json
 import os
 import zlib
 from collections.abc import Iterator
@@ -16,9 +15,11 @@ from pathlib import Path
 from typing import BinaryIO
 
 from pydantic import TypeAdapter, ValidationError
+from pydantic_core import from_json
 
-from .errors import EventError
+from .errors import EventError, SubjectMismatch
 from .events import AnyEvent, Event
+from .subjects import Namespace
 
 _ADAPTER: TypeAdapter[Event] = TypeAdapter(AnyEvent)
 
@@ -26,16 +27,58 @@ DEFAULT_MAX_LINE_BYTES = 1 << 20
 """The longest line a log reader accepts (1 MiB): no contract event comes near it."""
 
 
-def decode_event(data: bytes | str) -> Event:
-    """Parse and validate one event.
+def decode_event(data: bytes | str, max_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Event:
+    """Parse and validate one event. Never raises anything but :class:`EventError`.
+
+    Any failure of the parser or the validator (a JSON nested thousands deep, bytes that
+    are not UTF-8, input over ``max_bytes``, a MemoryError, a bug) becomes an
+    ``EventError`` with a reason, so one bad message cannot take a consumer down.
 
     Raises:
         EventError: with a reason naming the field, its value and the rule it broke.
     """
+    if not isinstance(data, (bytes, bytearray, str)):
+        raise EventError.single(f"an event must be bytes or text, not {type(data).__name__}")
+    if len(data) > max_bytes:
+        raise EventError.single(f"event is {len(data)} bytes, longer than the limit of {max_bytes} bytes")
     try:
         return _ADAPTER.validate_json(data, strict=True)
     except ValidationError as exc:
-        raise EventError.from_validation(exc, raw_type=_peek_type(data)) from None
+        failure: ValidationError | BaseException = exc
+    except Exception as exc:  # noqa: BLE001 - RecursionError, MemoryError, ...: any failure is a reason
+        failure = exc
+    if isinstance(failure, ValidationError):
+        try:
+            error = EventError.from_validation(failure, raw_type=_peek_type(data))
+        except Exception as exc:  # noqa: BLE001 - describing the error failed (e.g. a repr too deep)
+            error = _undecodable(exc)
+    else:
+        error = _undecodable(failure)
+    raise error from None
+
+
+def decode_message(data: bytes | str, subject: str, ns: Namespace) -> Event:
+    """Decode one bus message and check that its subject is where its type belongs.
+
+    Raises:
+        SubjectMismatch: a valid event on another type's subject (``.event`` holds it).
+        EventError: the bytes are not a valid event.
+    """
+    event = decode_event(data)
+    why = ns.subject_mismatch(event.type, subject)
+    if why is not None:
+        raise SubjectMismatch(why, event)
+    return event
+
+
+def _undecodable(exc: BaseException) -> EventError:
+    """The reason for an input the parser or validator could not even judge."""
+    if isinstance(exc, RecursionError):
+        return EventError.single("not valid JSON (nested too deeply to parse)")
+    if isinstance(exc, MemoryError):
+        return EventError.single("cannot be decoded: out of memory while parsing it")
+    text = str(exc).splitlines()[0][:200] if str(exc) else ""
+    return EventError.single(f"cannot be decoded ({type(exc).__name__}{': ' + text if text else ''})")
 
 
 def event_from_dict(obj: dict) -> Event:
@@ -44,7 +87,13 @@ def event_from_dict(obj: dict) -> Event:
         return _ADAPTER.validate_python(obj, strict=True)
     except ValidationError as exc:
         tag = obj.get("type") if isinstance(obj, dict) else None
-        raise EventError.from_validation(exc, raw_type=tag if isinstance(tag, str) else None) from None
+        try:
+            error = EventError.from_validation(exc, raw_type=tag if isinstance(tag, str) else None)
+        except Exception as inner:  # noqa: BLE001
+            error = _undecodable(inner)
+    except Exception as exc:  # noqa: BLE001
+        error = _undecodable(exc)
+    raise error from None
 
 
 def encode_event(event: Event) -> bytes:
@@ -53,9 +102,10 @@ def encode_event(event: Event) -> bytes:
 
 
 def _peek_type(data: bytes | str) -> str | None:
+    # pydantic-core's parser: bounded recursion (a ValueError, not a RecursionError).
     try:
-        obj = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+        obj = from_json(data)
+    except Exception:  # noqa: BLE001 - no type to name
         return None
     tag = obj.get("type") if isinstance(obj, dict) else None
     return tag if isinstance(tag, str) else None
@@ -145,7 +195,7 @@ def read_log(
                 yield LogLine(lineno, b"", None, error)
                 continue
             try:
-                yield LogLine(lineno, raw, decode_event(raw), None)
+                yield LogLine(lineno, raw, decode_event(raw, max_line_bytes), None)
             except EventError as exc:
                 yield LogLine(lineno, raw, None, exc)
 

@@ -83,7 +83,10 @@ class EventError(ValueError):
             elif kind == "union_tag_not_found":
                 violations.append(Violation("type", _MISSING, "is required but missing"))
             elif kind == "json_invalid":
-                violations.append(Violation("", _MISSING, f"not valid JSON ({err['msg']})"))
+                msg = err["msg"]
+                if "recursion limit" in msg:  # e.g. 1,000 nested '[': say what is wrong with it
+                    msg = f"nested too deeply to parse: {msg.removeprefix('Invalid JSON: ')}"
+                violations.append(Violation("", _MISSING, f"not valid JSON ({msg})"))
             elif kind in ("model_type", "model_attributes_type", "dict_type") and not field:
                 violations.append(Violation("", _MISSING, "an event must be a JSON object"))
             else:
@@ -104,3 +107,12 @@ def _rule(err: dict[str, Any]) -> str:
     if kind.endswith("_type"):
         return f"has the wrong type ({msg[0].lower() + msg[1:]})"
     return f"violates the rule: {msg[0].lower() + msg[1:]}"
+
+
+class SubjectMismatch(EventError):
+    """A valid event on a subject its type does not belong to (see
+    :meth:`prorsa_schemas.Namespace.subject_mismatch`); ``event`` is the decoded event."""
+
+    def __init__(self, reason: str, event: object) -> None:
+        super().__init__([Violation("", _MISSING, reason)])
+        self.event = event

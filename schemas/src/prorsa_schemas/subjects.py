@@ -64,6 +64,20 @@ class Namespace:
     def subject_for(self, event: Event) -> str:
         return self.subject_for_type(event.type)
 
+    def subject_mismatch(self, event_type: str, subject: str) -> str | None:
+        """None when ``subject`` is where ``event_type`` events are published, else why not.
+
+        Consumers reject an event whose subject and type disagree (an ``engine.command``
+        published on a rollout subject is no command): the subject is what NATS
+        permissions are granted on, so only the agreement of the two makes them mean
+        anything.
+        """
+        expected = self.subject_for_type(event_type)
+        if subject == expected:
+            return None
+        return (f"a {event_type} event on subject {subject!r}: events of that type are published on "
+                f"{expected!r}; not applied")
+
     def rollout_all(self) -> str:
         return f"{self.prefix}.rollout.>"
 
