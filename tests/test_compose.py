@@ -63,11 +63,32 @@ def test_nats_runs_jetstream_on_file_storage_in_a_volume_with_accounts():
     nats = SERVICES["nats"]
     conf_mount = next(v for v in nats["volumes"] if v.endswith("server.conf:ro"))
     conf = (ROOT / conf_mount.split(":")[0]).read_text()
-    store = re.search(r'store_dir:\s*"([^"]+)"', conf).group(1)
+    assert re.search(r"store_dir:\s*\$PRORSA_NATS_STORE_DIR\b", conf)
+    store = nats["environment"]["PRORSA_NATS_STORE_DIR"]
     assert "jetstream" in conf and "include ./accounts.conf" in conf
     volumes = {v.split(":")[1]: v.split(":")[0] for v in nats["volumes"]}
     assert volumes[store] in COMPOSE["volumes"], "the JetStream store must be a named volume"
     assert "/etc/nats/accounts.conf" in volumes
+
+
+def test_the_nats_monitoring_port_is_not_published():
+    # It has no authentication: server.conf binds it to loopback, compose does not publish it.
+    conf = (ROOT / "deploy" / "nats" / "server.conf").read_text()
+    assert re.search(r'^http:\s*"127\.0\.0\.1:8222"', conf, re.M)
+    for name, svc in SERVICES.items():
+        for port in svc.get("ports", []):
+            assert "8222" not in str(port), f"{name} publishes the monitoring port: {port}"
+    assert "127.0.0.1:8222" in " ".join(SERVICES["nats"]["healthcheck"]["test"])
+
+
+def test_the_stream_is_set_up_by_the_admin_before_any_service_starts():
+    setup = SERVICES["nats-setup"]
+    assert setup["command"] == ["prorsa", "nats", "setup"] and setup["restart"] == "no"
+    assert setup["environment"]["PRORSA_NATS_USER"] == "admin"
+    assert setup["environment"]["PRORSA_NATS_PASSWORD"].startswith("${PRORSA_ADMIN_NATS_PASSWORD")
+    assert "PRORSA_ADMIN_NATS_PASSWORD" in SERVICES["nats"]["environment"]
+    for name in ("tracker", "forecaster", "allocator", "engine-agent", "emulated-agent", "driver"):
+        assert SERVICES[name]["depends_on"]["nats-setup"] == {"condition": "service_completed_successfully"}, name
 
 
 def test_credentials_come_from_environment_or_secrets_never_literals():
@@ -80,6 +101,10 @@ def test_credentials_come_from_environment_or_secrets_never_literals():
     users = {n: s["environment"].get("PRORSA_NATS_USER") for n, s in SERVICES.items() if "environment" in s}
     assert users["tracker"] == "tracker" and users["allocator"] == "allocator"
     assert users["forecaster"] == "forecaster" and users["engine-agent"] == "engine-agent"
+    assert users["emulated-agent"] == "engine-agent" and users["driver"] == "rollout"
+    # No password on a command line (docker inspect and ps show those).
+    for name, svc in SERVICES.items():
+        assert "PASSWORD" not in " ".join(map(str, svc.get("command", []))), name
 
 
 def test_service_commands_exist_in_the_cli():

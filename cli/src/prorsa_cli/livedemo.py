@@ -78,6 +78,8 @@ def run_up(opts: UpOptions, keep_running: bool = False, fresh: bool = False) -> 
         for spec in plan.specs:
             console.print(f"starting {spec.name} (log {wd / 'logs' / (spec.name + '.log')})", highlight=False)
             sup.start(spec)
+            if spec.name == "nats-server" and plan.setup is not None:
+                console.print(plan.setup(), highlight=False)  # the admin step: the stream
             if spec.name.startswith("engine-") and spec.name == f"engine-{opts.engines - 1}" and plan.colocated_engines:
                 register_colocated(plan.router_url, plan.colocated_engines)
         out.print(_endpoints(plan))

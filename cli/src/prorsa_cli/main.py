@@ -35,13 +35,23 @@ PLUGINS = [
 ]
 
 
-@app.command("nats")
+nats_app = typer.Typer(
+    help="Run a local JetStream nats-server on a data folder (Ctrl-C stops it); `prorsa nats setup` sets up the stream.",
+    invoke_without_command=True,
+)
+app.add_typer(nats_app, name="nats")
+
+
+@nats_app.callback()
 def nats_cmd(
+    ctx: typer.Context,
     data: Annotated[Path, typer.Option(help="JetStream store folder.")] = Path(".prorsa/nats"),
     port: Annotated[int, typer.Option(help="Client port (0: pick a free one).")] = 4222,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
 ) -> None:
     """Run a local JetStream nats-server on a data folder (Ctrl-C stops it)."""
+    if ctx.invoked_subcommand is not None:
+        return
     import signal
     import threading
 
@@ -60,6 +70,39 @@ def nats_cmd(
         if not server.running():
             fail("nats-server exited unexpectedly", 1)
     server.stop()
+
+
+@nats_app.command("setup")
+def nats_setup_cmd(
+    nats_url: NatsOpt = DEFAULT_NATS,
+    prefix: PrefixOpt = "prorsa",
+    stream: StreamOpt = "PRORSA",
+    duplicate_window: Annotated[float, typer.Option(help="Seconds within which a re-sent event id is dropped.")] = 600.0,
+    max_age: Annotated[float, typer.Option(help="Seconds a message is kept (0: for ever).")] = 0.0,
+    replicas: Annotated[int, typer.Option(help="Stream replicas (3 on a three-node cluster).")] = 1,
+    connect_timeout: Annotated[float, typer.Option(help="Seconds to wait for the bus.")] = 30.0,
+) -> None:
+    """Create the JetStream stream, or repair it (the admin step; services only check it).
+
+    Logs in with PRORSA_NATS_USER / PRORSA_NATS_PASSWORD (or _TOKEN / _CREDS) from the
+    environment: the admin user of deploy/nats/accounts.conf. Safe to run again: an
+    existing stream keeps its messages.
+    """
+    import asyncio
+
+    from prorsa_runtime.bus import BusAuthError, BusUnavailable, Credentials, StreamMissing
+
+    from .natssetup import StreamSetupError, setup_stream
+
+    if duplicate_window <= 0 or max_age < 0 or replicas < 1:
+        fail("--duplicate-window must be > 0, --max-age >= 0 and --replicas >= 1")
+    ns = namespace(prefix, stream)
+    try:
+        line = asyncio.run(setup_stream(nats_url, ns, Credentials.from_env(), duplicate_window_s=duplicate_window,
+                                        max_age_s=max_age, replicas=replicas, timeout=connect_timeout))
+    except (BusAuthError, BusUnavailable, StreamMissing, StreamSetupError) as exc:
+        fail(str(exc), 1)
+    out.print(line, highlight=False, soft_wrap=True)
 
 
 @app.command("validate")

@@ -38,16 +38,20 @@ async def publish_log(
     With ``speed``, an event with time ``ts`` is sent ``(ts - ts0) / speed`` seconds after
     the first; otherwise as fast as the bus acknowledges.
     """
-    from prorsa_runtime.bus import connect
+    from prorsa_runtime.bus import Credentials, connect, open_stream
 
-    # Fail fast with a clear message when the bus is not there (the publisher itself
-    # would wait forever, which is right for the SDK but not for a CLI).
-    probe = await connect(url, "prorsa-publish-probe", timeout=connect_timeout)
-    await probe.close()
+    # Fail fast with a clear message when the bus or the stream is not there (the publisher
+    # itself would wait forever, which is right for the SDK but not for a CLI).
+    creds = Credentials.from_env()
+    probe = await connect(url, "prorsa-publish-probe", timeout=connect_timeout, credentials=creds)
+    try:
+        await open_stream(probe.jetstream(), ns, url, creds)
+    finally:
+        await probe.close()
 
     result = PublishResult()
     loop = asyncio.get_running_loop()
-    pub = ReliablePublisher(url, "prorsa-publish", ns)
+    pub = ReliablePublisher(url, "prorsa-publish", ns, credentials=creds)
     await pub.start()
     t0_wall = loop.time()
     ts0: float | None = None

@@ -11,6 +11,7 @@ import random
 import secrets
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -21,6 +22,17 @@ from .supervisor import ProcSpec
 
 Policy = Literal["prorsa", "static", "colocation"]
 PY = sys.executable
+
+NATS_USERS = {
+    # user of deploy/nats/accounts.conf -> the variable that holds its password
+    "admin": "PRORSA_ADMIN_NATS_PASSWORD",
+    "rollout": "PRORSA_ROLLOUT_NATS_PASSWORD",
+    "tracker": "PRORSA_TRACKER_NATS_PASSWORD",
+    "forecaster": "PRORSA_FORECASTER_NATS_PASSWORD",
+    "allocator": "PRORSA_ALLOCATOR_NATS_PASSWORD",
+    "engine-agent": "PRORSA_AGENT_NATS_PASSWORD",
+}
+PASSWORDS_FILE = "nats-passwords.env"
 
 EMULATED_ALLOCATOR_ENV = {
     # CHOICE: a run of a few minutes needs a dwell of a few windows, not the production one.
@@ -81,9 +93,10 @@ class Ports:
     allocator_metrics: int
     agent_metrics: list[int]
     engines: list[tuple[int, int]]  # (http, bootstrap)
+    nats_monitor: int = 8222  # with --nats-config: the server's monitoring port, on loopback
 
     def named(self) -> list[tuple[str, int]]:
-        out = [("nats", self.nats), ("router", self.router), ("tracker API", self.tracker_api),
+        out = [("nats", self.nats), ("nats monitoring", self.nats_monitor), ("router", self.router), ("tracker API", self.tracker_api),
                ("tracker metrics", self.tracker_metrics), ("forecaster metrics", self.forecaster_metrics),
                ("allocator metrics", self.allocator_metrics)]
         out += [(f"engine agent {i} metrics", p) for i, p in enumerate(self.agent_metrics)]
@@ -105,9 +118,9 @@ def plan_ports(opts: UpOptions) -> Ports:
     def layout(b: int | None) -> Ports:
         if b is None:
             return Ports(4222, 30080, 8470, 9101, 9102, 9103, [9111 + i for i in range(k)],
-                         [(30001 + i, 31001 + i) for i in range(n)])
+                         [(30001 + i, 31001 + i) for i in range(n)], 8222)
         return Ports(b, b + 1, b + 2, b + 3, b + 4, b + 5, [b + 10 + i for i in range(k)],
-                     [(b + 40 + 2 * i, b + 41 + 2 * i) for i in range(n)])
+                     [(b + 40 + 2 * i, b + 41 + 2 * i) for i in range(n)], b + 6)
 
     if opts.port_base == 0:
         # Below the OS's ephemeral range: a port in it that is free now can become the
@@ -139,7 +152,9 @@ def check_ports(ports: Ports, opts: UpOptions) -> None:
     """Refuse to start when a port we need is taken, naming the port and its use."""
     needed = ports.named()
     if opts.nats is not None:
-        needed = [x for x in needed if x[0] != "nats"]
+        needed = [x for x in needed if not x[0].startswith("nats")]
+    if opts.nats_config is None:
+        needed = [x for x in needed if x[0] != "nats monitoring"]
     if not opts.emulated_cluster:
         needed = [x for x in needed if not x[0].startswith(("engine ", "router"))]
     taken = [f"{p} ({what})" for what, p in needed if not port_free(p, opts.host)]
@@ -194,6 +209,33 @@ class StackPlan:
     progress: Path
     metrics: dict[str, str]
     colocated_engines: list[str] = field(default_factory=list)
+    setup: Callable[[], str] | None = None
+    """The admin step after the nats-server is up: sets up the stream, says what it did."""
+
+
+def nats_passwords(workdir: Path) -> dict[str, str]:
+    """A password per user of ``deploy/nats/accounts.conf``: from the environment where set,
+    else generated once and kept in ``<workdir>/nats-passwords.env`` (mode 0600)."""
+    path = workdir / PASSWORDS_FILE
+    kept: dict[str, str] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                kept[key.strip()] = value.strip()
+    # nats-server parses a variable's value as a config value: a password that starts with a
+    # digit or a dash is read as a number and refused, so ours start with a letter.
+    generated = {var: kept.get(var) or "p" + secrets.token_hex(24) for var in NATS_USERS.values()}
+    path.write_text("".join(f"{k}={v}\n" for k, v in generated.items()))
+    path.chmod(0o600)
+    return {var: os.environ.get(var) or generated[var] for var in NATS_USERS.values()}
+
+
+def _nats_login(service_prefix: str, user: str, passwords: dict[str, str] | None) -> dict[str, str]:
+    """A service's NATS user and password variables (``PRORSA_TRACKER_NATS_USER`` ...)."""
+    if passwords is None:
+        return {}
+    return {f"{service_prefix}NATS_USER": user, f"{service_prefix}NATS_PASSWORD": passwords[NATS_USERS[user]]}
 
 
 def plan_stack(opts: UpOptions) -> StackPlan:
@@ -207,13 +249,21 @@ def plan_stack(opts: UpOptions) -> StackPlan:
     h = opts.host
     specs: list[ProcSpec] = []
     base_env = {"PRORSA_LOG_LEVEL": "INFO", **opts.extra_env}
+    # With a config file (deploy/nats/server.conf: a user per service), each service logs in
+    # as its own user and the admin sets the stream up; without one, nobody logs in.
+    passwords = nats_passwords(wd) if opts.nats is None and opts.nats_config is not None else None
+    setup = None
     if opts.nats is None:
         try:
-            server = NatsServer(wd / "nats", port=ports.nats, host=h, config_file=opts.nats_config)
+            server = NatsServer(wd / "nats", port=ports.nats, host=h, config_file=opts.nats_config,
+                                monitor_port=ports.nats_monitor if opts.nats_config else None,
+                                environ=passwords)
         except NatsServerNotFound as exc:
             raise UpError(str(exc)) from None
         nats_url = server.url
-        specs.append(ProcSpec("nats-server", server.command(), ready=lambda: _tcp_ok(h, ports.nats)))
+        specs.append(ProcSpec("nats-server", server.command(), env=server.env(), ready=lambda: _tcp_ok(h, ports.nats)))
+        admin = _nats_login("PRORSA_", "admin", passwords)
+        setup = lambda: _setup_stream(nats_url, admin)  # noqa: E731
     else:
         nats_url = opts.nats
     base_env["PRORSA_NATS_URL"] = nats_url
@@ -228,14 +278,17 @@ def plan_stack(opts: UpOptions) -> StackPlan:
     specs.append(ProcSpec("tracker", cli + ["tracker", "run"], env={
         **base_env, "PRORSA_TRACKER_DB_URL": db_url, "PRORSA_TRACKER_METRICS_PORT": str(ports.tracker_metrics),
         "PRORSA_TRACKER_HTTP_PORT": str(ports.tracker_api), "PRORSA_TRACKER_HTTP_HOST": h,
-        "PRORSA_TRACKER_API_TOKEN": token, "PRORSA_TRACKER_CLOCK": "wall"},
+        "PRORSA_TRACKER_API_TOKEN": token, "PRORSA_TRACKER_CLOCK": "wall",
+        **_nats_login("PRORSA_TRACKER_", "tracker", passwords)},
         ready=lambda: _http_ok(m["tracker"] + "/health")))
     specs.append(ProcSpec("forecaster", cli + ["forecaster", "run"], env={
         **base_env, "PRORSA_FORECASTER_HORIZON": str(opts.horizon),
-        "PRORSA_FORECASTER_METRICS_PORT": str(ports.forecaster_metrics)},
+        "PRORSA_FORECASTER_METRICS_PORT": str(ports.forecaster_metrics),
+        **_nats_login("PRORSA_FORECASTER_", "forecaster", passwords)},
         ready=lambda: _http_ok(m["forecaster"] + "/metrics")))
     if opts.policy == "prorsa":
-        alloc_env = {"PRORSA_ALLOCATOR_METRICS_PORT": str(ports.allocator_metrics)}
+        alloc_env = {"PRORSA_ALLOCATOR_METRICS_PORT": str(ports.allocator_metrics),
+                     **_nats_login("PRORSA_ALLOCATOR_", "allocator", passwords)}
         if opts.emulated_cluster:
             # The emulated engines' θᴾ from their profile, and a dwell that fits a run of a few
             # minutes. Env vars win.
@@ -286,7 +339,8 @@ def plan_stack(opts: UpOptions) -> StackPlan:
                 m[f"agent-{server}"] = url
                 specs.append(ProcSpec(f"agent-{server}", cli + ["engine-agent", "run", "--config", str(cfg),
                                                                "--stop-engines-on-exit"],
-                                      env={**base_env, "PRORSA_AGENT_METRICS_PORT": str(ports.agent_metrics[a])},
+                                      env={**base_env, "PRORSA_AGENT_METRICS_PORT": str(ports.agent_metrics[a]),
+                                           **_nats_login("PRORSA_AGENT_", "engine-agent", passwords)},
                                       ready=lambda u=url: _http_ok(u + "/health"), ready_timeout_s=120.0))
     driver_out, progress = wd / "driver.json", wd / "progress.json"
     if opts.emulated_cluster:
@@ -295,10 +349,29 @@ def plan_stack(opts: UpOptions) -> StackPlan:
             PY, "-m", "prorsa_sim.driver", "--router", router_url, "--nats", nats_url, "--run", opts.run,
             "--workload", opts.workload, "--batch-size", str(opts.batch_size), "--steps", str(opts.steps),
             "--max-turns", str(opts.max_turns), "--speed", str(opts.speed), "--seed", str(opts.seed),
-            "--emulated-model", opts.emulated_model, "--out", str(driver_out), "--progress", str(progress)], env=base_env, restart=False))
+            "--emulated-model", opts.emulated_model, "--out", str(driver_out), "--progress", str(progress)],
+            # The SDK logs in with PRORSA_NATS_USER / _PASSWORD: as the RL framework would, "rollout".
+            env={**base_env, **_nats_login("PRORSA_", "rollout", passwords)}, restart=False))
     for s in specs:
         s.env = {**base_env, **s.env}
-    return StackPlan(specs, ports, nats_url, db_url, router_url, token, driver_out, progress, m, colocated)
+    return StackPlan(specs, ports, nats_url, db_url, router_url, token, driver_out, progress, m, colocated, setup)
+
+
+def _setup_stream(nats_url: str, login: dict[str, str]) -> str:
+    """The admin step of `prorsa up`: set the stream up (as the admin user when there are users)."""
+    import asyncio
+
+    from prorsa_runtime.bus import Credentials
+    from prorsa_runtime.settings import ServiceSettings
+
+    from .natssetup import setup_stream
+
+    creds = Credentials(user=login.get("PRORSA_NATS_USER"), password=login.get("PRORSA_NATS_PASSWORD"))
+    ns = ServiceSettings(nats_url=nats_url).namespace()  # PRORSA_SUBJECT_PREFIX / PRORSA_STREAM
+    try:
+        return asyncio.run(setup_stream(nats_url, ns, creds))
+    except Exception as exc:  # refused, unreachable, no JetStream: say it plainly
+        raise UpError(f"setting up the stream on {nats_url} failed: {exc}") from None
 
 
 def register_colocated(router_url: str, urls: list[str]) -> None:

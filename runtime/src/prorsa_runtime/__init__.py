@@ -7,9 +7,13 @@ from .bus import (
     BusAuthError,
     BusUnavailable,
     Credentials,
+    StreamMissing,
     connect,
     ensure_stream,
+    open_stream,
     publish_event,
+    stream_config,
+    verify_stream,
 )
 from .natsserver import NatsServer, NatsServerError, NatsServerNotFound, find_nats_server, free_port
 from .publisher import BufferFull, PublisherClosed, ReliablePublisher
@@ -26,9 +30,13 @@ __all__ = [
     "NatsServerNotFound",
     "PublisherClosed",
     "ReliablePublisher",
+    "StreamMissing",
     "connect",
     "ensure_stream",
     "find_nats_server",
     "free_port",
+    "open_stream",
     "publish_event",
+    "stream_config",
+    "verify_stream",
 ]

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+import os
+import re
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import nats
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
-from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig, StreamInfo
 from nats.js.errors import NotFoundError
 
 from prorsa_schemas import Event, Namespace, encode_event
@@ -33,12 +36,55 @@ class BusAuthError(PermissionError):
     """The NATS server refused our credentials or a permission."""
 
 
+class StreamMissing(RuntimeError):
+    """The stream does not exist (or is not usable) and this connection may not set it up."""
+
+
+_INBOX_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
+
+
 @dataclass(frozen=True)
 class Credentials:
+    """How a client logs in to NATS, and the reply-inbox prefix it uses.
+
+    ``inbox_prefix`` defaults to ``_INBOX.<user>`` for a user (``_INBOX`` otherwise), so
+    that a deployment can let each user subscribe to its own replies only
+    (``_INBOX.<user>.>`` in ``deploy/nats/accounts.conf``) instead of everyone's.
+    """
+
     user: str | None = None
     password: str | None = None
     token: str | None = None
     creds_file: str | None = None
+    inbox_prefix: str | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "Credentials":
+        """The common ``PRORSA_NATS_USER`` / ``_PASSWORD`` / ``_TOKEN`` / ``_CREDS`` /
+        ``_INBOX_PREFIX`` variables (what the SDK and the operator commands read)."""
+        env = os.environ if environ is None else environ
+        return cls(
+            user=env.get("PRORSA_NATS_USER") or None,
+            password=env.get("PRORSA_NATS_PASSWORD") or None,
+            token=env.get("PRORSA_NATS_TOKEN") or None,
+            creds_file=env.get("PRORSA_NATS_CREDS") or None,
+            inbox_prefix=env.get("PRORSA_NATS_INBOX_PREFIX") or None,
+        )
+
+    def login(self, url: str) -> str | None:
+        """The user this connection logs in as: ours, else the one in ``url``."""
+        return self.user or urlsplit(url).username or None
+
+    def restricted(self, url: str) -> bool:
+        """True when the connection logs in as a user (or with a .creds file), whose
+        permissions the server may restrict; False without auth or with a token."""
+        return bool(self.login(url) or self.creds_file)
+
+    def inbox(self, url: str) -> str:
+        if self.inbox_prefix:
+            return self.inbox_prefix
+        user = self.login(url)
+        return f"_INBOX.{_INBOX_TOKEN.sub('_', user)}" if user else "_INBOX"
 
     def connect_kwargs(self) -> dict:
         kw: dict = {}
@@ -116,6 +162,7 @@ async def connect(
                 disconnected_cb=disconnected_cb,
                 reconnected_cb=reconnected_cb,
                 pending_size=64 * 1024 * 1024,
+                inbox_prefix=creds.inbox(url),
                 **creds.connect_kwargs(),
             )
             nc.options["allow_reconnect"] = True
@@ -138,21 +185,17 @@ async def connect(
     raise AssertionError(last)  # pragma: no cover
 
 
-async def ensure_stream(
-    js: JetStreamContext,
+def stream_config(
     ns: Namespace,
     *,
     duplicate_window_s: float = DEFAULT_DUPLICATE_WINDOW_S,
     max_age_s: float = 0.0,
     replicas: int = 1,
 ) -> StreamConfig:
-    """Create the stream if it is missing; verify (and repair) it if it exists.
-
-    A stream of the same name with file storage is kept (its data matters); a wrong
-    subject set or a shorter duplicate window is updated in place. A stream on memory
-    storage cannot be converted, so it is refused loudly instead of silently used.
-    """
-    wanted = StreamConfig(
+    """The stream Prorsa needs: every subject of the namespace, file storage, the
+    de-duplication window, and direct gets (a service reads the last message of one
+    subject with ``$JS.API.DIRECT.GET.<stream>.<subject>``, which a permission can name)."""
+    return StreamConfig(
         name=ns.stream,
         subjects=ns.stream_subjects(),
         storage=StorageType.FILE,
@@ -161,7 +204,53 @@ async def ensure_stream(
         duplicate_window=duplicate_window_s,
         max_age=max_age_s,
         num_replicas=replicas,
+        allow_direct=True,
     )
+
+
+def _refuse_memory_storage(ns: Namespace, cfg: StreamConfig) -> None:
+    if cfg.storage != StorageType.FILE:
+        raise StreamMissing(
+            f"stream {ns.stream} exists with {cfg.storage} storage; Prorsa needs file storage "
+            "for a durable log. Delete or rename that stream."
+        )
+
+
+def stream_drift(ns: Namespace, cfg: StreamConfig, duplicate_window_s: float) -> list[str]:
+    """What an existing stream lacks, in words (empty: it is fit for use)."""
+    wanted = ns.stream_subjects()
+    out = []
+    if set(cfg.subjects or []) != set(wanted):
+        out.append(f"subjects {cfg.subjects} instead of {wanted}")
+    if (cfg.duplicate_window or 0) < duplicate_window_s:
+        out.append(f"a duplicate window of {cfg.duplicate_window or 0:g}s, under {duplicate_window_s:g}s")
+    if not cfg.allow_direct:
+        out.append("direct gets off")
+    if cfg.subject_transform:
+        out.append("a subject transform")
+    if cfg.sealed:
+        out.append("sealed")
+    return out
+
+
+async def ensure_stream(
+    js: JetStreamContext,
+    ns: Namespace,
+    *,
+    duplicate_window_s: float = DEFAULT_DUPLICATE_WINDOW_S,
+    max_age_s: float = 0.0,
+    replicas: int = 1,
+) -> StreamConfig:
+    """The admin step: create the stream if it is missing; verify and repair it if it exists.
+
+    Needs ``$JS.API.STREAM.CREATE`` / ``UPDATE`` (the admin user in
+    ``deploy/nats/accounts.conf``; ``prorsa nats setup`` calls this). A stream of the same
+    name with file storage is kept (its data matters); a wrong subject set, a shorter
+    duplicate window, direct gets off or a subject transform are updated in place. A
+    stream on memory storage cannot be converted, so it is refused loudly instead of
+    silently used.
+    """
+    wanted = stream_config(ns, duplicate_window_s=duplicate_window_s, max_age_s=max_age_s, replicas=replicas)
     try:
         info = await js.stream_info(ns.stream)
     except NotFoundError:
@@ -171,21 +260,59 @@ async def ensure_stream(
         log.info("created stream %s on %s", ns.stream, wanted.subjects)
         return created.config
     cfg = info.config
-    if cfg.storage != StorageType.FILE:
-        raise RuntimeError(
-            f"stream {ns.stream} exists with {cfg.storage} storage; Prorsa needs file storage "
-            "for a durable log. Delete or rename that stream."
-        )
-    needs_update = set(cfg.subjects or []) != set(wanted.subjects or []) or (
-        (cfg.duplicate_window or 0) < duplicate_window_s
-    )
-    if needs_update:
+    _refuse_memory_storage(ns, cfg)
+    drift = stream_drift(ns, cfg, duplicate_window_s)
+    if drift:
+        if cfg.sealed:
+            raise StreamMissing(f"stream {ns.stream} is sealed (it accepts no more messages); "
+                                "delete it, or restore it from a backup")
         cfg.subjects = wanted.subjects
         cfg.duplicate_window = max(cfg.duplicate_window or 0, duplicate_window_s)
+        cfg.allow_direct = True
+        if cfg.subject_transform:
+            cfg.subject_transform = None
         updated = await js.update_stream(cfg)
-        log.warning("updated stream %s to subjects=%s", ns.stream, cfg.subjects)
+        log.warning("updated stream %s (it had %s)", ns.stream, "; ".join(drift))
         return updated.config
     return cfg
+
+
+async def verify_stream(
+    js: JetStreamContext, ns: Namespace, *, duplicate_window_s: float = DEFAULT_DUPLICATE_WINDOW_S
+) -> StreamInfo:
+    """Check that the stream exists and is fit for use, with ``$JS.API.STREAM.INFO`` only.
+
+    What a service with a restricted user calls: stream set-up is an admin step.
+
+    Raises:
+        StreamMissing: the stream is missing, on memory storage, or set up otherwise than
+            :func:`ensure_stream` does it; the message says what to run.
+    """
+    hint = ("stream set-up is an admin step: run `prorsa nats setup` with the admin user's "
+            "credentials (PRORSA_NATS_USER=admin PRORSA_NATS_PASSWORD=...)")
+    try:
+        info = await js.stream_info(ns.stream)
+    except NotFoundError:
+        raise StreamMissing(f"the JetStream stream {ns.stream} does not exist on this NATS server; {hint}") from None
+    _refuse_memory_storage(ns, info.config)
+    drift = stream_drift(ns, info.config, duplicate_window_s)
+    if drift:
+        raise StreamMissing(f"the JetStream stream {ns.stream} is not set up as Prorsa needs it "
+                            f"({'; '.join(drift)}); {hint}")
+    return info
+
+
+async def open_stream(js: JetStreamContext, ns: Namespace, url: str, credentials: Credentials | None) -> None:
+    """What every service does at start: set the stream up itself when it connects without
+    a user (a development server without auth, where everyone may), else only verify it.
+
+    Raises:
+        StreamMissing: see :func:`verify_stream`.
+    """
+    if (credentials or Credentials()).restricted(url):
+        await verify_stream(js, ns)
+    else:
+        await ensure_stream(js, ns)
 
 
 async def publish_event(

@@ -9,7 +9,13 @@ import signal
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 
+from .bus import BusAuthError, BusUnavailable, StreamMissing
+
 log = logging.getLogger("prorsa.lifecycle")
+
+FATAL = (BusAuthError, BusUnavailable, StreamMissing)
+"""Errors a service cannot fix by itself (credentials refused, no bus, no stream): it ends
+with their message on one line and exit status 1 instead of a traceback."""
 
 ServiceMain = Callable[[AsyncExitStack, asyncio.Event], Awaitable[None]]
 
@@ -18,7 +24,8 @@ async def run_until_stopped(main: ServiceMain, name: str, stop: asyncio.Event | 
     """Run ``main(stack, stop)``; SIGINT/SIGTERM set ``stop``; close the stack on the way out.
 
     ``main`` should return soon after ``stop`` is set. A second signal while shutting
-    down cancels it outright.
+    down cancels it outright. One of :data:`FATAL` ends the process (``SystemExit(1)``)
+    after logging its message.
     """
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -45,6 +52,9 @@ async def run_until_stopped(main: ServiceMain, name: str, stop: asyncio.Event | 
     try:
         async with AsyncExitStack() as stack:
             await main(stack, stop)
+    except FATAL as exc:
+        log.error("%s cannot run: %s", name, exc)
+        raise SystemExit(1) from None
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)

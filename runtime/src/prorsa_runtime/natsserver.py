@@ -21,6 +21,9 @@ from collections import deque
 from pathlib import Path
 
 ENV_BINARY = "PRORSA_NATS_SERVER"
+STORE_DIR_ENV = "PRORSA_NATS_STORE_DIR"
+"""The store folder, for a config file that names it as ``store_dir: $PRORSA_NATS_STORE_DIR``
+(nats-server refuses ``-sd`` beside a ``store_dir`` of the file; ``deploy/nats/server.conf``)."""
 
 
 class NatsServerNotFound(RuntimeError):
@@ -98,6 +101,13 @@ class NatsServer:
     ``start()`` returns once the server logs "Server is ready" (no sleeping). The same
     object can be ``kill()``-ed and ``start()``-ed again on the same port and store, which
     is how tests exercise bus outages.
+
+    With ``config_file``, the command line still sets the address, the client port and
+    (``monitor_port``) the monitoring port; the store folder goes in as ``-sd`` unless the
+    file sets ``store_dir`` itself, and always as ``$PRORSA_NATS_STORE_DIR`` in the
+    server's environment (see :meth:`env`), so a file that says
+    ``store_dir: $PRORSA_NATS_STORE_DIR`` stores in ``store_dir`` too. ``environ``: more
+    variables for the server (the passwords a config file reads).
     """
 
     def __init__(
@@ -109,6 +119,8 @@ class NatsServer:
         extra_args: list[str] | None = None,
         config_file: str | os.PathLike | None = None,
         log_file: str | os.PathLike | None = None,
+        monitor_port: int | None = None,
+        environ: dict[str, str] | None = None,
     ):
         self.store_dir = Path(store_dir)
         self.port = port
@@ -117,6 +129,8 @@ class NatsServer:
         self.extra_args = list(extra_args or [])
         self.config_file = Path(config_file) if config_file else None
         self.log_file = Path(log_file) if log_file else None
+        self.monitor_port = monitor_port
+        self.environ = dict(environ or {})
         self.proc: subprocess.Popen[bytes] | None = None
         self._tail: deque[bytes] = deque(maxlen=40)
         self._reader: threading.Thread | None = None
@@ -129,12 +143,23 @@ class NatsServer:
         cmd = [str(self.binary)]
         if self.config_file:
             cmd += ["-c", str(self.config_file)]
-        cmd += [
-            "-a", self.host,
-            "-p", str(self.port if self.port else -1),
-            "-js", "-sd", str(self.store_dir),
-        ]
+        cmd += ["-a", self.host, "-p", str(self.port if self.port else -1), "-js"]
+        if not self._config_sets_store_dir():
+            cmd += ["-sd", str(self.store_dir)]
+        if self.monitor_port is not None:
+            cmd += ["-m", str(self.monitor_port if self.monitor_port else -1)]
         return cmd + self.extra_args
+
+    def env(self) -> dict[str, str]:
+        """What the server's environment needs beyond the caller's: the store folder as
+        ``$PRORSA_NATS_STORE_DIR`` and ``environ``."""
+        return {STORE_DIR_ENV: str(self.store_dir), **self.environ}
+
+    def _config_sets_store_dir(self) -> bool:
+        if not self.config_file:
+            return False
+        text = "\n".join(line.split("#", 1)[0] for line in self.config_file.read_text().splitlines())
+        return re.search(r"\bstore_?dir\b", text, re.IGNORECASE) is not None
 
     def start(self, timeout: float = 30.0) -> "NatsServer":
         if self.proc is not None and self.proc.poll() is None:
@@ -148,7 +173,8 @@ class NatsServer:
         cmd = self.command()
         self._tail.clear()
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, **self.env()},
         )
         ready = threading.Event()
         port_box: list[int] = []

@@ -23,7 +23,7 @@ from nats.aio.client import Client as NATS
 
 from prorsa_schemas import Event, Namespace, encode_event
 
-from .bus import MSG_ID, Credentials, connect, ensure_stream
+from .bus import MSG_ID, Credentials, connect, open_stream
 
 log = logging.getLogger("prorsa.publisher")
 
@@ -232,14 +232,18 @@ class ReliablePublisher:
         self.stats.connects += 1
         js = self.nc.jetstream(publish_async_max_pending=self.max_inflight * 2)
         if self.create_stream:
+            wait = 0.5
             while True:
                 try:
-                    await ensure_stream(js, self.ns)
+                    # Set up without a user; only checked (STREAM.INFO) with one, which the
+                    # admin's `prorsa nats setup` may not have run for yet: wait for it.
+                    await open_stream(js, self.ns, self.url, self.credentials)
                     break
-                except Exception as exc:  # the bus may still be coming up
+                except Exception as exc:  # the bus or the stream may still be coming up
                     self.stats.last_error = repr(exc)
-                    log.warning("publisher %s: stream not ready (%s); retrying", self.name, exc)
-                    await asyncio.sleep(0.5)
+                    log.warning("publisher %s: stream not ready (%s); retrying in %gs", self.name, exc, wait)
+                    await asyncio.sleep(wait)
+                    wait = min(wait * 2, 5.0)
         self._connected.set()
         loop = asyncio.get_running_loop()
         while True:

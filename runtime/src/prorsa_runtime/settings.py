@@ -51,6 +51,10 @@ class ServiceSettings(BaseSettings):
     nats_password: SecretStr | None = Field(default=None, description="NATS password")
     nats_token: SecretStr | None = Field(default=None, description="NATS auth token")
     nats_creds: str | None = Field(default=None, description="path to a NATS .creds file")
+    nats_inbox_prefix: str | None = Field(
+        default=None,
+        description="reply-inbox prefix (default _INBOX.<user>; set it with a .creds file)",
+    )
     subject_prefix: str = Field(default="prorsa", description="subject prefix of all events")
     stream: str = Field(default="PRORSA", description="JetStream stream name")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
@@ -78,6 +82,7 @@ class ServiceSettings(BaseSettings):
             password=self.nats_password.get_secret_value() if self.nats_password else None,
             token=self.nats_token.get_secret_value() if self.nats_token else None,
             creds_file=self.nats_creds,
+            inbox_prefix=self.nats_inbox_prefix,
         )
 
 

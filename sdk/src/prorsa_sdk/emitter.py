@@ -205,6 +205,10 @@ class Emitter(_Methods):
         async with Emitter(run="grpo-7", nats_url="nats://bus:4222") as em:
             await em.dispatched("t1", prompt_tokens=812)
             ...
+
+    Without ``credentials`` it logs in with ``PRORSA_NATS_USER`` / ``PRORSA_NATS_PASSWORD``
+    (or ``_TOKEN`` / ``_CREDS``) from the environment when they are set, else as given in
+    the URL (``nats://rollout:PASSWORD@bus:4222``), else without auth.
     """
 
     def __init__(
@@ -222,7 +226,8 @@ class Emitter(_Methods):
     ):
         self._b = _Builder(run, clock)
         self.publisher = ReliablePublisher(
-            nats_url or _default_url(), name, namespace, credentials=credentials,
+            nats_url or _default_url(), name, namespace,
+            credentials=credentials if credentials is not None else Credentials.from_env(),
             max_buffer=max_buffer, ack_timeout=ack_timeout, max_inflight=max_inflight,
         )
 

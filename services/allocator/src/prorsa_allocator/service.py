@@ -23,9 +23,9 @@ import math
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
-from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from prorsa_runtime import ReliablePublisher, connect, ensure_stream
+from prorsa_runtime import ReliablePublisher, connect, open_stream
+from prorsa_runtime.consumers import subscribe_ordered
 from prorsa_schemas import AllocationPlan, EngineCommand, Event, EventError, Namespace, decode_event
 
 from .planner import Allocator
@@ -86,7 +86,7 @@ class AllocatorService:
         nc = await connect(s.nats_url, "prorsa-allocator", credentials=s.credentials())
         stack.push_async_callback(nc.close)
         js = nc.jetstream()
-        await ensure_stream(js, self.ns)
+        await open_stream(js, self.ns, s.nats_url, s.credentials())
         pub = ReliablePublisher(s.nats_url, "prorsa-allocator-pub", self.ns, credentials=s.credentials())
         await pub.start()
         stack.push_async_callback(pub.close)
@@ -104,13 +104,8 @@ class AllocatorService:
 
         # One ordered consumer over both subject trees keeps their relative stream order
         # (a command is always folded in before the engine.switched that answers it).
-        sub = await js.subscribe(
-            self.ns.engine_all(),
-            stream=self.ns.stream,
-            cb=on_msg,
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.ALL,
-            config=ConsumerConfig(filter_subjects=[self.ns.engine_all(), self.ns.control_all()]),
+        sub = await subscribe_ordered(
+            js, self.ns, self.ns.durable("allocator"), [self.ns.engine_all(), self.ns.control_all()], on_msg,
         )
         stack.push_async_callback(sub.unsubscribe)
         wm_sub = await nc.subscribe(self.ns.watermark(), cb=on_watermark)

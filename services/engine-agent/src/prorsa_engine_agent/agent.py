@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from prorsa_runtime.bus import connect, ensure_stream
+from prorsa_runtime.bus import connect, open_stream
+from prorsa_runtime.consumers import subscribe_ordered
 from prorsa_runtime.publisher import ReliablePublisher
 from prorsa_schemas import (
     EngineCommand,
@@ -29,6 +30,7 @@ from prorsa_schemas import (
     EngineSwitchFailed,
     EngineSwitching,
     EventError,
+    Namespace,
     Parallel,
     decode_event,
 )
@@ -336,8 +338,6 @@ class EngineAgent:
                 log.error("recovering %s failed: %s", st.inst.engine, exc)
 
     async def _watch_registrations(self, js) -> object:
-        from nats.js.api import ConsumerConfig, DeliverPolicy
-
         async def on_msg(msg) -> None:
             try:
                 ev = decode_event(msg.data)
@@ -346,9 +346,8 @@ class EngineAgent:
             if isinstance(ev, EngineRegistered) and ev.server != self.settings.server:
                 self.elsewhere[ev.engine] = ev.server
 
-        return await js.subscribe(self.ns.subject_for_type("engine.registered"), cb=on_msg,
-                                  ordered_consumer=True,
-                                  config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
+        return await subscribe_ordered(js, self.ns, registry_consumer(self.ns, self.settings.server),
+                                       [self.ns.subject_for_type("engine.registered")], on_msg)
 
     async def run(self, stack: AsyncExitStack, stop: asyncio.Event) -> None:
         """Bring the instances up, resume journaled switches, then serve commands until ``stop``."""
@@ -363,12 +362,12 @@ class EngineAgent:
         nc = await connect(s.nats_url, f"engine-agent-{s.server}-cmd", credentials=creds)
         stack.push_async_callback(nc.close)
         js = nc.jetstream()
-        await ensure_stream(js, self.ns)
+        await open_stream(js, self.ns, s.nats_url, creds)
         await self._watch_registrations(js)
         # The durable consumer exists before any engine.registered goes out, so a command
         # sent in reaction to a registration waits for us instead of being missed.
         sub = await js.pull_subscribe(
-            self.ns.commands(), durable=self.ns.durable("engine-agent", _token(s.server)),
+            self.ns.commands(), durable=command_consumer(self.ns, s.server), stream=self.ns.stream,
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.NEW,
                                   ack_wait=30.0, max_ack_pending=1000),
         )
@@ -447,3 +446,14 @@ class EngineAgent:
 
 def _token(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:64]
+
+
+def command_consumer(ns: Namespace, server: str) -> str:
+    """The agent's durable pull consumer of ``engine.command`` (``prorsa-engine-agent-<server>``)."""
+    return ns.durable("engine-agent", _token(server))
+
+
+def registry_consumer(ns: Namespace, server: str) -> str:
+    """The agent's ordered consumer of ``engine.registered`` (``prorsa-agent-registry-<server>``):
+    which engines other agents hold."""
+    return ns.durable("agent-registry", _token(server))

@@ -7,7 +7,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from prorsa_runtime.bus import connect, ensure_stream, publish_event
+from prorsa_runtime.bus import Credentials, connect, open_stream, publish_event
 from prorsa_schemas import EngineCommand, EventError, Namespace, decode_event
 from prorsa_schemas.events import Event
 
@@ -20,15 +20,20 @@ class Outcome:
 
 async def request_switch(nats_url: str, ns: Namespace, engine: str, to_role: str, *,
                          run: str = "cli", deadline_s: float = 600.0, timeout: float = 900.0,
-                         cmd: str | None = None, on_progress=None) -> Outcome:
+                         cmd: str | None = None, on_progress=None,
+                         credentials: Credentials | None = None) -> Outcome:
     """Publish a switch command and return its ``engine.switched`` / ``engine.switch_failed``.
 
-    ``event`` is None when no outcome arrived within ``timeout`` seconds.
+    ``event`` is None when no outcome arrived within ``timeout`` seconds. Publishing a
+    command and reading engine events takes a user that may do both (the admin user of
+    ``deploy/nats/accounts.conf``); ``credentials`` default to ``PRORSA_NATS_*`` in the
+    environment.
     """
-    nc = await connect(nats_url, "prorsa-switch", timeout=10.0)
+    creds = credentials if credentials is not None else Credentials.from_env()
+    nc = await connect(nats_url, "prorsa-switch", timeout=10.0, credentials=creds)
     try:
         js = nc.jetstream()
-        await ensure_stream(js, ns)
+        await open_stream(js, ns, nats_url, creds)
         done: asyncio.Future = asyncio.get_running_loop().create_future()
         progress: list[Event] = []
         cmd_id = cmd or f"cli-{uuid.uuid4().hex[:16]}"

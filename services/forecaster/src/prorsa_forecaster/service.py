@@ -22,10 +22,11 @@ import json
 import logging
 from collections import deque
 
-from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from prorsa_runtime import connect, ensure_stream, publish_event
+from prorsa_runtime import connect, open_stream, publish_event
+from prorsa_runtime.consumers import subscribe_ordered
 from prorsa_schemas import EventError, ForecastComponents, ForecastWindow, decode_event
 
 from .config import ForecastConfig
@@ -156,12 +157,16 @@ class Forecaster:
         nc = await connect(s.nats_url, "prorsa-forecaster", credentials=s.credentials())
         try:
             js = nc.jetstream()
-            await ensure_stream(js, self.ns)
+            await open_stream(js, self.ns, s.nats_url, s.credentials())
             try:
-                last = await js.get_last_msg(self.ns.stream, self.ns.forecasts())
+                # A direct get by subject ($JS.API.DIRECT.GET.<stream>.<subject>): the one read a
+                # permission can pin to the forecasts' subject.
+                last = await js.get_last_msg(self.ns.stream, self.ns.forecasts(), direct=True)
                 self._last_published_t = json.loads(last.data)["t"]
-            except Exception:  # none yet (NotFoundError) or unreadable: publish from the start
+            except NotFoundError:  # none yet: publish from the start
                 pass
+            except Exception as exc:  # unreadable or refused: publish from the start (de-duplicated by id)
+                log.warning("forecaster: cannot read the last forecast (%r); publishing every window", exc)
 
             async def on_msg(msg) -> None:
                 self._buf.append(("event", msg.data))
@@ -175,13 +180,9 @@ class Forecaster:
                 self._buf.append(("watermark", ts))
                 self._wake.set()
 
-            cfg = ConsumerConfig(
-                filter_subjects=[self.ns.rollout_all(), self.ns.engine_all()],
-                deliver_policy=DeliverPolicy.ALL,
-            )
-            await js.subscribe(
-                self.ns.rollout_all(), stream=self.ns.stream, ordered_consumer=True, config=cfg,
-                cb=on_msg, pending_msgs_limit=500_000, pending_bytes_limit=512 * 1024 * 1024,
+            await subscribe_ordered(
+                js, self.ns, self.ns.durable("forecaster"), [self.ns.rollout_all(), self.ns.engine_all()], on_msg,
+                pending_msgs_limit=500_000, pending_bytes_limit=512 * 1024 * 1024,
             )
             await nc.subscribe(self.ns.watermark(), cb=on_watermark)
             self.ready.set()

@@ -219,8 +219,7 @@ class _Child:
             self.resub.set()
 
     async def _subscribe(self) -> None:
-        from nats.js.api import ConsumerConfig, DeliverPolicy
-
+        from prorsa_runtime.consumers import subscribe_ordered
         from prorsa_schemas import EventError, decode_event
 
         self.flush()
@@ -233,12 +232,6 @@ class _Child:
                 log.debug("unsubscribe: %r", exc)
         gen = self.gen
         ns = self.ns
-        cfg = ConsumerConfig(
-            filter_subjects=[ns.rollout_all(), ns.engine_all(), ns.control_all()],
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=self.last + 1,
-        )
-
         async def on_msg(msg) -> None:
             if gen != self.gen:  # a message of a consumer we dropped
                 return
@@ -262,9 +255,11 @@ class _Child:
             if self.forwarded - self.credited > self.max_inflight and not self.paused:
                 self._pause()
 
-        self.sub = await self.js.subscribe(
-            ns.rollout_all(), stream=ns.stream, ordered_consumer=True, config=cfg, cb=on_msg,
-            pending_msgs_limit=200_000, pending_bytes_limit=256 * 1024 * 1024,
+        # The consumer is named (ns.durable("tracker")), so that a deployment's permissions
+        # can name it; subscribe_ordered replaces the one a previous subscription left.
+        self.sub = await subscribe_ordered(
+            self.js, ns, ns.durable("tracker"), [ns.rollout_all(), ns.engine_all(), ns.control_all()], on_msg,
+            start_seq=self.last + 1, pending_msgs_limit=200_000, pending_bytes_limit=256 * 1024 * 1024,
         )
         self.paused = False
 

@@ -33,7 +33,7 @@ from contextlib import AsyncExitStack
 from pydantic import BaseModel
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
-from prorsa_runtime import connect, ensure_stream
+from prorsa_runtime import connect, open_stream
 from prorsa_runtime.bus import MSG_ID
 
 from . import projection
@@ -119,7 +119,7 @@ class Tracker:
             self.nc = await connect(s.nats_url, "prorsa-tracker", credentials=s.credentials())
             stack.push_async_callback(self.nc.close)
             self.js = self.nc.jetstream()
-            await ensure_stream(self.js, self.ns)
+            await open_stream(self.js, self.ns, s.nats_url, s.credentials())
             if s.http_port is not None:
                 from .api import serve_api
 
