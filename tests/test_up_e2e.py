@@ -10,16 +10,20 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from prorsa_runtime.testing import wait_until
 
 pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
 
 UP = [sys.executable, "-m", "prorsa_cli.main", "up", "--emulated-cluster", "--port-base", "0",
       "--engines", "6", "--prefill", "1", "--batch-size", "16", "--steps", "2", "--max-turns", "5",
@@ -32,9 +36,9 @@ UP = [sys.executable, "-m", "prorsa_cli.main", "up", "--emulated-cluster", "--po
 ENV = {**os.environ, "PRORSA_ALLOCATOR_PREFILL_TOKENS_PER_S": "5000"}
 
 
-def _start(workdir: Path) -> subprocess.Popen:
-    return subprocess.Popen(UP + ["--workdir", str(workdir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True, env=ENV)
+def _start(workdir: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(UP + ["--workdir", str(workdir), *extra], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True, env=ENV)
 
 
 def _finish(proc: subprocess.Popen, timeout: float = 240) -> str:
@@ -98,17 +102,46 @@ def test_up_runs_a_workload_to_completion(tmp_path: Path):
     assert not any(p["running"] for p in state["processes"].values())
 
 
+def _mid_run(workdir: Path) -> bool:
+    try:
+        return json.loads((workdir / "progress.json").read_text())["completed"] >= 4
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def test_up_runs_under_the_shipped_nats_config_with_a_user_per_service(tmp_path: Path):
+    # deploy/nats/server.conf: a user per service with only what it needs, the stream set up
+    # by the admin step, the rollout driver publishing as "rollout" through the SDK.
+    proc = _start(tmp_path, "--nats-config", str(ROOT / "deploy" / "nats" / "server.conf"))
+    wait_until(lambda: _mid_run(tmp_path), timeout=180, interval=0.1, what="the run to be under way")
+    # While it runs, every process is logged in as its own user (the monitoring endpoint,
+    # which listens on loopback only).
+    nats_log = tmp_path / "logs" / "nats-server.log"
+    monitor = re.search(r"Starting http monitor on 127\.0\.0\.1:(\d+)", nats_log.read_text())
+    assert monitor, nats_log.read_text()[-2000:]
+    expected = {"prorsa-tracker": "tracker", "prorsa-tracker-receiver": "tracker", "prorsa-forecaster": "forecaster",
+                "prorsa-allocator": "allocator", "prorsa-allocator-pub": "allocator",
+                "engine-agent-node0": "engine-agent", "engine-agent-node0-cmd": "engine-agent",
+                "engine-agent-node1-cmd": "engine-agent", "prorsa-driver": "rollout"}
+
+    def logins() -> dict[str, str]:
+        conns = httpx.get(f"http://127.0.0.1:{monitor.group(1)}/connz?auth=true&limit=1024", timeout=5).json()
+        return {c.get("name"): c.get("authorized_user") for c in conns.get("connections") or []}
+
+    wait_until(lambda: expected.items() <= logins().items(), timeout=60, interval=0.2,
+               what=f"every process logged in as its own user ({logins()})")
+    out = _finish(proc)
+    assert proc.returncode == 0, out[-4000:]
+    assert "created stream PRORSA" in out
+    _check_run(tmp_path, out)
+    # No process was refused anything it does: the server logs every permissions violation.
+    assert "Violation" not in nats_log.read_text(), [l for l in nats_log.read_text().splitlines() if "Violation" in l]
+    assert (tmp_path / "nats-passwords.env").stat().st_mode & 0o777 == 0o600
+
+
 def test_up_survives_nats_and_engine_agent_kills(tmp_path: Path):
     proc = _start(tmp_path)
-    progress = tmp_path / "progress.json"
-
-    def mid_run() -> bool:
-        try:
-            return json.loads(progress.read_text())["completed"] >= 4
-        except (OSError, ValueError, KeyError):
-            return False
-
-    wait_until(mid_run, timeout=180, interval=0.1, what="the run to be under way")
+    wait_until(lambda: _mid_run(tmp_path), timeout=180, interval=0.1, what="the run to be under way")
     state = json.loads((tmp_path / "up-state.json").read_text())["processes"]
     for name in ("nats-server", "agent-node1"):
         os.kill(state[name]["pid"], signal.SIGKILL)
