@@ -1,217 +1,461 @@
-"""Issue #6's headline table: rollout time of colocation, the best static P:D ratio,
-reactive, Prorsa and oracle for one model on every workload x staleness, and Prorsa's
-speedups over each.
+"""The headline comparison: rollout time of every policy on every setting of the paper
+(math, coding, general x staleness 0 / 2 / 8) on DeepSeek-V3.2 (speedups over colocation)
+and MiMo-V2.5-Pro (speedups over the paper's fixed ratio, the paper's Fig. 7 ablation).
 
-    .venv/bin/python benchmarks/headline_table.py --model deepseek-v3.2 --steps 2 --jobs 2
-    .venv/bin/python benchmarks/headline_table.py --restart   # also the restart-mode rows
+    .venv/bin/python benchmarks/headline_table.py [--jobs N]            # the full sweep
+    .venv/bin/python benchmarks/headline_table.py --quick --models mimo-v2.5-pro \\
+        --workloads general --staleness 2 --jobs 1                      # a preview in minutes
 
-Each simulation is one task (the static sweep is one task per ratio), run ``--jobs`` at a
-time and cached as JSON under ``--cache`` (default /tmp/prorsa_headline), keyed by the
-setting and a hash of the code it depends on, so a re-run only simulates what changed.
-Prints a Markdown table (and ``--json`` writes every row).
+Columns: colocation; the paper's fixed ratio (MiMo, Fig. 7: 4:4 math, 5:3 coding, 3:5
+general; the paper gives none for DeepSeek-V3.2: '-'); the hindsight-best fixed ratio (the
+static sweep, per seed); reactive; ``prorsa:paper`` (the paper's section 4.2 rule);
+``prorsa`` (the default priced rule); ``bound`` (the hindsight-best dynamic schedule the
+search finds, ``bound[:grid_s][:beam=B]``). Every PD policy starts from the best static
+ratio of its seed (``runner.run_matrix``, the common start of ``prorsa sim compare``);
+colocation is its own baseline; the bound chooses its own start (that same ratio).
+
+The measurement rule is the simulator's: the first step is the warm-up, reported apart;
+the rollout time is the mean of the steps after it. Each figure is the mean over seeds
+with the min-max; the bound runs on fewer seeds (``--bound-seeds``), and every figure
+that involves it is over those seeds only. Per policy: the speedup over the baseline and
+over the best fixed ratio, the share of the gap between the best fixed ratio and the bound
+that the policy recovers, (static - policy) / (static - bound), '-' where the bound is
+less than 1% faster than the best fixed ratio, switches per measured step and flip-backs
+(an engine switched back within its own previous switch time, ``summary.switch_stats``).
+
+Every simulation is cached in OUT/runs (keyed by setting, policy, seed, start and a hash of
+the code it depends on: the simulator's, plus the allocator's and forecaster's for the
+``prorsa`` policies), so an interrupted sweep resumes and a re-run only simulates what
+changed; they run in ``--jobs`` processes (default: the CPU count). Prints Markdown tables
+and writes OUT/headline.json and OUT/headline.md. A benchmark, not a test.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import importlib.util
 import json
-import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from prorsa_sim.paper import FIG5_MATH_NORM, FIG5_SPEEDUP, FIG7_BEST, git_commit
+from prorsa_sim.progress import sweep_bar
+from prorsa_sim.runner import FULL_GRID, Matrix, Setting, code_versions, default_jobs, run_matrix, spread
+from prorsa_sim.simulator import SimConfig
+
+MODELS = ("deepseek-v3.2", "mimo-v2.5-pro")
 WORKLOADS = ("math", "coding", "general")
 STALENESS = (0, 2, 8)
-SWITCHING = ("reactive", "prorsa", "oracle")
+SWITCHING = ("reactive", "prorsa:paper", "prorsa")
+
+BASELINE = {"deepseek-v3.2": "colocation", "mimo-v2.5-pro": "paper fixed"}
+"""What the speedups are over: DeepSeek-V3.2 against colocation (the paper's Fig. 5),
+MiMo-V2.5-Pro against its fixed ratio (the paper's Fig. 7 ablation)."""
+PAPER_FIXED = {"mimo-v2.5-pro": FIG7_BEST}
+"""The paper's fixed P:D ratios (Fig. 7); only MiMo-V2.5-Pro has them."""
+FIG7_SPEEDUP = (1.0, 1.44)
+"""[P] section 5.4 / Fig. 7: role switching over the fixed ratios, MiMo-V2.5-Pro."""
+
+FULL = {"steps": 6, "seeds": [0, 1, 2], "grid": FULL_GRID, "bound_seeds": [0],
+        "bound": {"math": "bound:120", "coding": "bound:300", "general": "bound:60"}}
+"""6 steps (1 warm-up + 5 measured), 3 seeds, every ratio of 8 engines; the bound with the
+default beam (2), on seed 0 only (its search costs hundreds of simulations of up to a step
+each: docs/simulator.md, "The bound"). CHOICE: its grid follows the steps' length, about a
+fifth of a step or less: 60 s on general (steps of 250-900 s), 120 s on math (230-1,000 s),
+300 s on coding (1,200-2,300 s), where a 60 s grid would be ~200 segments a search."""
+QUICK = {"steps": 3, "seeds": [0], "grid": 4, "bound_seeds": [0],
+         "bound": {"math": "bound:120:beam=1", "coding": "bound:300:beam=1", "general": "bound:120:beam=1"}}
+"""A preview: 3 steps (1 warm-up + 2), one seed, a 4-point static grid (1:7, 3:5, 5:3, 7:1,
+plus MiMo's paper ratio), the bound with beam 1 on a coarser grid."""
+
+GAP_MIN = 0.01
+"""A gap between the best fixed ratio and the bound under 1% of the best fixed ratio's
+time: no share is reported (within the noise of one policy against another)."""
 
 
-def _package_dir(name: str) -> Path:
-    # The code that will actually be imported (PYTHONPATH may point at a snapshot).
-    spec = importlib.util.find_spec(name)
-    assert spec is not None and spec.origin is not None, name
-    return Path(spec.origin).parent
+def paper_range(model: str, workload: str) -> tuple[float, float] | None:
+    """The paper's speedup range for this column's baseline (None: the paper gives none)."""
+    if model == "mimo-v2.5-pro":
+        return FIG7_SPEEDUP
+    if workload == "math":
+        lo, hi = FIG5_MATH_NORM  # normalised step time PD / colocation, all models
+        return (round(1 / hi, 2), round(1 / lo, 2))
+    return FIG5_SPEEDUP.get((model, workload))
 
 
-def _code_hash(policy: str) -> str:
-    """Hash of the sources a result depends on (the simulator core; for switching policies
-    also the policies and the allocator core)."""
-    sim = _package_dir("prorsa_sim")
-    files = sorted(p for p in sim.glob("*.py") if p.name not in ("cli.py", "plot.py"))
-    if policy.split(":")[0] in SWITCHING:
-        files += sorted((sim / "policies").glob("*.py"))
-        files += sorted(_package_dir("prorsa_allocator").glob("*.py"))
-        if policy.startswith("prorsa"):
-            files += sorted(_package_dir("prorsa_forecaster").glob("*.py"))
-    h = hashlib.sha1()
-    for f in files:
-        h.update(f.name.encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()[:12]
+# --- the sweep ---------------------------------------------------------------------------------
 
 
-def _run(task: dict) -> dict:
-    from prorsa_sim.policy import make_policy
-    from prorsa_sim.simulator import Simulator, build_config
-
-    cfg = build_config(
-        workload=task["workload"], model=task["model"], staleness=task["staleness"],
-        steps=task["steps"], seed=task["seed"], batch_size=task["batch_size"],
-    )
-    t0 = time.perf_counter()
-    res = Simulator(cfg, make_policy(task["policy"])).run()
-    s = res.summary
-    return {
-        **task,
-        "wall_s": round(time.perf_counter() - t0, 1),
-        "rollout_time_s": s["rollout_time_s"],
-        "step_times_s": s["step_times_s"],
-        "switches": s["switches"],
-        "final_roles": s["final_roles"],
-        "gpu_idle_ratio": s["gpu_idle_ratio"],
-        "mean_trajectory_s": s["mean_trajectory_s"],
-    }
+def _cfg(a, model: str, workload: str, staleness: int) -> SimConfig:
+    return SimConfig(workload=workload, model=model, staleness=staleness, steps=a.steps, batch_size=a.batch_size,
+                     total_gpus=a.gpus)
 
 
-def _key(task: dict) -> str:
-    name = "_".join(str(task[k]) for k in ("model", "workload", "staleness", "steps", "seed", "batch_size"))
-    return f"{name}_{task['policy'].replace(':', '-')}_{_code_hash(task['policy'])}.json"
+def settings_of(a) -> list[tuple[str, str, int]]:
+    return [(m, w, s) for m in a.models for w in a.workloads for s in a.staleness]
 
 
-def tasks_for(args) -> list[dict]:
-    from prorsa_sim.costmodel import get_profile
-    from prorsa_sim.policy import static_sweep_ratios
+def paper_spec(model: str, workload: str) -> str | None:
+    r = PAPER_FIXED.get(model, {}).get(workload)
+    return f"static:{r[0]}:{r[1]}" if r else None
 
-    n = get_profile(args.model).engines_in(128)
-    out = []
-    for w in args.workloads:
-        for st in args.staleness:
-            pols = ["colocation", *(f"static:{p}:{d}" for p, d in static_sweep_ratios(n)), *args.policies]
-            if args.restart and w != "math":
-                pols += [f"{p}:restart" for p in args.restart_policies]
-            for pol in pols:
-                out.append(dict(model=args.model, workload=w, staleness=st, steps=args.steps, seed=args.seed,
-                                batch_size=args.batch_size, policy=pol))
+
+POLICIES = ["colocation", "static", *SWITCHING]
+
+
+def run(a, version) -> Matrix:
+    """Every setting in one :func:`runner.run_matrix` (the bound is each setting's own
+    policy: its grid depends on the workload)."""
+    sets = []
+    for m, w, s in settings_of(a):
+        extra = paper_spec(m, w)
+        sets.append(Setting(_cfg(a, m, w, s), statics=(extra,) if extra else (),
+                            policies=(a.bound[w],) if w in a.bound else ()))
+    seeds_for = {spec: a.bound_seeds for spec in a.bound.values()}
+    with sweep_bar() as bar:
+        return run_matrix(sets, POLICIES, a.seeds, a.jobs, "best", a.grid, a.out, bar.progress, bar.on_total,
+                          version, seeds_for)
+
+
+# --- what the table reports ----------------------------------------------------------------------
+
+
+def _ratio_of(spec: str) -> str:
+    return spec[len("static:"):]
+
+
+def best_fixed(mat: Matrix, i: int, seed: int, bound: dict | None) -> tuple[str, float, str]:
+    """The hindsight-best fixed ratio of a seed: the best of the static runs (the grid and
+    the paper's ratio) and, on a seed the bound ran on, of the bound's own static sweep
+    (the same simulations, every ratio: it matters only when the grid is coarser)."""
+    spec, summ, _ = mat.best[(i, seed)]
+    out = (_ratio_of(spec), summ["rollout_time_s"], "sweep")
+    if bound is not None:
+        for sp, rt in (bound.get("bound_search") or {}).get("static_sweep", {}).items():
+            if rt is not None and rt < out[1]:
+                out = (_ratio_of(sp), rt, "bound's sweep")
     return out
 
 
-def run_all(tasks: list[dict], cache: Path, jobs: int) -> dict[str, dict]:
-    cache.mkdir(parents=True, exist_ok=True)
-    results, todo = {}, []
-    for t in tasks:
-        f = cache / _key(t)
-        if f.exists():
-            results[_key(t)] = json.loads(f.read_text())
+def _spread_of(per_seed: dict[int, float | None]) -> dict:
+    return spread(list(per_seed.values()))
+
+
+def setting_record(a, mat: Matrix, i: int, m: str, w: str, s: int) -> dict:
+    seeds = a.seeds
+    runs = mat.runs
+    bspec = a.bound.get(w)
+    bound_seeds = a.bound_seeds if bspec else []
+    bounds = {sd: runs.get((i, sd, bspec)) for sd in bound_seeds}
+    fixed = {sd: best_fixed(mat, i, sd, bounds.get(sd)) for sd in seeds}
+    pspec = paper_spec(m, w)
+    base_spec = pspec if BASELINE[m] == "paper fixed" else "colocation"
+
+    def rt(spec: str, sd: int) -> float | None:
+        if spec == "best fixed":
+            return fixed[sd][1]
+        r = runs.get((i, sd, spec))
+        return None if r is None else r["rollout_time_s"]
+
+    cols: dict[str, dict] = {}
+    names = ["colocation", *(["paper fixed"] if pspec else []), "best fixed", *SWITCHING, *(["bound"] if bspec else [])]
+    for name in names:
+        spec = {"paper fixed": pspec, "bound": bspec}.get(name, name)
+        sds = bound_seeds if name == "bound" else seeds
+        col: dict = {"spec": spec if name != "best fixed" else None, "seeds": list(sds)}
+        times = {sd: rt(spec, sd) for sd in sds}
+        col["rollout_time_s"] = _spread_of(times)
+        col["rollout_time_per_seed"] = times
+        col["speedup"] = _spread_of({sd: _div(rt(base_spec, sd), times[sd]) for sd in sds})
+        col["vs_best_fixed"] = _spread_of({sd: _div(fixed[sd][1], times[sd]) for sd in sds})
+        if name == "best fixed":
+            col["ratio_per_seed"] = {sd: fixed[sd][0] for sd in sds}
+            col["found_by"] = {sd: fixed[sd][2] for sd in sds}
+            # The warm-up of the grid's best run (a ratio found by the bound's sweep only: not kept).
+            col["warmup_step_s"] = spread([mat.best[(i, sd)][1]["warmup_step_s"] for sd in sds
+                                           if fixed[sd][2] == "sweep"])
         else:
-            todo.append(t)
-    print(f"{len(tasks) - len(todo)} cached, {len(todo)} to simulate ({jobs} at a time)", file=sys.stderr)
-    # Setting by setting (agentic first), the expensive policies first within one, so a
-    # partial run still gives whole rows and the pool is rarely left with one straggler.
-    order = {w: i for i, w in enumerate(("coding", "general", "math"))}
-    todo.sort(key=lambda t: (order[t["workload"]], t["staleness"], t["policy"].split(":")[0] not in ("oracle", "prorsa")))
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futs = {pool.submit(_run, t): t for t in todo}
-        for fut in as_completed(futs):
-            t = futs[fut]
-            try:
-                r = fut.result()
-            except Exception as exc:  # one broken setting must not lose the others
-                print(f"FAILED {t}: {exc!r}", file=sys.stderr)
-                continue
-            (cache / _key(t)).write_text(json.dumps(r))
-            results[_key(t)] = r
-            print(f"{t['workload']}/{t['staleness']}/{t['policy']}: {r['rollout_time_s']} s "
-                  f"({r['switches']} switches, {r['wall_s']} s wall)", file=sys.stderr)
-    return results
+            summs = {sd: runs[(i, sd, spec)] for sd in sds}
+            col["warmup_step_s"] = spread([x["warmup_step_s"] for x in summs.values()])
+        if name in (*SWITCHING, "bound"):
+            col["start"] = {sd: summs[sd].get("start") for sd in sds}
+            for k in ("switches", "switches_measured", "switches_per_step", "flip_backs", "flip_backs_run"):
+                col[k] = spread([x.get(k) for x in summs.values()])
+            col["flip_back_log"] = {sd: summs[sd].get("flip_back_log", []) for sd in sds}
+            shares = {}
+            for sd in bound_seeds:
+                b = bounds.get(sd)
+                if b is None:
+                    continue
+                st, bt, pt = fixed[sd][1], b["rollout_time_s"], times.get(sd)
+                shares[sd] = (None if pt is None or st - bt < GAP_MIN * st else round((st - pt) / (st - bt), 4))
+            col["gap_share_per_seed"] = shares
+            col["gap_share"] = _spread_of(shares)
+        if name == "bound":
+            col["search"] = {sd: {k: (summs[sd].get("bound_search") or {}).get(k) for k in (
+                "best_static", "best_static_rollout_s", "chosen", "schedule", "segments", "lookaheads",
+                "lookaheads_cut", "wall_s", "search_matches_replay")} for sd in sds}
+        cols[name] = col
+    gaps = {sd: (round((fixed[sd][1] - bounds[sd]["rollout_time_s"]) / fixed[sd][1], 4) if bounds.get(sd) else None)
+            for sd in bound_seeds}
+    return {
+        "model": m, "workload": w, "staleness": s,
+        "baseline": "colocation" if base_spec == "colocation" else f"paper fixed ({_ratio_of(base_spec)})",
+        "paper_fixed": _ratio_of(pspec) if pspec else None,
+        "bound_spec": bspec,
+        "paper_speedup_range": paper_range(m, w),
+        "start_per_seed": {sd: _ratio_of(mat.best[(i, sd)][0]) for sd in seeds},
+        "bound_gap_per_seed": gaps,
+        "columns": cols,
+    }
 
 
-def table(tasks: list[dict], results: dict[str, dict], args) -> tuple[str, list[dict]]:
-    rows = []
-    by = {}
-    for t in tasks:
-        r = results.get(_key(t))
-        if r is not None:
-            by.setdefault((t["workload"], t["staleness"]), {})[t["policy"]] = r
-    for w in args.workloads:
-        for st in args.staleness:
-            got = by.get((w, st), {})
-            statics = {p: r["rollout_time_s"] for p, r in got.items() if p.startswith("static:")}
-            row = {"workload": w, "staleness": st}
-            if statics:
-                best = min(statics, key=statics.get)
-                row["best_static"], row["static"] = best[len("static:"):], statics[best]
-            for p in ("colocation", *args.policies, *(f"{q}:restart" for q in args.restart_policies)):
-                if p in got:
-                    row[p] = got[p]["rollout_time_s"]
-                    if p.split(":")[0] in SWITCHING:
-                        row[f"{p} switches"] = got[p]["switches"]
-            rows.append(row)
-
-    def f(x):
-        return "-" if x is None else f"{x:.0f}"
-
-    def sp(a, b):
-        return "-" if a is None or b is None else f"{b / a:.2f}x"
-
-    cols = ["workload", "stale", "colocation", "best static (P:D)", "reactive", "prorsa (switches)", "oracle",
-            "prorsa vs coloc", "vs static", "vs reactive", "vs oracle"]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        pr = r.get("prorsa")
-        lines.append("| " + " | ".join([
-            r["workload"], str(r["staleness"]), f(r.get("colocation")),
-            f"{f(r.get('static'))} ({r.get('best_static', '-')})", f(r.get("reactive")),
-            f"{f(pr)} ({r.get('prorsa switches', '-')})", f(r.get("oracle")),
-            sp(pr, r.get("colocation")), sp(pr, r.get("static")), sp(pr, r.get("reactive")), sp(pr, r.get("oracle")),
-        ]) + " |")
-    if args.restart:
-        lines += ["", "Restart mode (stock SGLang 0.5.23: no in-place switch with EP > 1):", ""]
-        cols = ["workload", "stale", "best static", *(f"{p}:restart (switches)" for p in args.restart_policies),
-                "prorsa:restart vs static", "vs prorsa in place"]
-        lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-        for r in rows:
-            if r["workload"] == "math":
-                continue
-            pr = r.get("prorsa:restart")
-            lines.append("| " + " | ".join([
-                r["workload"], str(r["staleness"]), f(r.get("static")),
-                *(f"{f(r.get(p + ':restart'))} ({r.get(p + ':restart switches', '-')})" for p in args.restart_policies),
-                sp(pr, r.get("static")), sp(pr, r.get("prorsa")),
-            ]) + " |")
-    return "\n".join(lines), rows
+def _div(a, b):
+    return round(a / b, 4) if a and b else None
 
 
-def main() -> None:
+def must_show(recs: list[dict]) -> list[dict]:
+    """The issue's bars, on what this run measured."""
+    out = []
+    for r in recs:
+        c = r["columns"]
+        setting = f"{r['model']} {r['workload']}/{r['staleness']}"
+        agentic = r["workload"] != "math"
+        bound = "bound" if "bound" in c else None
+        if bound:
+            v = c[bound]["vs_best_fixed"]["min"]
+            out.append({"bar": "bound no slower than the best fixed ratio", "setting": setting, "value": v,
+                        "ok": v is not None and v >= 1.0 - 1e-9})
+        v = c["prorsa"]["vs_best_fixed"]["min"]
+        out.append({"bar": "prorsa within 1% of the best fixed ratio", "setting": setting, "value": v,
+                    "ok": v is not None and v >= 0.99})
+        if agentic:
+            pr, re_ = c["prorsa"]["rollout_time_s"]["mean"], c["reactive"]["rollout_time_s"]["mean"]
+            out.append({"bar": "prorsa faster than reactive (agentic)", "setting": setting,
+                        "value": _div(re_, pr), "ok": bool(pr and re_ and pr < re_)})
+        if bound:
+            for sd, g in r["bound_gap_per_seed"].items():
+                if g is not None and g >= 0.05:
+                    sh = c["prorsa"]["gap_share_per_seed"].get(sd)
+                    out.append({"bar": "bound >= 5% faster: prorsa recovers >= half the gap", "setting":
+                                f"{setting} seed {sd}", "value": sh, "ok": sh is not None and sh >= 0.5})
+        if r["model"] == "mimo-v2.5-pro":
+            v = c["prorsa"]["speedup"]["mean"]
+            out.append({"bar": "MiMo: prorsa over the paper's fixed ratio >= 1.0x (paper 1.0-1.44x)",
+                        "setting": setting, "value": v, "ok": v is not None and v >= 1.0})
+        if bound:
+            fb_b = c[bound]["flip_backs"]["max"] or 0
+            for p in SWITCHING:
+                fb = c[p]["flip_backs"]["max"]
+                out.append({"bar": f"no flip-backs unless the bound flips back ({p})", "setting": setting,
+                            "value": fb, "ok": fb is not None and (fb == 0 or fb_b > 0)})
+    return out
+
+
+# --- Markdown ------------------------------------------------------------------------------------
+
+
+def _t(sp: dict, nd: int = 1) -> str:
+    if sp is None or sp.get("mean") is None:
+        return "-"
+    if sp["n"] > 1 and sp["max"] != sp["min"]:
+        return f"{sp['mean']:.{nd}f} ({sp['min']:.{nd}f}-{sp['max']:.{nd}f})"
+    return f"{sp['mean']:.{nd}f}"
+
+
+def _x(sp: dict) -> str:
+    if sp is None or sp.get("mean") is None:
+        return "-"
+    if sp["n"] > 1 and sp["max"] != sp["min"]:
+        return f"{sp['mean']:.3f}x ({sp['min']:.3f}-{sp['max']:.3f})"
+    return f"{sp['mean']:.3f}x"
+
+
+def _share(sp: dict) -> str:
+    if sp is None or sp.get("mean") is None:
+        return "-"
+    if sp["n"] > 1 and sp["max"] != sp["min"]:
+        return f"{100 * sp['mean']:.0f}% ({100 * sp['min']:.0f}-{100 * sp['max']:.0f}%)"
+    return f"{100 * sp['mean']:.0f}%"
+
+
+def _row(cells) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def to_markdown(rep: dict) -> str:
+    m = rep["meta"]
+    bound = "bound" if m["bound"] else None
+    cols = [*SWITCHING, *([bound] if bound else [])]
+    dag = "†" if bound and m["bound_seeds"] != m["seeds"] else ""
+    lines = [
+        "# Headline comparison",
+        "",
+        f"{'QUICK preset (a preview, not the measurement); ' if m['quick'] else ''}{m['steps']} steps (1 warm-up, "
+        f"reported apart, + {m['steps'] - 1} measured); seeds {', '.join(map(str, m['seeds']))}; static grid "
+        f"{m['grid']} (+ MiMo's paper ratio); batch {m['batch_size']}, {m['gpus']} GPUs; every PD policy starts "
+        f"from its seed's best static ratio of the grid.",
+    ]
+    if bound:
+        specs = ", ".join(f"`{spec}` on {w}" for w, spec in m["bound"].items() if w in m["workloads"])
+        lines.append(f"Bound: {specs}; on seed(s) {', '.join(map(str, m['bound_seeds']))} only{' (†)' if dag else ''}: "
+                     "its columns, the gap shares and its flip-backs are over those seeds.")
+    lines += [
+        f"Code {m['code_version']} (allocator+forecaster {m['allocator_code_version']}), commit {m['commit']}; "
+        f"wall {m['wall_s']} s with {m['jobs']} process(es).",
+        "",
+        "Rollout time (simulated s, mean of the measured steps; mean over seeds (min-max)):",
+        "",
+        _row(["model", "workload", "stale", "colocation", "paper fixed", "best fixed (P:D)", *cols]),
+        "|" + "---|" * (6 + len(cols)),
+    ]
+    for r in rep["settings"]:
+        c = r["columns"]
+        ratios = "/".join(dict.fromkeys(c["best fixed"]["ratio_per_seed"].values()))
+        lines.append(_row([r["model"], r["workload"], str(r["staleness"]), _t(c["colocation"]["rollout_time_s"]),
+                           f"{_t(c['paper fixed']['rollout_time_s'])} ({r['paper_fixed']})" if r["paper_fixed"] else "-",
+                           f"{_t(c['best fixed']['rollout_time_s'])} ({ratios})",
+                           *(_t(c.get(p, {}).get("rollout_time_s")) + (dag if p == bound else "") for p in cols)]))
+    lines += ["", "Speedup over the baseline (DeepSeek-V3.2: colocation; MiMo-V2.5-Pro: the paper's fixed ratio), "
+              "per seed, then mean (min-max); the paper's range beside it:", "",
+              _row(["model", "workload", "stale", "baseline", "best fixed", *cols, "paper"]),
+              "|" + "---|" * (6 + len(cols))]
+    for r in rep["settings"]:
+        c = r["columns"]
+        pr = r["paper_speedup_range"]
+        lines.append(_row([r["model"], r["workload"], str(r["staleness"]), r["baseline"], _x(c["best fixed"]["speedup"]),
+                           *(_x(c.get(p, {}).get("speedup")) + (dag if p == bound else "") for p in cols),
+                           f"{pr[0]}-{pr[1]}x" if pr else "-"]))
+    lines += ["", "Against the best fixed ratio: speedup / share of the gap between the best fixed ratio and the "
+              "bound that the policy recovers, (static - policy) / (static - bound); '-' where the bound is less "
+              "than 1% faster than the best fixed ratio:", "",
+              _row(["model", "workload", "stale", "bound over best fixed", *SWITCHING]),
+              "|" + "---|" * (4 + len(SWITCHING))]
+    for r in rep["settings"]:
+        c = r["columns"]
+        lines.append(_row([r["model"], r["workload"], str(r["staleness"]),
+                           (_x(c.get(bound, {}).get("vs_best_fixed")) + dag) if bound else "-",
+                           *(f"{_x(c[p]['vs_best_fixed'])} / {_share(c[p]['gap_share'])}" for p in SWITCHING)]))
+    lines += ["", "No flapping: switches per measured step (flip-backs in the measured steps: an engine switched "
+              "back within its own previous switch time, drain included); mean over seeds:", "",
+              _row(["model", "workload", "stale", *cols]), "|" + "---|" * (3 + len(cols))]
+    for r in rep["settings"]:
+        c = r["columns"]
+        lines.append(_row([r["model"], r["workload"], str(r["staleness"]),
+                           *(f"{_t(c.get(p, {}).get('switches_per_step'), 2)} ({_t(c.get(p, {}).get('flip_backs'), 1)})"
+                             + (dag if p == bound else "") for p in cols)]))
+    lines += ["", "Warm-up step (simulated s; not in the figures above):", "",
+              _row(["model", "workload", "stale", "colocation", "best fixed", *cols]), "|" + "---|" * (5 + len(cols))]
+    for r in rep["settings"]:
+        c = r["columns"]
+        lines.append(_row([r["model"], r["workload"], str(r["staleness"]), _t(c["colocation"]["warmup_step_s"]),
+                           _t(c["best fixed"]["warmup_step_s"]), *(_t(c.get(p, {}).get("warmup_step_s")) for p in cols)]))
+    notes = []
+    for r in rep["settings"]:
+        c = r["columns"]
+        for sd, by in c["best fixed"]["found_by"].items():
+            if by != "sweep":
+                notes.append(f"- {r['model']} {r['workload']}/{r['staleness']} seed {sd}: the best fixed ratio "
+                             f"({c['best fixed']['ratio_per_seed'][sd]}) is off the grid, from the bound's own sweep; "
+                             f"the switching policies started from the grid's best ({r['start_per_seed'][sd]}).")
+    if notes:
+        lines += ["", *notes]
+    lines += ["", "Must show:", "", "| bar | setting | value | ok |", "|---|---|---|---|"]
+    for b in rep["must_show"]:
+        v = b["value"]
+        lines.append(f"| {b['bar']} | {b['setting']} | {'-' if v is None else v} | {'yes' if b['ok'] else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
+# --- main ----------------------------------------------------------------------------------------
+
+
+def _list(values: list[str] | None, cast=str):
+    """``--opt a b`` or ``--opt a,b``."""
+    if not values:
+        return None
+    return [cast(x) for v in values for x in v.split(",") if x]
+
+
+def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="deepseek-v3.2")
-    ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true",
+                    help="preview: 3 steps, seed 0, a 4-point static grid, the bound with beam 1 on a coarser grid")
+    ap.add_argument("--models", nargs="+", help=f"default: {' '.join(MODELS)}")
+    ap.add_argument("--workloads", nargs="+", help=f"default: {' '.join(WORKLOADS)}")
+    ap.add_argument("--staleness", nargs="+", help="default: 0 2 8")
+    ap.add_argument("--seeds", nargs="+", help="default 0 1 2 (--quick: 0)")
+    ap.add_argument("--steps", type=int, help="steps incl. the warm-up (default 6; --quick: 3)")
+    ap.add_argument("--grid", type=int, help=f"static sweep points (default {FULL_GRID}; --quick: 4)")
+    ap.add_argument("--bound", nargs="+", help="the bound's spec, bound[:grid_s][:beam=B], for every workload or as "
+                    "WORKLOAD=SPEC (default: " + " ".join(f"{w}={b}" for w, b in FULL["bound"].items()) + "; --quick: "
+                    + " ".join(f"{w}={b}" for w, b in QUICK["bound"].items()) + ")")
+    ap.add_argument("--bound-seeds", nargs="+", help="the seeds the bound runs on (default: 0)")
+    ap.add_argument("--no-bound", action="store_true", help="leave the bound out")
     ap.add_argument("--batch-size", type=int, default=512)
-    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
-    ap.add_argument("--staleness", nargs="+", type=int, default=list(STALENESS))
-    ap.add_argument("--policies", nargs="+", default=list(SWITCHING))
-    ap.add_argument("--restart", action="store_true", help="Also the agentic settings in restart mode.")
-    ap.add_argument("--restart-policies", nargs="+", default=["prorsa"])
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--cache", type=Path, default=Path("/tmp/prorsa_headline"))
-    ap.add_argument("--json", type=Path, help="Write the rows here.")
-    ap.add_argument("--table-only", action="store_true", help="Print what is cached; simulate nothing.")
-    args = ap.parse_args()
-    if not args.restart:
-        args.restart_policies = []
-    tasks = tasks_for(args)
-    if args.table_only:
-        results = {_key(t): json.loads((args.cache / _key(t)).read_text()) for t in tasks if (args.cache / _key(t)).exists()}
-    else:
-        results = run_all(tasks, args.cache, args.jobs)
-    text, rows = table(tasks, results, args)
-    print(f"model {args.model}, {args.steps} steps, seed {args.seed}, batch {args.batch_size}; rollout time in "
-          f"simulated seconds (mean step time); speedup = other / prorsa")
-    print(text)
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+    ap.add_argument("--gpus", type=int, default=128)
+    ap.add_argument("--jobs", type=int, default=None, help="parallel processes (default: the CPU count)")
+    ap.add_argument("--out", type=Path, default=Path(".prorsa/headline"),
+                    help="cached runs (OUT/runs), headline.json and headline.md")
+    a = ap.parse_args(argv)
+    preset = QUICK if a.quick else FULL
+    a.models = _list(a.models) or list(MODELS)
+    a.workloads = _list(a.workloads) or list(WORKLOADS)
+    a.staleness = _list(a.staleness, int) if a.staleness else list(STALENESS)
+    a.seeds = _list(a.seeds, int) if a.seeds else list(preset["seeds"])
+    a.steps = a.steps or preset["steps"]
+    a.grid = a.grid or preset["grid"]
+    bound = dict(preset["bound"])
+    for item in _list(a.bound) or []:
+        w, _, spec = item.partition("=") if "=" in item.split(":", 1)[0] else ("", "", item)
+        if w and w not in WORKLOADS:
+            ap.error(f"--bound {item!r}: unknown workload {w!r}")
+        bound.update({w: spec} if w else {x: spec for x in WORKLOADS})
+    a.bound = {} if a.no_bound else {w: b for w, b in bound.items() if w in a.workloads}
+    a.bound_seeds = _list(a.bound_seeds, int) if a.bound_seeds else [x for x in preset["bound_seeds"] if x in a.seeds]
+    a.bound_seeds = [x for x in a.bound_seeds if x in a.seeds] or a.seeds[:1]
+    a.jobs = a.jobs or default_jobs()
+    for m in a.models:
+        if m not in BASELINE:
+            ap.error(f"unknown model {m!r}; choose from {', '.join(MODELS)}")
+    for w in a.workloads:
+        if w not in WORKLOADS:
+            ap.error(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
+    from prorsa_sim.policy import make_policy
+
+    for spec in a.bound.values():
+        try:
+            if spec.split(":")[0] != "bound":
+                raise ValueError(f"--bound takes bound[:grid_s][:beam=B] specs, not {spec!r}")
+            make_policy(spec)
+        except ValueError as exc:
+            ap.error(str(exc))
+    return a
+
+
+def main(argv=None) -> None:
+    a = parse(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    version = code_versions()
+    t0 = time.perf_counter()
+    mat = run(a, version)
+    wall = time.perf_counter() - t0
+    recs = [setting_record(a, mat, i, m, w, s) for i, (m, w, s) in enumerate(settings_of(a))]
+    rep = {
+        "meta": {
+            "quick": a.quick, "models": a.models, "workloads": a.workloads, "staleness": a.staleness,
+            "seeds": a.seeds, "steps": a.steps, "measured_steps": a.steps - 1, "grid": a.grid, "bound": a.bound,
+            "bound_seeds": a.bound_seeds if a.bound else [], "batch_size": a.batch_size, "gpus": a.gpus,
+            "jobs": a.jobs, "code_version": version.sim, "allocator_code_version": version.allocator,
+            "commit": git_commit(), "wall_s": round(wall, 1), "gap_min": GAP_MIN,
+        },
+        "settings": recs,
+        "must_show": must_show(recs, a.bound),
+    }
+    (a.out / "headline.json").write_text(json.dumps(rep, indent=1, sort_keys=True) + "\n")
+    md = to_markdown(rep)
+    (a.out / "headline.md").write_text(md)
+    print(md)
+    print(f"-> {a.out / 'headline.json'}, {a.out / 'headline.md'}")
 
 
 if __name__ == "__main__":

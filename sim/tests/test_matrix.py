@@ -9,18 +9,21 @@ from prorsa_sim.runner import CodeVersions, Job, Setting, code_version, code_ver
 from prorsa_sim.simulator import SimConfig
 
 TINY = SimConfig(workload="general", model="qwen3-235b", staleness=2, steps=2, batch_size=8, total_gpus=16)
-POLICIES = ["colocation", "static", "reactive", "prorsa", "bound:60:beam=1"]
+POLICIES = ["colocation", "static", "reactive", "prorsa"]
+BOUND = "bound:60:beam=1"
 
 
 def test_settings_seeds_extra_statics_fewer_seeds_and_the_cache(tmp_path):
-    settings = [Setting(TINY, statics=("static:2:2",)), Setting(replace(TINY, staleness=0))]
+    # The bound on the first setting only (its own policy), and there on seed 0 only.
+    settings = [Setting(TINY, statics=("static:2:2",), policies=(BOUND,)), Setting(replace(TINY, staleness=0))]
     seen: list[Job] = []
     total: list[int] = []
     m = run_matrix(settings, POLICIES, [0, 1], n_jobs=1, grid=2, cache_dir=tmp_path, progress=seen.append,
-                   on_total=total.append, seeds_for={"bound:60:beam=1": [0]})
+                   on_total=total.append, seeds_for={BOUND: [0]})
     # Phase 1: colocation + the 2-point grid (1:3, 3:1) + 2:2 on the first setting; phase 2:
-    # reactive and prorsa on both seeds, the bound on seed 0 only.
-    assert total == [2 * (1 + 3) + 2 * (1 + 2) + 2 * (2 * 2 + 1)] == [len(seen)]
+    # reactive and prorsa on both seeds, the bound on seed 0 of the first setting only.
+    assert total == [2 * (1 + 3) + 2 * (1 + 2) + 2 * 2 * 2 + 1] == [len(seen)]
+    assert seen[2 * (1 + 3) + 2 * (1 + 2)].spec == BOUND  # the slowest first in phase 2
     for i, setting in enumerate(settings):
         for s in (0, 1):
             spec, summ, tried = m.best[(i, s)]
@@ -30,17 +33,18 @@ def test_settings_seeds_extra_statics_fewer_seeds_and_the_cache(tmp_path):
             for pol in ("reactive", "prorsa"):
                 assert m.runs[(i, s, pol)]["start"] == f"{p}:{d}"
                 assert m.runs[(i, s, pol)]["seed"] == s
-        assert (i, 1, "bound:60:beam=1") not in m.runs
-        assert m.runs[(i, 0, "bound:60:beam=1")]["start"] is None  # the bound chooses its own start
+        assert (i, 1, BOUND) not in m.runs
+    assert m.runs[(0, 0, BOUND)]["start"] is None  # the bound chooses its own start
+    assert (1, 0, BOUND) not in m.runs and BOUND not in {r["spec"] for r in m.rows(1)}
     rows = {r["spec"]: r for r in m.rows(0)}
-    assert rows["bound:60:beam=1"]["seeds"] == [0] and len(rows["bound:60:beam=1"]["per_seed"]) == 1
+    assert rows[BOUND]["seeds"] == [0] and len(rows[BOUND]["per_seed"]) == 1
     assert rows["reactive"]["seeds"] == [0, 1]
     co = rows["colocation"]["per_seed"][0]["rollout_time_s"]
-    b = rows["bound:60:beam=1"]["per_seed"][0]["rollout_time_s"]
-    assert rows["bound:60:beam=1"]["speedup_per_seed"] == [round(co / b, 4)]
+    b = rows[BOUND]["per_seed"][0]["rollout_time_s"]
+    assert rows[BOUND]["speedup_per_seed"] == [round(co / b, 4)]
     assert rows["static"]["best_ratio_per_seed"] == [m.best[(0, s)][0][len("static:"):] for s in (0, 1)]
     # The bound's own (full) sweep agrees with the matrix's runs of the same ratios.
-    bs = rows["bound:60:beam=1"]["per_seed"][0]["bound_search"]["static_sweep"]
+    bs = rows[BOUND]["per_seed"][0]["bound_search"]["static_sweep"]
     assert all(bs[k] == v for k, v in m.best[(0, 0)][2].items() if k in bs)
 
     # Cache keys: the allocator's policies also hash the allocator and the forecaster.
@@ -49,6 +53,8 @@ def test_settings_seeds_extra_statics_fewer_seeds_and_the_cache(tmp_path):
     assert "+" in docs["prorsa"]["code_version"] and "+" not in docs["reactive"]["code_version"]
     assert docs["prorsa"]["code_version"] == code_version("prorsa")
     assert docs["reactive"]["code_version"] == code_version() == code_version("bound")
+    # The fixed ratios load no policy module: an edit there does not re-run the sweep.
+    assert docs["static:1:3"]["code_version"] == code_version("colocation") != code_version()
 
     # A rerun reads every result back: mark one and see the mark.
     f = files["prorsa"]
@@ -56,10 +62,11 @@ def test_settings_seeds_extra_statics_fewer_seeds_and_the_cache(tmp_path):
     doc["summary"]["marker"] = "from-cache"
     f.write_text(json.dumps(doc))
     again = run_matrix(settings, POLICIES, [0, 1], n_jobs=1, grid=2, cache_dir=tmp_path,
-                       seeds_for={"bound:60:beam=1": [0]})
+                       seeds_for={BOUND: [0]})
     assert sum(s.get("marker") == "from-cache" for s in again.runs.values()) == 1
     # A changed allocator version re-keys the prorsa runs only.
     v = code_versions()
-    other = CodeVersions(v.sim, "0" * 12)
+    other = CodeVersions(v.fixed, v.sim, "0" * 12)
     assert other(Job(TINY, "prorsa:paper")) != v(Job(TINY, "prorsa:paper"))
     assert other(Job(TINY, "reactive")) == v(Job(TINY, "reactive")) == str(v)
+    assert v(Job(TINY, "static:1:3")) == v.fixed

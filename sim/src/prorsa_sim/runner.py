@@ -148,12 +148,16 @@ def uses_allocator(spec: str) -> bool:
 
 def code_version(spec: str | None = None) -> str:
     """Hash of the sources that decide a simulation's result (the cache key's code part:
-    a changed cost model, workload or engine invalidates every cached result). For a
-    policy of :data:`ALLOCATOR_POLICIES` (``spec``), the allocator's and forecaster's
-    sources too, joined with ``+``."""
+    a changed cost model, workload or engine invalidates every cached result): the
+    simulator's modules and its policies. For a fixed policy (``spec`` colocation or
+    ``static:P:D``, which load no policy module) the modules only; for a policy of
+    :data:`ALLOCATOR_POLICIES`, the allocator's and forecaster's sources too, joined with
+    ``+``."""
     here = Path(__file__).parent
-    files = [here / f"{m}.py" for m in _RESULT_MODULES] + sorted((here / "policies").glob("*.py"))
-    sim = _hash_files(files)
+    core = [here / f"{m}.py" for m in _RESULT_MODULES]
+    if spec is not None and is_pd_fixed(spec):
+        return _hash_files(core)
+    sim = _hash_files(core + sorted((here / "policies").glob("*.py")))
     return f"{sim}+{_hash_files(_allocator_files())}" if spec is not None and uses_allocator(spec) else sim
 
 
@@ -161,12 +165,15 @@ def code_version(spec: str | None = None) -> str:
 class CodeVersions:
     """The code versions taken once (:func:`code_versions`): a long sweep keys its cache
     by them, so edits made while it runs do not make it recompute what it has just run.
-    Called with a job, the version of that job's policy."""
+    Called with a job, the version of that job's policy (:func:`code_version`)."""
 
+    fixed: str
     sim: str
     allocator: str
 
     def __call__(self, job: Job) -> str:
+        if is_pd_fixed(job.spec):
+            return self.fixed
         return f"{self.sim}+{self.allocator}" if uses_allocator(job.spec) else self.sim
 
     def __str__(self) -> str:
@@ -174,9 +181,8 @@ class CodeVersions:
 
 
 def code_versions() -> CodeVersions:
-    full = code_version("prorsa")
-    sim, alloc = full.split("+")
-    return CodeVersions(sim, alloc)
+    sim, alloc = code_version("prorsa").split("+")
+    return CodeVersions(code_version("colocation"), sim, alloc)
 
 
 @dataclass(frozen=True)
@@ -394,11 +400,14 @@ SPREAD_KEYS = ("rollout_time_s", "warmup_step_s", "mean_trajectory_s", "gpu_idle
 
 @dataclass(frozen=True)
 class Setting:
-    """One setting of a sweep over several: its config (the seed is set per seed) and
-    fixed ratios (``static:P:D``) run besides the static grid; they count toward the best."""
+    """One setting of a sweep over several: its config (the seed is set per seed), fixed
+    ratios (``static:P:D``) run besides the static grid (they count toward the best), and
+    policies run on this setting only, besides the sweep's (e.g. a ``bound`` whose grid
+    suits this workload's steps)."""
 
     cfg: SimConfig
     statics: tuple[str, ...] = ()
+    policies: tuple[str, ...] = ()
 
 
 @dataclass
@@ -421,7 +430,8 @@ class Matrix:
         spread of each key of :data:`SPREAD_KEYS`, and the speedup over the first policy
         on the same seed."""
         rows = []
-        for p in self.policies:
+        extra = [p for p in self.settings[i].policies if p not in self.policies]
+        for p in [*self.policies, *extra]:
             seeds = self.seeds_for.get(p, self.seeds)
             per_seed = []
             for s in seeds:
@@ -461,42 +471,44 @@ def run_matrix(settings: list[Setting], policies: list[str], seeds: list[int], n
                progress: Callable[[Job], None] | None = None, on_total: Callable[[int], None] | None = None,
                version: str | Callable[[Job], str] | None = None,
                seeds_for: dict[str, list[int]] | None = None) -> Matrix:
-    """Run each policy on each seed of each setting, through :func:`run_jobs` (parallel,
-    cached). Phase 1, every setting at once so the process pool stays full: the fixed
-    policies (colocation, ``static:P:D``), the static grid and each setting's extra
-    ``statics``. Phase 2: the switching policies, started from ``start`` (``best``: that
-    seed's best static ratio; a policy that chooses its own start, as ``bound``, runs from
-    it, and first, being the slowest). ``seeds_for``: a policy run on fewer seeds (those of
-    ``seeds`` it lists)."""
+    """Run each policy (``policies``, then the setting's own ``policies``) on each seed of
+    each setting, through :func:`run_jobs` (parallel, cached). Phase 1, every setting at
+    once so the process pool stays full: the fixed policies (colocation, ``static:P:D``),
+    the static grid and each setting's extra ``statics``. Phase 2: the switching policies,
+    started from ``start`` (``best``: that seed's best static ratio; a policy that chooses
+    its own start, as ``bound``, runs from it, and first, being the slowest).
+    ``seeds_for``: a policy run on fewer seeds (those of ``seeds`` it lists)."""
     st = parse_start(start)
     only = seeds_for or {}
-    for_p = {p: [s for s in seeds if s in only.get(p, seeds)] for p in policies}
-    switching = [p for p in dict.fromkeys(policies) if not is_pd_fixed(p) and p != "static"]
-    fixed = [p for p in policies if is_pd_fixed(p)]
-    need_sweep = "static" in policies or (st == "best" and bool(switching))
+    pols = {i: list(policies) + [p for p in x.policies if p not in policies] for i, x in enumerate(settings)}
+    every = list(dict.fromkeys(p for ps in pols.values() for p in ps))
+    for_p = {p: [s for s in seeds if s in only.get(p, seeds)] for p in every}
+    own = {p: chooses_start(p) for p in every if not is_pd_fixed(p) and p != "static"}
     sweeps: dict[int, list[str]] = {}
     phase1: list[tuple[int, Job]] = []
+    phase2: list[tuple[bool, int, int, str]] = []
     for i, setting in enumerate(settings):
+        switching = [p for p in dict.fromkeys(pols[i]) if p in own]
+        fixed = [p for p in pols[i] if is_pd_fixed(p)]
+        need_sweep = "static" in pols[i] or (st == "best" and bool(switching))
         sweeps[i] = list(dict.fromkeys((sweep_specs(setting.cfg, grid) if need_sweep else []) + list(setting.statics)))
         for s in seeds:
             c = replace(setting.cfg, seed=s)
             specs = [q for q in fixed if s in for_p[q]] + sweeps[i]
             phase1 += [(i, Job(c, q)) for q in dict.fromkeys(specs)]
+        phase2 += [(not own[p], i, s, p) for p in switching for s in for_p[p]]
     if on_total is not None:
-        on_total(len(phase1) + len(settings) * sum(len(for_p[p]) for p in switching))
+        on_total(len(phase1) + len(phase2))
     runs: dict[tuple[int, int, str], dict] = {}
     for (i, j), summ in zip(phase1, run_jobs([j for _, j in phase1], n_jobs, cache_dir, progress, version)):
         runs[(i, j.cfg.seed, j.spec)] = summ
     best = {(i, s): pick_best(runs[(i, s, spec)] for spec in sweeps[i])
             for i in range(len(settings)) for s in seeds if sweeps[i]}
-    own = {p: chooses_start(p) for p in switching}
-    phase2: list[tuple[int, Job]] = []
-    for p in sorted(switching, key=lambda q: not own[q]):
-        for i, setting in enumerate(settings):
-            for s in for_p[p]:
-                split = _split(best[(i, s)][0]) if st == "best" else (st if isinstance(st, tuple) else None)
-                phase2.append((i, Job(replace(setting.cfg, seed=s), p, None if own[p] else split)))
-    for (i, j), summ in zip(phase2, run_jobs([j for _, j in phase2], n_jobs, cache_dir, progress, version)):
+    jobs2: list[tuple[int, Job]] = []
+    for _, i, s, p in sorted(phase2, key=lambda x: x[0]):  # stable: the self-starting ones first
+        split = _split(best[(i, s)][0]) if st == "best" else (st if isinstance(st, tuple) else None)
+        jobs2.append((i, Job(replace(settings[i].cfg, seed=s), p, None if own[p] else split)))
+    for (i, j), summ in zip(jobs2, run_jobs([j for _, j in jobs2], n_jobs, cache_dir, progress, version)):
         runs[(i, j.cfg.seed, j.spec)] = summ
     return Matrix(list(settings), list(policies), list(seeds), for_p, start, grid, runs, best)
 
