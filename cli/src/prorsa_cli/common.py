@@ -33,8 +33,12 @@ DEFAULT_NATS = "nats://127.0.0.1:4222"
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
-    """Print a clear error (no traceback) and exit."""
-    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    """Print a clear error (one line, no traceback, never a password) and exit."""
+    from rich.markup import escape
+
+    from prorsa_runtime.redact import mask_secrets
+
+    console.print(f"[bold red]error:[/] {escape(mask_secrets(message))}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

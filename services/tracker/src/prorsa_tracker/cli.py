@@ -20,10 +20,16 @@ def _fail(msg: str, code: int = 2):
     fail(msg, code)
 
 
+def _shown(db: str) -> str:
+    from .db import shown_url
+
+    return shown_url(db)
+
+
 def _engine(db: str, must_exist: bool = True):
     from sqlalchemy import inspect
 
-    from .db import DatabaseUrlError, make_engine
+    from .db import DatabaseUrlError, error_line, make_engine
 
     try:
         eng = make_engine(db)
@@ -32,9 +38,9 @@ def _engine(db: str, must_exist: bool = True):
     if must_exist:
         try:
             if not inspect(eng).has_table("events"):
-                _fail(f"{db} is not a tracker database (no 'events' table): run `prorsa tracker load` or the tracker first")
+                _fail(f"{_shown(db)} is not a tracker database (no 'events' table): run `prorsa tracker load` or the tracker first")
         except Exception as exc:  # unreachable server, bad file
-            _fail(f"cannot open {db}: {str(exc).splitlines()[0]}")
+            _fail(f"cannot open {_shown(db)}: {error_line(exc)}")
     return eng
 
 
@@ -77,13 +83,22 @@ def register(app: typer.Typer) -> None:
         from .service import Tracker
         from .settings import TrackerSettings
 
+        from prorsa_runtime import BusAuthError, BusUnavailable
+        from prorsa_runtime.redact import mask_secrets
+
+        from .db import DatabaseUnusable, DatabaseUrlError, normalize_url
+
         over = {k: v for k, v in {"db_url": db, "nats_url": nats, "http_port": http_port, "clock": clock}.items() if v is not None}
         try:
             s = TrackerSettings(**over)
         except ValidationError as exc:
-            _fail(f"bad tracker settings: {exc}")
+            _fail(f"bad tracker settings: {mask_secrets(str(exc))}")
         if s.http_port is not None and s.api_token is None:
             _fail("the query API needs a token: set PRORSA_TRACKER_API_TOKEN")
+        try:
+            normalize_url(s.db_url)  # a malformed URL or an unsupported backend: say so before starting
+        except DatabaseUrlError as exc:
+            _fail(str(exc))
         setup_logging(s.log_level, s.log_json, "tracker")
         tr = Tracker(s)
         if s.metrics_port is not None:  # Prometheus /metrics and /health (PRORSA_TRACKER_METRICS_PORT)
@@ -95,7 +110,12 @@ def register(app: typer.Typer) -> None:
                 serve_metrics(tracker_registry(tr), s.metrics_port, tracker_health(tr))
             except OSError as exc:
                 _fail(f"cannot serve metrics on port {s.metrics_port}: {exc}")
-        asyncio.run(run_until_stopped(lambda stack, stop: tr.run(stop), "tracker"))
+        try:
+            asyncio.run(run_until_stopped(lambda stack, stop: tr.run(stop), "tracker"))
+        except (DatabaseUnusable, DatabaseUrlError) as exc:  # retrying cannot help: stop, say why
+            _fail(str(exc), 1)
+        except (BusUnavailable, BusAuthError) as exc:
+            _fail(str(exc), 1)
 
     @tracker.command("load")
     def load_cmd(log: Annotated[Path, typer.Argument(help="Event log (.jsonl / .jsonl.gz).")], db: DbOpt,
@@ -105,7 +125,9 @@ def register(app: typer.Typer) -> None:
 
         from prorsa_cli.common import console
 
-        from .db import migrate
+        from sqlalchemy.exc import DBAPIError
+
+        from .db import error_line, migrate
         from .tools import load
 
         if not log.exists() or log.is_dir():
@@ -114,11 +136,16 @@ def register(app: typer.Typer) -> None:
         try:
             migrate(eng)
         except Exception as exc:
-            _fail(f"cannot prepare {db}: {str(exc).splitlines()[0]}")
+            _fail(f"cannot prepare {_shown(db)}: {error_line(exc)}")
         size = log.stat().st_size
-        with Progress(console=console, transient=True) as prog:
-            task = prog.add_task(f"loading {log.name}", total=None if log.name.endswith(".gz") else max(1, size // 200))
-            counts = load(eng, log, batch_size=batch, progress=lambda n: prog.advance(task, n))
+        try:
+            with Progress(console=console, transient=True) as prog:
+                task = prog.add_task(f"loading {log.name}", total=None if log.name.endswith(".gz") else max(1, size // 200))
+                counts = load(eng, log, batch_size=batch, progress=lambda n: prog.advance(task, n))
+        except DBAPIError as exc:  # the database went away mid-load: what is committed stays; re-run to resume
+            _fail(f"loading {log} into {_shown(db)} stopped: {error_line(exc)} (re-run to continue)", 1)
+        except OSError as exc:
+            _fail(f"cannot read {log}: {exc}", 1)
         console.print(f"loaded {log}: {counts['events']} events, {counts['anomalies']} anomalies, "
                       f"{counts['duplicates']} duplicates, {counts['skipped']} lines already loaded")
 
@@ -139,21 +166,27 @@ def register(app: typer.Typer) -> None:
 
     @app.command("export")
     def export_cmd(run: RunOpt, db: DbOpt, output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Log to write (.jsonl or .jsonl.gz); default stdout.")] = None) -> None:
-        """Write a run's events back as a contract log (exact bytes, stream order)."""
+        """Write a run's events back as a contract log (exact bytes, ordered by ts), with the
+        engine events of other runs that its engine events need (their registrations), so
+        that the export loads without anomalies."""
         import sys
 
-        from .queries import count_events, iter_raw_events
-        from .tools import export
+        from .queries import count_events
+        from .tools import engine_context, export, export_events
 
         eng = _engine(db)
         if count_events(eng, run) == 0:
-            _fail(f"run {run!r} has no events in {db}")
+            _fail(f"run {run!r} has no events in {_shown(db)}")
         if output is None:
-            for raw in iter_raw_events(eng, run):
+            ctx = engine_context(eng, run)
+            for raw in export_events(eng, run, ctx):
                 sys.stdout.buffer.write(raw + b"\n")
-            return
-        n = export(eng, run, output)
-        typer.echo(f"exported {n} events of run {run} to {output}", err=True)
+            n_ctx = len(ctx)
+        else:
+            n, n_ctx = export(eng, run, output)
+            typer.echo(f"exported {n} events of run {run} to {output}", err=True)
+        if n_ctx:
+            typer.echo(f"({n_ctx} of them engine events of other runs that the run's engine events need)", err=True)
 
     @app.command("history")
     def history_cmd(traj: Annotated[str, typer.Argument(help="Trajectory id.")], run: RunOpt, db: DbOpt, as_json: JsonOpt = False) -> None:

@@ -5,7 +5,12 @@ Exposed on ``PRORSA_TRACKER_METRICS_PORT`` (``/metrics`` and ``/health``):
 ``prorsa_tracker_stream_position`` (last committed stream sequence),
 ``prorsa_tracker_buffered_messages`` (received, not yet committed: the ingest lag in messages),
 ``prorsa_tracker_lag_seconds`` (wall time minus the newest applied event time),
-``prorsa_tracker_anomalies_total``, ``prorsa_tracker_live_trajectories``.
+``prorsa_tracker_anomalies_total`` and ``prorsa_tracker_events_stored_total`` (the rows the
+``anomalies`` and ``events`` tables hold: counted at start, plus what each commit adds),
+``prorsa_tracker_duplicates_total`` (re-sent events skipped since start),
+``prorsa_tracker_dead_letters_total{kind}`` (messages not applied since start: invalid, on
+the wrong subject, a re-sent id with other content; each is also an ``anomalies`` row),
+``prorsa_tracker_live_trajectories``.
 """
 
 from __future__ import annotations
@@ -31,7 +36,15 @@ class _TrackerCollector:
         wm = getattr(st, "watermark", None)
         yield GaugeMetricFamily("prorsa_tracker_lag_seconds", "wall time minus the newest applied event ts",
                                 value=max(0.0, time.time() - wm) if wm else 0.0)
-        yield CounterMetricFamily("prorsa_tracker_anomalies", "anomalies recorded", value=getattr(st, "anomalies", 0))
+        yield CounterMetricFamily("prorsa_tracker_anomalies", "rows in the anomalies table",
+                                  value=getattr(tr, "anomaly_rows", 0))
+        yield CounterMetricFamily("prorsa_tracker_events_stored", "rows in the events table",
+                                  value=getattr(tr, "event_rows", 0))
+        yield CounterMetricFamily("prorsa_tracker_duplicates", "re-sent events skipped (same id, same content)",
+                                  value=getattr(tr, "duplicates", 0))
+        dead = getattr(tr, "dead_letters", None)
+        if dead is not None:
+            yield from dead.collect()
         runs = getattr(st, "runs", {}) or {}
         live = sum(len(getattr(r, "live", ()) or ()) for r in runs.values()) if isinstance(runs, dict) else 0
         yield GaugeMetricFamily("prorsa_tracker_live_trajectories", "trajectories not yet ended", value=live)

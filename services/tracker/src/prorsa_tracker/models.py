@@ -96,7 +96,8 @@ class AnomalyRow(Base):
     type: Mapped[str | None] = mapped_column(String(64))
     ts: Mapped[float | None] = mapped_column(Float)
     reason: Mapped[str] = mapped_column(Text)
-    raw: Mapped[bytes | None] = mapped_column(LargeBinary)
+    raw: Mapped[bytes | None] = mapped_column(LargeBinary)  # the whole message (None: an unreadable log line)
+    subject: Mapped[str | None] = mapped_column(String(512))  # the bus subject (None: from a log file)
     __table_args__ = (Index("ix_anomalies_run", "run"),)
 
 

@@ -5,21 +5,34 @@ Shared by the live service (position = stream sequence) and ``prorsa tracker loa
 rows it covers, so a crash at any point neither loses nor double-applies an event: on
 restart, :func:`restore` replays the ``events`` table through the core (rebuilding the
 exact in-memory state) and the consumer resumes after the stored position.
+
+A batch goes through three steps (:func:`process` runs them all):
+
+1. :func:`decode_items`: each message becomes an event, or a rejection with its reason
+   (not a valid event; a valid event on a subject its type does not belong to);
+2. :func:`unknown_ids` / :func:`stored_events`: the ids that the in-memory cache of recent
+   ids cannot decide are looked up in the ``events`` table, the authority on duplicates
+   (its ``event_id`` is unique): an event the log already holds is never applied again,
+   however old it is;
+3. :func:`fold`: the rest is applied through the core into rows. A duplicate with the same
+   bytes is skipped (counted); one with other content is an anomaly row and is not applied.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from pydantic_core import from_json
 from sqlalchemy import Engine, select
 
-from prorsa_schemas import EventError, decode_event
+from prorsa_schemas import EVENT_TYPES, EventError, Namespace, decode_event
 
 from .core import apply
 from . import snapshots, writer
 from .models import EventRow, PositionRow
-from .state import Anomaly, RequestRecord, Span, TrackerState, Transition
+from .state import Anomaly, RequestRecord, Span, TrackerState, Transition, content_digest
 from .validated import load_validated
 
 
@@ -46,16 +59,20 @@ class Batch:
     duplicates: int = 0
     watermark: float | None = None
     run_rows: list[tuple] = field(default_factory=list)
+    rejected: list[tuple] = field(default_factory=list)
+    """``(pos, subject, raw, reason, kind)`` of each message not applied that is no plain
+    duplicate (kind ``invalid``, ``subject`` or ``conflict``): the dead letters."""
 
     def __len__(self) -> int:
         return len(self.events) + len(self.anomalies) + self.duplicates
 
 
-def anomaly_row(source: str, pos: int | None, reason: str, raw: bytes | None, a: Anomaly | None = None) -> tuple:
+def anomaly_row(source: str, pos: int | None, reason: str, raw: bytes | None, a: Anomaly | None = None,
+                subject: str | None = None) -> tuple:
     """An ``anomalies`` row (``ANOMALY_COLS`` order)."""
     if a is None:
-        return (source, pos, None, None, None, None, None, reason, raw)
-    return (source, pos, a.event_id, a.run, a.traj, a.event_type, a.ts, reason, raw)
+        return (source, pos, None, None, None, None, None, reason, raw, subject)
+    return (source, pos, a.event_id, a.run, a.traj, a.event_type, a.ts, reason, raw, subject)
 
 
 def _request_row(r: RequestRecord) -> tuple:
@@ -87,31 +104,34 @@ def _traj_row(state: TrackerState, t: Transition, ev, dispatched_ts: float | Non
             t.sandbox_mode, t.turn, t.context_tokens, None, None, None)
 
 
-def process(state: TrackerState, consumer: str, items: Iterable[tuple], batch: Batch | None = None,
-            validated: bool = False) -> Batch:
-    """Decode and apply ``(position, raw)`` items in order; the rows go into ``batch``.
+_MISS = object()
 
-    With ``validated``, items are ``(position, raw, reason)`` from the receiver, which has
-    run :func:`prorsa_schemas.decode_event` on each already: ``reason`` is None for a valid
-    event (read back with :func:`~prorsa_tracker.validated.load_validated`) or why it is
-    invalid. Invalid bytes become anomaly rows (with the raw bytes and the reason);
-    duplicates (by event id) are skipped but still advance the position. From a stream,
-    each transition's ``seq`` is its event's stream sequence.
+
+def _expected_subjects(ns: Namespace) -> dict[str, str]:
+    return {t: ns.subject_for_type(t) for t in EVENT_TYPES}
+
+
+def decode_items(items: Iterable[tuple], validated: bool = False, ns: Namespace | None = None) -> list[tuple]:
+    """``(pos, raw, event, reason, subject)`` for each ``(pos, raw[, reason[, subject]])`` item.
+
+    ``event`` is set and ``reason`` None for an event to apply; ``reason`` says why a message
+    is rejected: ``event`` None when it is no valid event, set when it is a valid event on a
+    subject its type does not belong to (checked when ``ns`` and the item's subject are
+    given). ``raw`` None (an unreadable log line the caller recorded) only moves the
+    position. With ``validated``, ``reason`` comes from the receiver, which ran
+    :func:`prorsa_schemas.decode_event` already (valid bytes are read back with
+    :func:`~prorsa_tracker.validated.load_validated`).
     """
-    b = batch if batch is not None else Batch(consumer)
-    events, trajs, requests, spans = b.events, b.trajectories, b.requests, b.spans
-    transitions, runs = b.transitions, b.runs
-    from_stream = b.from_stream
-    seen = state.seen_ids
-    last = b.position
-    pending: dict[tuple[str, str], tuple] = {}  # (run, traj) -> (last transition, its event, dispatched_ts)
+    expected = _expected_subjects(ns) if ns is not None else None
+    out = []
+    append = out.append
     for item in items:
         pos, raw = item[0], item[1]
-        if pos is not None:
-            last = pos
-        if raw is None:  # already recorded by the caller (an unreadable log line)
+        subject = item[3] if len(item) > 3 else None
+        if raw is None:
+            append((pos, None, None, None, None))
             continue
-        invalid = None
+        ev = None
         if validated:
             invalid = item[2]
             if invalid is None:
@@ -119,24 +139,144 @@ def process(state: TrackerState, consumer: str, items: Iterable[tuple], batch: B
         else:
             try:
                 ev = decode_event(raw)
+                invalid = None
             except EventError as exc:
                 invalid = exc.reason
         if invalid is not None:
-            note = Anomaly(run=None, traj=None, event_id=None, event_type=None, ts=None, reason=f"invalid event: {invalid}")
-            b.anomaly_notes.append(note)
-            b.anomalies.append(anomaly_row(consumer, pos, note.reason, raw))
+            append((pos, raw, None, f"invalid event: {invalid}", subject))
             continue
-        if ev.id in seen:
-            state.duplicates += 1
-            b.duplicates += 1
+        if expected is not None and subject is not None and subject != expected[ev.type]:
+            append((pos, raw, ev, f"rejected: a {ev.type} event on subject {subject!r}; events of that type are "
+                                  f"published on {expected[ev.type]!r}", subject))
+            continue
+        append((pos, raw, ev, None, subject))
+    return out
+
+
+def unknown_ids(state: TrackerState, decoded: list[tuple]) -> list[str]:
+    """The ids of ``decoded`` events that the in-memory cache cannot decide (not in it, or in it
+    with another or no content digest): the ones :func:`stored_events` must look up."""
+    seen = state.seen_ids
+    out = []
+    for d in decoded:
+        ev = d[2]
+        if ev is None or d[3] is not None:
+            continue
+        h = seen.get(ev.id, _MISS)
+        if h is _MISS or h is None or h != content_digest(d[1]):
+            out.append(ev.id)
+    return out
+
+
+LOOKUP_CHUNK = 5000
+
+
+def stored_events(engine: Engine, ids: list[str]) -> dict[str, bytes]:
+    """``{event_id: raw}`` of those of ``ids`` that the ``events`` table holds."""
+    if not ids:
+        return {}
+    pg = engine.dialect.name == "postgresql"
+    found: dict[str, bytes] = {}
+    uniq = list(dict.fromkeys(ids))
+    with engine.connect() as conn:
+        for i in range(0, len(uniq), LOOKUP_CHUNK):
+            chunk = uniq[i : i + LOOKUP_CHUNK]
+            if pg:
+                rows = conn.exec_driver_sql("SELECT event_id, raw FROM events WHERE event_id = ANY(%s)", (chunk,))
+            else:  # one parameter (a JSON array) however many ids: no variable limit
+                rows = conn.exec_driver_sql(
+                    "SELECT event_id, raw FROM events WHERE event_id IN (SELECT value FROM json_each(?))",
+                    (json.dumps(chunk),))
+            for eid, raw in rows:
+                found[eid] = bytes(raw)
+    return found
+
+
+def _same_content(a: bytes, b: bytes) -> bool:
+    if a == b:
+        return True
+    try:  # the same JSON written differently (key order, spacing) is the same event
+        return from_json(a) == from_json(b)
+    except ValueError:
+        return False
+
+
+def _remember(state: TrackerState, event_id: str, digest: int) -> None:
+    seen = state.seen_ids
+    seen[event_id] = digest
+    if len(seen) > state.seen_capacity:
+        seen.popitem(last=False)
+
+
+def _duplicate_anomaly(ev, reason: str) -> Anomaly:
+    return Anomaly(run=ev.run, traj=getattr(ev, "traj", None), event_id=ev.id, event_type=ev.type, ts=ev.ts,
+                   reason=reason)
+
+
+def process(state: TrackerState, consumer: str, items: Iterable[tuple], batch: Batch | None = None,
+            validated: bool = False, engine: Engine | None = None, ns: Namespace | None = None) -> Batch:
+    """Decode, de-duplicate and apply ``(position, raw[, reason[, subject]])`` items in order.
+
+    The three steps of the module docstring in one call. With ``engine``, ids the in-memory
+    cache cannot decide are looked up in its ``events`` table (the live service does that
+    lookup itself, with retries, between :func:`decode_items` and :func:`fold`); without,
+    only the cache decides. See :func:`decode_items` for ``validated`` and ``ns``.
+    """
+    decoded = decode_items(items, validated, ns)
+    known = stored_events(engine, unknown_ids(state, decoded)) if engine is not None else {}
+    return fold(state, consumer, decoded, known, batch)
+
+
+def fold(state: TrackerState, consumer: str, decoded: list[tuple], known: dict[str, bytes] | None = None,
+         batch: Batch | None = None) -> Batch:
+    """Apply :func:`decode_items` output in order; the rows go into ``batch``.
+
+    ``known`` maps ids the ``events`` table already holds to their bytes: those events are
+    duplicates (skipped, or an anomaly when the content differs), never applied again.
+    Rejected messages become anomaly rows with the raw bytes, the reason and the subject;
+    duplicates are skipped but still advance the position. From a stream, each
+    transition's ``seq`` is its event's stream sequence.
+    """
+    b = batch if batch is not None else Batch(consumer)
+    events, trajs, requests, spans = b.events, b.trajectories, b.requests, b.spans
+    transitions, runs = b.transitions, b.runs
+    from_stream = b.from_stream
+    seen = state.seen_ids
+    known = known or {}
+    last = b.position
+    pending: dict[tuple[str, str], tuple] = {}  # (run, traj) -> (last transition, its event, dispatched_ts)
+    for pos, raw, ev, reason, subject in decoded:
+        if pos is not None:
+            last = pos
+        if raw is None:  # already recorded by the caller (an unreadable log line)
+            continue
+        if reason is not None:
+            if ev is None:
+                note = Anomaly(run=None, traj=None, event_id=None, event_type=None, ts=None, reason=reason)
+            else:
+                note = _duplicate_anomaly(ev, reason)
+            b.anomaly_notes.append(note)
+            b.anomalies.append(anomaly_row(consumer, pos, reason, raw, note if ev is not None else None, subject))
+            b.rejected.append((pos, subject, raw, reason, "invalid" if ev is None else "subject"))
+            continue
+        eid = ev.id
+        original = known.get(eid) if known else None
+        if original is not None:  # in the durable log: never applied twice, however old
+            _remember(state, eid, content_digest(original))
+            _count_duplicate(state, b, consumer, pos, ev, raw, subject, _same_content(original, raw))
+            continue
+        h = seen.get(eid, _MISS)
+        if h is not _MISS:  # applied recently (maybe not committed yet)
+            _count_duplicate(state, b, consumer, pos, ev, raw, subject, h is None or h == content_digest(raw))
             continue
         _, trans, anomalies = apply(state, ev)
+        seen[eid] = content_digest(raw)  # apply() remembered the id; keep its content digest
         run = ev.run
-        events.append((pos if from_stream else None, ev.id, run, getattr(ev, "traj", None), ev.type, ev.ts, raw))
+        events.append((pos if from_stream else None, eid, run, getattr(ev, "traj", None), ev.type, ev.ts, raw))
         runs.add(run)
         for a in anomalies:
             b.anomaly_notes.append(a)
-            b.anomalies.append(anomaly_row(consumer, pos, a.reason, raw, a))
+            b.anomalies.append(anomaly_row(consumer, pos, a.reason, raw, a, subject))
         for t in trans:
             if from_stream:
                 t.seq = pos
@@ -169,6 +309,20 @@ def process(state: TrackerState, consumer: str, items: Iterable[tuple], batch: B
     return b
 
 
+def _count_duplicate(state: TrackerState, b: Batch, consumer: str, pos, ev, raw: bytes, subject: str | None,
+                     same: bool) -> None:
+    """A re-sent event: counted when it is the same event, an anomaly row when it is not."""
+    if same:
+        state.duplicates += 1
+        b.duplicates += 1
+        return
+    note = _duplicate_anomaly(ev, f"duplicate event id {ev.id!r} with other content: the event applied under "
+                                  "this id differs; this copy is not applied")
+    b.anomaly_notes.append(note)
+    b.anomalies.append(anomaly_row(consumer, pos, note.reason, raw, note, subject))
+    b.rejected.append((pos, subject, raw, note.reason, "conflict"))
+
+
 def write(engine: Engine, state: TrackerState, b: Batch, snapshot: bytes | None = None) -> None:
     """Write a batch, the consumer position and (if given) a state snapshot in ONE transaction.
 
@@ -194,6 +348,14 @@ def _run_row(state: TrackerState, run: str) -> tuple:
     c = rs.config
     return (run, c.mode, c.batch_size, c.max_staleness, c.group_size, c.injection, c.declared, rs.policy_version,
             rs.dispatched, rs.rewarded, rs.admitted, rs.done, rs.dropped, len(rs.live), rs.first_ts, rs.last_ts)
+
+
+def row_counts(engine: Engine) -> tuple[int, int]:
+    """``(events, anomalies)``: the rows the two tables hold (what the metrics start from)."""
+    with engine.connect() as conn:
+        events = conn.exec_driver_sql("SELECT COUNT(*) FROM events").scalar()
+        anomalies = conn.exec_driver_sql("SELECT COUNT(*) FROM anomalies").scalar()
+    return int(events or 0), int(anomalies or 0)
 
 
 def position(engine: Engine, consumer: str) -> int:

@@ -13,10 +13,11 @@ are this module, so pickle is safe here):
 * parent -> child stdin: first a config dict (``url``, ``name``, ``credentials``,
   ``prefix``, ``stream``, ``start_seq``, ``max_inflight``); then ints, the number of
   messages the parent has finished with (credit).
-* child -> parent stdout: lists of ``(stream_seq, raw_bytes, invalid)`` in stream order,
-  where ``invalid`` is None when :func:`prorsa_schemas.decode_event` accepted the message
-  (the strict validation runs here, on the receiver's core) or the reason it did not; an
-  empty list once subscribed.
+* child -> parent stdout: lists of ``(stream_seq, raw_bytes, invalid, subject)`` in stream
+  order, where ``invalid`` is None when :func:`prorsa_schemas.decode_event` accepted the
+  message (the strict validation runs here, on the receiver's core) or the reason it did
+  not (whatever the bytes hold: no message can stop the receiver); an empty list once
+  subscribed.
 
 Back-pressure: when more than ``max_inflight`` forwarded messages are not yet credited
 (the database is down, the parent is behind), the child drops its ordered consumer and
@@ -180,7 +181,7 @@ class _Child:
         self.forwarded = 0
         self.credited = 0
         self.max_inflight = cfg["max_inflight"]
-        self.pending: list[tuple[int, bytes, str | None]] = []
+        self.pending: list[tuple[int, bytes, str | None, str]] = []
         self.gen = 0
         self.sub = None
         self.paused = False
@@ -232,6 +233,7 @@ class _Child:
                 log.debug("unsubscribe: %r", exc)
         gen = self.gen
         ns = self.ns
+
         async def on_msg(msg) -> None:
             if gen != self.gen:  # a message of a consumer we dropped
                 return
@@ -245,8 +247,10 @@ class _Child:
                 invalid = None
             except EventError as exc:
                 invalid = exc.reason
+            except Exception as exc:  # noqa: BLE001 - decode_event raises only EventError; belt and braces
+                invalid = f"cannot be decoded ({type(exc).__name__})"
             pending = self.pending
-            pending.append((seq, data, invalid))
+            pending.append((seq, data, invalid, msg.subject))
             self.forwarded += 1
             if len(pending) >= FLUSH_MESSAGES:
                 self.flush()

@@ -10,7 +10,20 @@ position is the only position: it is committed with the rows it covers, so after
 kill -9 the tracker rebuilds its state (snapshot + the events after it) and resumes
 exactly after the last committed message; messages at or below the position are skipped.
 
-Per batch: decode + apply (pure core) -> publish the batch's transitions as JSON arrays
+Every message lands somewhere: a valid event in ``events``; a message that is no valid event,
+a valid event on a subject its type does not belong to, or a re-sent id with other content
+in ``anomalies`` (whole bytes, reason, stream sequence, subject), also logged as a dead
+letter (``prorsa_tracker_dead_letters_total{kind}``). Duplicates are decided by the
+``events`` table's unique event id (an in-memory window of recent ids is only the fast
+path), so an old event re-sent after any window is still not applied twice.
+
+Database errors: an outage (connection refused, the server restarting) is retried with
+back-off and a log line; an error no retry fixes (the database does not exist, the
+credentials are refused, the file cannot be opened) stops the tracker with
+:class:`~prorsa_tracker.db.DatabaseUnusable`. Messages never show a password.
+
+Per batch: decode, look up in ``events`` the ids the recent-id window cannot decide,
+apply (pure core) -> publish the batch's transitions as JSON arrays
 of up to 1000 (``Nats-Msg-Id = tr-<first seq>-<last seq>``; each transition carries the
 stream ``seq`` of its event) -> write rows + position in one transaction (retried while
 the database is down) -> publish the watermark. Transitions go out before the commit, so
@@ -35,11 +48,12 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from prorsa_runtime import connect, open_stream
 from prorsa_runtime.bus import MSG_ID
+from prorsa_runtime.deadletter import DeadLetters
 
 from . import projection
 from .core import new_state
 from . import snapshots
-from .db import make_engine, migrate
+from .db import DatabaseUnusable, error_line, is_permanent, is_transient, make_engine, migrate, shown_url
 from .receiver import ReceiverProcess
 from .state import encode_transitions
 
@@ -90,7 +104,7 @@ class Tracker:
         self.written = 0  # messages committed by this process
         self.restored = 0  # events replayed at start (after the snapshot, if any)
         self.ready = asyncio.Event()
-        self._buf: deque[tuple[int, bytes, str | None]] = deque()  # (seq, raw, invalid reason)
+        self._buf: deque[tuple[int, bytes, str | None, str]] = deque()  # (seq, raw, invalid reason, subject)
         self._received = 0  # the last stream sequence the receiver handed over
         self._wake = asyncio.Event()
         self._subscribed = asyncio.Event()
@@ -99,6 +113,11 @@ class Tracker:
         self._writing: asyncio.Future | None = None
         self._last_snapshot = 0
         self.db_retries = 0  # database calls retried because the database was unavailable
+        self.dead_letters = DeadLetters("tracker", log)
+        # What the tables hold: counted at start, then what each commit adds.
+        self.event_rows = 0
+        self.anomaly_rows = 0
+        self.duplicates = 0  # re-sent events skipped by this process (same id, same content)
 
     async def run(self, stop: asyncio.Event) -> None:
         s = self.settings
@@ -110,9 +129,8 @@ class Tracker:
                 gc.set_threshold(s.gc_gen0, *gc.get_threshold()[1:])
             self.engine = make_engine(s.db_url)
             stack.callback(self.engine.dispose)
-            await self._until_db(stop, lambda: migrate(self.engine))
-            self.restored = await self._until_db(stop, lambda: snapshots.restore(self.engine, self.state))
-            self.position = await self._until_db(stop, lambda: projection.position(self.engine, self.consumer))
+            if not await self._restore(stop):
+                return
             self._received = self._last_snapshot = self.position
             log.info("tracker: restored the state (%s events replayed), resuming after stream seq %s",
                      self.restored, self.position)
@@ -131,6 +149,31 @@ class Tracker:
                 return
             self.ready.set()
             await self._loop(stop)
+
+    async def _restore(self, stop: asyncio.Event) -> bool:
+        """Migrate, rebuild the state, read the position and the table counts; False when
+        stopped while waiting for the database."""
+        try:
+            await self._until_db(stop, lambda: migrate(self.engine))
+            self.restored = await self._until_db(stop, lambda: snapshots.restore(self.engine, self.state))
+            self._size_dedup_cache()
+            self.position = await self._until_db(stop, lambda: projection.position(self.engine, self.consumer))
+            self.event_rows, self.anomaly_rows = await self._until_db(stop, lambda: projection.row_counts(self.engine))
+        except (OperationalError, InterfaceError):
+            if stop.is_set():
+                log.info("tracker: stopped while waiting for the database")
+                return False
+            raise
+        return True
+
+    def _size_dedup_cache(self) -> None:
+        # At least two batches: the ids of the batch being written (not committed yet, so
+        # not in the table) must still be in the window when the next batch is applied.
+        cap = max(self.settings.dedup_cache, 2 * self.settings.batch_max)
+        self.state.seen_capacity = cap
+        seen = self.state.seen_ids
+        while len(seen) > cap:
+            seen.popitem(last=False)
 
     # -- the receiver child ----------------------------------------------------------------
 
@@ -206,7 +249,7 @@ class Tracker:
             stopper.cancel()
             await self._flush_write()
 
-    def _take(self) -> tuple[list[tuple[int, bytes, str | None]], int]:
+    def _take(self) -> tuple[list[tuple[int, bytes, str | None, str]], int]:
         """Up to batch_max new messages, and how many were taken off the buffer."""
         items = []
         buf = self._buf
@@ -223,7 +266,15 @@ class Tracker:
         if not items:
             self._credit(taken)
             return
-        batch = projection.process(self.state, self.consumer, items, validated=True)
+        decoded = projection.decode_items(items, validated=True, ns=self.ns)
+        ids = projection.unknown_ids(self.state, decoded)
+        known: dict[str, bytes] = {}
+        if ids:  # the durable log decides what the recent-id window cannot
+            try:
+                known = await self._until_db(stop, lambda: projection.stored_events(self.engine, ids))
+            except (OperationalError, InterfaceError):  # stopping during an outage: restart resumes
+                return
+        batch = projection.fold(self.state, self.consumer, decoded, known)
         if self.settings.publish_transitions:
             await self._publish_outputs(batch)
         # Pipelining: batch k is written (in a thread) while batch k+1 is decoded and
@@ -250,6 +301,11 @@ class Tracker:
         if snap is not None:
             self._last_snapshot = self.position
         self.written += n
+        self.event_rows += len(batch.events)
+        self.anomaly_rows += len(batch.anomalies)
+        self.duplicates += batch.duplicates
+        for pos, subject, raw, reason, kind in batch.rejected:  # committed: now say so
+            self.dead_letters.record(kind, subject, pos, raw, reason)
         self._credit(taken)
         await self._publish_watermark()
 
@@ -281,17 +337,24 @@ class Tracker:
             log.debug("watermark not published: %r", exc)
 
     async def _until_db(self, stop: asyncio.Event, fn):
-        """Run a blocking database call in a thread, retrying while the database is down."""
+        """Run a blocking database call in a thread, retrying while the database is down.
+
+        Raises:
+            DatabaseUnusable: the error is one no retry fixes (see :func:`~prorsa_tracker.db.is_permanent`).
+        """
         delay = self.settings.db_retry_s
         while True:
             try:
                 return await asyncio.to_thread(fn)
             except DBAPIError as exc:
-                transient = isinstance(exc, (OperationalError, InterfaceError)) or exc.connection_invalidated
-                if not transient or stop.is_set():
+                if is_permanent(exc):
+                    raise DatabaseUnusable(
+                        f"the database {shown_url(self.settings.db_url)} cannot be used: {error_line(exc)}") from None
+                if not is_transient(exc) or stop.is_set():
                     raise
                 self.db_retries += 1
-                log.warning("tracker: database unavailable (%s); retrying in %.1fs", str(exc).splitlines()[0], delay)
+                log.warning("tracker: database %s unavailable (%s); retrying in %.1fs",
+                            shown_url(self.settings.db_url), error_line(exc), delay)
                 try:
                     await asyncio.wait_for(stop.wait(), delay)
                 except TimeoutError:

@@ -9,6 +9,7 @@ from pydantic import Field, SecretStr
 from prorsa_runtime.settings import ServiceSettings, settings_for
 
 from .db import DEFAULT_DB_URL
+from .state import SEEN_IDS_CAPACITY
 
 
 class _TrackerFields(ServiceSettings):
@@ -41,6 +42,11 @@ class _TrackerFields(ServiceSettings):
         "~2.5 us/event",
     )
     db_retry_s: float = Field(default=0.5, gt=0, le=60, description="first back-off when the database is down")
+    dedup_cache: int = Field(
+        default=SEEN_IDS_CAPACITY, ge=1000, le=10_000_000,
+        description="recent event ids kept in memory as the fast path of de-duplication (at least two batches); "
+        "an id outside it is looked up in the events table, whose unique event id decides",
+    )
 
 
 TrackerSettings = settings_for("PRORSA_TRACKER_", _TrackerFields)

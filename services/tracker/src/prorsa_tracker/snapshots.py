@@ -21,7 +21,7 @@ from sqlalchemy import Connection, Engine, select
 
 from .core import apply
 from .models import EventRow, SnapshotRow
-from .state import TrackerState
+from .state import TrackerState, content_digest
 from .validated import load_validated
 
 log = logging.getLogger("prorsa.tracker")
@@ -79,7 +79,11 @@ def restore(engine: Engine, state: TrackerState, chunk: int = 10_000, use_snapsh
             for f in dataclasses.fields(TrackerState):
                 setattr(state, f.name, getattr(loaded, f.name))
         q = select(EventRow.raw).where(EventRow.pos > after).order_by(EventRow.pos)
+        seen = state.seen_ids
         for (raw,) in conn.execution_options(yield_per=chunk).execute(q):
-            apply(state, load_validated(bytes(raw)))  # validated before it was stored
+            raw = bytes(raw)
+            ev = load_validated(raw)  # validated before it was stored
+            apply(state, ev)
+            seen[ev.id] = content_digest(raw)
             n += 1
     return n

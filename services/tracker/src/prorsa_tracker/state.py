@@ -7,6 +7,7 @@ fit in tens of MB) and for what it emits (``Transition``, ``Anomaly``, ``Request
 
 from __future__ import annotations
 
+import zlib
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from enum import Enum
@@ -18,9 +19,17 @@ SAMPLE_CAPACITY = 4096
 """Duration samples kept per kind (a ring buffer: the newest ones, bounded memory)."""
 
 SEEN_IDS_CAPACITY = 200_000
-"""Event ids remembered for de-duplication (the newest ones). The stream's own duplicate
-window and the consumer position cover redeliveries; this covers re-sends that reach the
-tracker under a new stream sequence, as long as they are this recent."""
+"""Event ids the core remembers for de-duplication (the newest ones). For the pure core (the
+forecaster, ``forecast-eval``, the simulator) this window is the de-duplication; the
+tracker service uses it only as a fast path and asks its ``events`` table (unique event
+ids) about every id the window does not hold, so there an event is never applied twice,
+however old."""
+
+
+def content_digest(raw: bytes) -> int:
+    """A cheap digest of an event's bytes, kept with its id in ``seen_ids``: a re-sent id whose
+    bytes differ is told apart from a plain duplicate without keeping the bytes in memory."""
+    return zlib.crc32(raw)
 
 FINISHED_CAPACITY = 100_000
 """Finished trajectory keys remembered, so a late event gets a precise anomaly reason."""
@@ -325,7 +334,7 @@ class TrackerState:
     applied: int = 0  # events applied (duplicates excluded)
     duplicates: int = 0
     anomalies: int = 0
-    seen_ids: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    seen_ids: OrderedDict[str, int | None] = field(default_factory=OrderedDict)  # id -> content digest
     seen_capacity: int = SEEN_IDS_CAPACITY
     finished: OrderedDict[tuple[str, str], TrajState] = field(default_factory=OrderedDict)
     finished_capacity: int = FINISHED_CAPACITY

@@ -1,19 +1,30 @@
-"""Offline tools: ``load`` a log file into a database (resumable) and ``export`` a run."""
+"""Offline tools: ``load`` a log file into a database (resumable) and ``export`` a run.
+
+An export is a contract log that loads cleanly on its own: the run's events, plus the
+engine events of other runs that the run's own engine events depend on. Engine agents
+publish ``engine.registered`` and ``engine.stats`` under their own run id while the
+switches they carry out for a rollout run (``engine.switching``/``switched``/
+``switch_failed``) carry that run's id; without the registration (and whatever changed the
+engine's role in between) a load of the run alone would record every switch as an
+anomaly.
+"""
 
 from __future__ import annotations
 
+import heapq
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from sqlalchemy import Engine
+from pydantic_core import from_json
+from sqlalchemy import Engine, select
 
-from prorsa_schemas import LogWriter
+from prorsa_schemas import ENGINE_TYPES, LogWriter
 from prorsa_schemas.codec import iter_raw_lines, open_log_binary
 
 from . import projection, snapshots
 from .core import new_state
-from .queries import iter_raw_events
+from .models import EventRow
 
 
 def load_consumer(path: str | os.PathLike) -> str:
@@ -22,17 +33,24 @@ def load_consumer(path: str | os.PathLike) -> str:
 
 
 def load(engine: Engine, path: str | os.PathLike, batch_size: int = 5000,
-         progress: Callable[[int], None] | None = None) -> dict:
+         progress: Callable[[int], None] | None = None, dedup_cache: int | None = None) -> dict:
     """Apply a log file into the database; resumable: lines already committed are skipped.
 
     The in-memory state is first rebuilt from the database (so a load continues the same
-    fold), then each batch and the file position (its line number) commit together.
-    Returns counts: ``lines`` read, ``skipped`` (already loaded), ``events`` and
-    ``anomalies`` written, ``duplicates``.
+    fold), then each batch and the file position (its line number) commit together. An
+    event whose id the database already holds is not applied again (an anomaly row when
+    its content differs); an invalid line is an anomaly row with its line number.
+    ``dedup_cache`` bounds the in-memory window of recent ids (default: the core's; at
+    least one batch). Returns counts: ``lines`` read, ``skipped`` (already loaded),
+    ``events`` and ``anomalies`` written, ``duplicates``.
     """
     consumer = load_consumer(path)
     state = new_state()
     snapshots.restore(engine, state)
+    if dedup_cache is not None:
+        state.seen_capacity = max(dedup_cache, batch_size)
+        while len(state.seen_ids) > state.seen_capacity:
+            state.seen_ids.popitem(last=False)
     done_upto = projection.position(engine, consumer)
     counts = {"lines": 0, "skipped": 0, "events": 0, "anomalies": 0, "duplicates": 0}
     items: list[tuple[int, bytes]] = []
@@ -44,7 +62,7 @@ def load(engine: Engine, path: str | os.PathLike, batch_size: int = 5000,
         b = projection.Batch(consumer, from_stream=False)
         b.anomalies.extend(unreadable)
         unreadable.clear()
-        projection.process(state, consumer, items, b)
+        projection.process(state, consumer, items, b, engine=engine)  # the events table decides duplicates
         projection.write(engine, state, b)
         counts["events"] += len(b.events)
         counts["anomalies"] += len(b.anomalies)
@@ -73,13 +91,79 @@ def load(engine: Engine, path: str | os.PathLike, batch_size: int = 5000,
     return counts
 
 
-def export(engine: Engine, run: str, out: str | os.PathLike) -> int:
-    """Write ``run``'s events, byte-identical, as a contract log: ordered by ``ts``, ties in
-    stream order (EVENTS.md). On a live bus, producers interleave slightly out of ts order
-    (stream order is not ts order), and a log in stream order would not re-validate."""
+def engine_context(engine: Engine, run: str) -> list[tuple[float, int, bytes]]:
+    """``(ts, pos, raw)`` of the engine events of OTHER runs that ``run`` needs to load cleanly.
+
+    For each engine that ``run``'s own engine events name: that engine's events of any other
+    run from its last ``engine.registered`` before the run's first event about it, up to the
+    run's last event about it (everything that shaped the engine's state meanwhile, e.g. a
+    switch another run commanded). Sorted by ``(ts, pos)``.
+    """
+    types = sorted(ENGINE_TYPES)
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    with engine.connect() as conn:
+        registers: set[str] = set()  # engines whose first event in the run is their registration
+        q = (select(EventRow.pos, EventRow.type, EventRow.raw)
+             .where(EventRow.run == run, EventRow.type.in_(types)).order_by(EventRow.pos))
+        for pos, type_, raw in conn.execution_options(yield_per=10_000).execute(q):
+            name = from_json(bytes(raw))["engine"]
+            if name not in first:
+                first[name] = pos
+                if type_ == "engine.registered":
+                    registers.add(name)
+            last[name] = pos
+        if not first:
+            return []
+        start = dict(first)  # an engine never registered before the run: nothing earlier to add
+        looking = set(first) - registers
+        q = (select(EventRow.pos, EventRow.raw)
+             .where(EventRow.type == "engine.registered", EventRow.pos < max(first.values()))
+             .order_by(EventRow.pos.desc()))
+        if looking:  # newest first: stop as soon as each engine has its registration
+            res = conn.execution_options(yield_per=1000).execute(q)
+            for pos, raw in res:
+                name = from_json(bytes(raw))["engine"]
+                if name in looking and pos < first[name]:
+                    start[name] = pos
+                    looking.discard(name)
+                    if not looking:
+                        break
+            res.close()
+        out = []
+        q = (select(EventRow.pos, EventRow.ts, EventRow.raw)
+             .where(EventRow.pos.between(min(start.values()), max(last.values())), EventRow.type.in_(types),
+                    EventRow.run != run)
+             .order_by(EventRow.pos))
+        for pos, ts, raw in conn.execution_options(yield_per=10_000).execute(q):
+            raw = bytes(raw)
+            name = from_json(raw)["engine"]
+            if name in start and start[name] <= pos <= last[name]:
+                out.append((ts, pos, raw))
+    out.sort()
+    return out
+
+
+def export_events(engine: Engine, run: str, context: list[tuple[float, int, bytes]] | None = None) -> Iterator[bytes]:
+    """``run``'s events and their :func:`engine_context`, byte-identical, as a contract log
+    orders them: by ``ts``, ties in stream order (EVENTS.md). On a live bus producers
+    interleave slightly out of ts order (stream order is not ts order), and a log in stream
+    order would not re-validate."""
+    ctx = engine_context(engine, run) if context is None else context
+    with engine.connect() as conn:
+        q = select(EventRow.ts, EventRow.pos, EventRow.raw).where(EventRow.run == run).order_by(EventRow.ts, EventRow.pos)
+        own = ((ts, pos, bytes(raw)) for ts, pos, raw in conn.execution_options(yield_per=10_000).execute(q))
+        for _, _, raw in heapq.merge(own, ctx):
+            yield raw
+
+
+def export(engine: Engine, run: str, out: str | os.PathLike) -> tuple[int, int]:
+    """Write :func:`export_events` to ``out`` (.jsonl or .jsonl.gz); returns ``(events written,
+    of them engine events of other runs)``."""
+    ctx = engine_context(engine, run)
     n = 0
     with LogWriter(out) as w:
-        for raw in iter_raw_events(engine, run, by_ts=True):
+        for raw in export_events(engine, run, ctx):
             w.write_raw(raw)
             n += 1
-    return n
+    return n, len(ctx)

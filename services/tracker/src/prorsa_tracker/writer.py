@@ -21,7 +21,7 @@ from __future__ import annotations
 from sqlalchemy import Connection, Engine
 
 EVENT_COLS = ("seq", "event_id", "run", "traj", "type", "ts", "raw")
-ANOMALY_COLS = ("source", "seq", "event_id", "run", "traj", "type", "ts", "reason", "raw")
+ANOMALY_COLS = ("source", "seq", "event_id", "run", "traj", "type", "ts", "reason", "raw", "subject")
 REQUEST_COLS = (
     "run", "traj", "req", "turn", "prompt_tokens", "cached_tokens", "output_tokens", "queued_ts",
     "prefill_started_ts", "prefill_finished_ts", "decode_finished_ts", "finish", "engine", "decode_engine",
@@ -67,7 +67,7 @@ PG_TYPES = {
     "end_ts": "float8", "mode": "text", "ok": "boolean", "tokens": "bigint", "reward": "float8",
     "state": "text", "state_ts": "float8", "dispatched_ts": "float8", "ended_ts": "float8", "grp": "text",
     "policy_version": "integer", "sandbox_mode": "text", "turns": "integer", "context_tokens": "bigint",
-    "admitted": "boolean", "drop_reason": "text",
+    "admitted": "boolean", "drop_reason": "text", "subject": "text",
 }
 
 
