@@ -193,3 +193,37 @@ async def test_deadlines_expire_on_the_tracker_watermark_alone(nats_url: str, ns
         assert len(h.of(EngineCommand)) == 2 and not svc.state.allocator.table.commands
         ok, health = svc.state.health()
         assert ok and health["watermarks"] == 3 and health["event_time"] == retry.deadline + 6.0
+
+
+async def test_poison_mid_run_is_dead_lettered_and_a_restart_replays_past_it(nats_url: str, ns: Namespace) -> None:
+    from prometheus_client import generate_latest
+
+    from prorsa_allocator.metrics import allocator_registry
+    from prorsa_schemas import encode_event
+
+    async with Harness(nats_url, ns, **ONE_COMMAND) as h:
+        svc = await h.start_service()
+        await cluster(h)
+        forged = switched("p0", "forged", "prefill", "decode", ts=1.0)
+        poison = [
+            (ns.subject_for_type("engine.stats"), b"[" * 1000),  # RecursionError in a plain JSON parser
+            (ns.subject_for_type("engine.stats"), b"\xff\xfe\x00"),
+            (f"{ns.prefix}.control.engine.switched", encode_event(forged)),  # an engine event on a control subject
+        ]
+        seqs = [(await h.js.publish(subject, data)).seq for subject, data in poison]
+        await h.nc.publish(ns.watermark(), b'{"ts": ' + b"[" * 1000 + b"}")
+        await h.publish(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0))
+        await async_wait_until(lambda: h.of(EngineCommand), 10, what="a command after the poison")
+        letters = svc.state.dead_letters
+        assert letters.counts == {"invalid": 3, "subject": 1}
+        assert [d.seq for d in letters.recent if d.seq is not None] == seqs
+        assert svc.state.allocator.table.engines["p0"].role == "prefill"  # the forged switch is not applied
+        text = generate_latest(allocator_registry(svc.state)).decode()
+        assert 'prorsa_allocator_dead_letters_total{kind="subject"} 1.0' in text
+        await h.stop_service()
+        # The restart replays the stream, poison included, and acts again on what follows.
+        svc = await h.start_service()
+        assert svc.state.dead_letters.counts == {"invalid": 2, "subject": 1}  # the watermark is not in the stream
+        assert len(svc.state.allocator.table.engines) == 8 and len(h.of(EngineCommand)) == 1
+        await h.publish(forecast(t=70.0, prefill_engines=6.0, decode_engines=1.0))
+        await async_wait_until(lambda: len(h.of(AllocationPlan)) == 2, 10, what="a plan after the restart")

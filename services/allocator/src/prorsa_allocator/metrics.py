@@ -9,7 +9,9 @@ abandoned, failed, switched, ...). Also, per switch in flight,
 last sent) and ``prorsa_allocator_switch_attempts{engine,to_role}``; the histogram
 ``prorsa_allocator_switch_duration_seconds{mode}`` of completed switches
 (``engine.switched.seconds``); ``prorsa_allocator_prefill_tokens_per_s`` (θᴾ);
-``prorsa_allocator_event_time_seconds`` and ``prorsa_allocator_watermarks_total``.
+``prorsa_allocator_event_time_seconds`` and ``prorsa_allocator_watermarks_total``;
+``prorsa_allocator_dead_letters_total{kind}`` (messages skipped: invalid, on the wrong
+subject, or failed in the planner).
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ class _AllocatorCollector:
         for name, value in a.counters.__dict__.items():
             yield CounterMetricFamily(f"prorsa_allocator_{name}", f"allocator {name}", value=value)
         yield CounterMetricFamily("prorsa_allocator_invalid", "messages that were not valid events", value=st.invalid)
+        dead = getattr(st, "dead_letters", None)
+        if dead is not None:
+            yield from dead.collect()
 
 
 def _switches(a):

@@ -11,7 +11,11 @@
   watermark (``ns.watermark()``, core NATS, ``{"ts": ...}``), so a command whose engine went
   silent is retried or abandoned even when no other event arrives. Watermarks are ignored
   until the replay has caught up (the table is not complete before).
-* A malformed message is counted and logged with its reason; it never stops the service.
+* A message it cannot handle (not a valid event, on a subject its type does not belong to,
+  or one the planner fails on) and a malformed watermark are dead-lettered
+  (:mod:`prorsa_runtime.deadletter`: a log line with subject, stream sequence, reason, size
+  and hash; ``prorsa_allocator_dead_letters_total{kind}``) and skipped; nothing a message
+  holds stops the service or its replay after a restart.
 """
 
 from __future__ import annotations
@@ -26,7 +30,11 @@ from dataclasses import dataclass, field
 
 from prorsa_runtime import ReliablePublisher, connect, open_stream
 from prorsa_runtime.consumers import subscribe_ordered
-from prorsa_schemas import AllocationPlan, EngineCommand, Event, EventError, Namespace, decode_event
+from prorsa_runtime.deadletter import DeadLetters
+from prorsa_schemas import (
+    AllocationPlan, EngineCommand, Event, EventError, Namespace, SubjectMismatch, decode_event,
+    decode_message,
+)
 
 from .planner import Allocator
 from .settings import AllocatorSettings
@@ -51,6 +59,7 @@ class ServiceState:
     watermarks: int = 0
     """Tracker watermarks applied (event time advanced without an event)."""
     watermark_ts: float | None = None
+    dead_letters: DeadLetters = field(default_factory=lambda: DeadLetters("allocator", log))
 
     def health(self) -> tuple[bool, dict]:
         a = self.allocator
@@ -62,6 +71,7 @@ class ServiceState:
             "invalid": self.invalid,
             "event_time": a.now,
             "watermarks": self.watermarks,
+            "dead_letters": self.dead_letters.total,
             **a.counters.__dict__,
         }
 
@@ -69,6 +79,7 @@ class ServiceState:
 @dataclass(frozen=True, slots=True)
 class _Watermark:
     data: bytes
+    subject: str
 
 
 class AllocatorService:
@@ -100,7 +111,7 @@ class AllocatorService:
 
         async def on_watermark(msg) -> None:
             # Through the same queue: a watermark is applied in order with the events.
-            self._queue.put_nowait(_Watermark(msg.data))
+            self._queue.put_nowait(_Watermark(msg.data, msg.subject))
 
         # One ordered consumer over both subject trees keeps their relative stream order
         # (a command is always folded in before the engine.switched that answers it).
@@ -124,23 +135,24 @@ class AllocatorService:
                     break
                 msg = getter.result()
                 if isinstance(msg, _Watermark):
-                    self._watermark(msg.data, pub)
+                    self._watermark(msg.data, pub, msg.subject)
                 else:
-                    self._process(msg.data, msg.metadata.sequence.stream, pub)
+                    self._process(msg.data, msg.metadata.sequence.stream, pub, msg.subject)
         finally:
             stopper.cancel()
 
-    def _watermark(self, data: bytes, pub: ReliablePublisher) -> None:
+    def _watermark(self, data: bytes, pub: ReliablePublisher, subject: str | None = None) -> None:
         """Apply one tracker watermark: advance event time, publish the retries it causes."""
         st = self.state
         try:
             ts = json.loads(data)["ts"]
             if ts is not None and (isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts)):
                 raise ValueError(f"ts must be a finite number or null, got {ts!r}")
-        except (ValueError, KeyError, TypeError) as exc:  # JSONDecodeError is a ValueError
+        except Exception as exc:  # noqa: BLE001 - any bad watermark (even JSON nested too deep) is skipped
             st.invalid += 1
-            st.last_invalid = f"watermark: {exc}"
-            log.warning("invalid watermark ignored: %s", exc)
+            reason = f"invalid watermark: {str(exc)[:200] or type(exc).__name__}"
+            st.last_invalid = reason
+            st.dead_letters.record("invalid", subject, None, data, reason)
             return
         if ts is None or not st.caught_up.is_set():
             return  # no event yet, or the replay is not complete: nothing to expire against
@@ -153,24 +165,29 @@ class AllocatorService:
             return
         self._publish(out, pub)
 
-    def _process(self, data: bytes, seq: int, pub: ReliablePublisher) -> None:
+    def _process(self, data: bytes, seq: int, pub: ReliablePublisher, subject: str | None = None) -> None:
         st = self.state
         act = seq > st.replay_until
         if act and not st.caught_up.is_set():
             st.caught_up.set()
             log.info("caught up at stream sequence %d: %d engines, %d commands in flight",
                      seq, len(st.allocator.table.engines), len(st.allocator.table.commands))
+        if seq == st.replay_until:  # the last message of the replay, whatever it holds
+            st.caught_up.set()
         try:
-            event = decode_event(data)
+            event = decode_message(data, subject, self.ns) if subject is not None else decode_event(data)
+        except SubjectMismatch as exc:
+            st.invalid += 1
+            st.last_invalid = exc.reason
+            st.dead_letters.record("subject", subject, seq, data, exc.reason)
+            return
         except EventError as exc:
             st.invalid += 1
             st.last_invalid = exc.reason
-            log.warning("invalid event at stream sequence %d ignored: %s", seq, exc.reason)
+            st.dead_letters.record("invalid", subject, seq, data, exc.reason)
             return
         st.processed += 1
-        if seq == st.replay_until:
-            st.caught_up.set()
-        self._publish(self._handle(event, act), pub)
+        self._publish(self._handle(event, act, data, seq, subject), pub)
 
     def _publish(self, out: list[Event], pub: ReliablePublisher) -> None:
         st = self.state
@@ -185,9 +202,11 @@ class AllocatorService:
             elif isinstance(ev, EngineCommand):
                 log.info("command %s: %s -> %s by %.1f", ev.cmd, ev.engine, ev.to_role, ev.deadline)
 
-    def _handle(self, event: Event, act: bool) -> list[Event]:
+    def _handle(self, event: Event, act: bool, data: bytes = b"", seq: int | None = None,
+                subject: str | None = None) -> list[Event]:
         try:
             return self.state.allocator.handle(event, act=act)
-        except Exception:  # a bug must not stop the control loop; the event is logged
+        except Exception as exc:  # a bug must not stop the control loop; the event is dead-lettered
             log.exception("allocator failed on %s %s; event skipped", event.type, event.id)
+            self.state.dead_letters.record("handler", subject, seq, data, f"the allocator failed on it: {exc!r}")
             return []

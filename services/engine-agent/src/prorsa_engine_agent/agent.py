@@ -4,6 +4,12 @@ One per GPU server. It launches (or adopts) its SGLang instances, registers them
 router and publishes ``engine.registered``; publishes ``engine.stats`` every
 ``stats_interval_s`` from ``/v1/loads``; and executes ``engine.command`` role switches
 (see :mod:`.core` for the procedure, :mod:`.procedure` for its phases).
+
+A command message it cannot handle (not a valid event, not an ``engine.command``, or on a
+subject its type does not belong to) is dead-lettered (:mod:`prorsa_runtime.deadletter`: a
+log line with subject, stream sequence, reason, size and hash;
+``prorsa_agent_dead_letters_total{kind}``) and acknowledged; a malformed command that
+names a usable ``cmd`` and one of its engines is also answered with ``engine.switch_failed``.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import httpx
 
 from prorsa_runtime.bus import connect, open_stream
 from prorsa_runtime.consumers import subscribe_ordered
+from prorsa_runtime.deadletter import DeadLetters
 from prorsa_runtime.publisher import ReliablePublisher
 from prorsa_schemas import (
     EngineCommand,
@@ -32,7 +39,9 @@ from prorsa_schemas import (
     EventError,
     Namespace,
     Parallel,
+    SubjectMismatch,
     decode_event,
+    decode_message,
 )
 from prorsa_schemas.events import Event
 
@@ -78,6 +87,7 @@ class EngineAgent:
         self._tasks: set[asyncio.Task] = set()
         self.metrics = AgentMetrics()  # Prometheus view (served when metrics_port is set)
         self.metrics.agent = self
+        self.dead_letters = DeadLetters("agent", log)
         self.ready = asyncio.Event()
 
     # -- events --------------------------------------------------------------------------
@@ -216,13 +226,21 @@ class EngineAgent:
         self.publish(EngineSwitchFailed, event_id(cmd, "failed"), run=run, engine=engine, cmd=cmd,
                      role=role, error=reason[:4096])
 
-    async def handle(self, data: bytes) -> None:
-        """One message from the command subject: validate, decide, start a switch."""
+    async def handle(self, data: bytes, subject: str | None = None, seq: int | None = None) -> None:
+        """One message from the command subject: validate, decide, start a switch.
+
+        With ``subject``, the event's type must belong on it; a message that is no valid
+        command is dead-lettered (and refused when it names a usable cmd and engine).
+        """
         try:
-            event = decode_event(data)
+            event = decode_event(data) if subject is None else decode_message(data, subject, self.ns)
             if not isinstance(event, EngineCommand):
                 raise EventError.single(f"expected an engine.command, got {event.type!r}", "type")
+        except SubjectMismatch as exc:
+            self.dead_letters.record("subject", subject, seq, data, exc.reason)
+            return
         except EventError as exc:
+            self.dead_letters.record("invalid", subject, seq, data, exc.reason)
             self._refuse_malformed(data, exc.reason)
             return
         cmd = event
@@ -270,13 +288,13 @@ class EngineAgent:
         log.error("malformed command: %s", reason)
         try:
             obj = json.loads(data)
-        except ValueError:
+        except Exception:  # noqa: BLE001 - not JSON, or JSON no parser takes (nested too deep)
             obj = None
         obj = obj if isinstance(obj, dict) else {}
         cmd, engine, run = obj.get("cmd"), obj.get("engine"), obj.get("run")
         ok_id = lambda v: isinstance(v, str) and 0 < len(v) <= 128 and v.isprintable()  # noqa: E731
         if not (ok_id(cmd) and ok_id(engine)):
-            log.error("malformed command has no usable cmd/engine ids; nothing to answer: %r", data[:200])
+            log.error("malformed command has no usable cmd/engine ids; nothing to answer")
             return
         st = self.engines.get(engine)
         if st is None and engine in self.elsewhere:
@@ -340,9 +358,9 @@ class EngineAgent:
     async def _watch_registrations(self, js) -> object:
         async def on_msg(msg) -> None:
             try:
-                ev = decode_event(msg.data)
+                ev = decode_message(msg.data, msg.subject, self.ns)
             except EventError:
-                return
+                return  # the tracker records it; here it only must not count as a registration
             if isinstance(ev, EngineRegistered) and ev.server != self.settings.server:
                 self.elsewhere[ev.engine] = ev.server
 
@@ -406,15 +424,18 @@ class EngineAgent:
                     await asyncio.sleep(0.2)
                     continue
                 for msg in msgs:
+                    seq = _stream_seq(msg)
                     try:
                         if self._for_us(msg.data):
-                            await self.handle(msg.data)  # journals before the ack below
+                            await self.handle(msg.data, msg.subject, seq)  # journals before the ack below
                         else:
                             # Unknown here: waiting for another agent's registration must
                             # not hold up the commands behind it.
-                            self.spawn(self._handle_safely(msg.data))
-                    except Exception:  # never let one command take the agent down
+                            self.spawn(self._handle_safely(msg.data, msg.subject, seq))
+                    except Exception as exc:  # never let one command take the agent down
                         log.exception("handling a command failed")
+                        self.dead_letters.record("handler", msg.subject, seq, msg.data,
+                                                 f"the agent failed on it: {exc!r}")
                     await msg.ack()
         finally:
             stats.cancel()
@@ -425,15 +446,17 @@ class EngineAgent:
     def _for_us(self, data: bytes) -> bool:
         try:
             obj = json.loads(data)
-        except ValueError:
+        except Exception:  # noqa: BLE001 - unreadable: handled (dead-lettered) right here
             return True
-        return isinstance(obj, dict) and obj.get("engine") in self.engines
+        engine = obj.get("engine") if isinstance(obj, dict) else None
+        return not isinstance(engine, str) or engine in self.engines  # not an engine id: handled here
 
-    async def _handle_safely(self, data: bytes) -> None:
+    async def _handle_safely(self, data: bytes, subject: str | None = None, seq: int | None = None) -> None:
         try:
-            await self.handle(data)
-        except Exception:
+            await self.handle(data, subject, seq)
+        except Exception as exc:
             log.exception("handling a command failed")
+            self.dead_letters.record("handler", subject, seq, data, f"the agent failed on it: {exc!r}")
 
     async def stop_engines(self) -> None:
         """Stop every engine this agent launched (``--stop-engines-on-exit``)."""
@@ -442,6 +465,13 @@ class EngineAgent:
                 await self.processes.stop(st.inst.engine, st.pid)
         self.journal.pids.clear()
         self.journal.save()
+
+
+def _stream_seq(msg) -> int | None:
+    try:
+        return msg.metadata.sequence.stream
+    except Exception:  # noqa: BLE001 - not a JetStream delivery
+        return None
 
 
 def _token(name: str) -> str:

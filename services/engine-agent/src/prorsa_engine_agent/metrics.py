@@ -2,7 +2,9 @@
 
 ``prorsa_agent_engines{role,up}`` (the instances and their roles),
 ``prorsa_agent_switches_in_flight``, ``prorsa_agent_switch_outcomes_total{outcome}``,
-``prorsa_agent_switch_seconds_sum`` / ``_count`` (durations of completed switches).
+``prorsa_agent_switch_seconds_sum`` / ``_count`` (durations of completed switches),
+``prorsa_agent_dead_letters_total{kind}`` (command messages acknowledged without being
+carried out: invalid, on the wrong subject, or failed in the agent).
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ class AgentMetrics:
                                   value=self.seconds_sum)
         yield CounterMetricFamily("prorsa_agent_switch_seconds_count", "completed switches",
                                   value=self.outcomes.get("switched", 0))
+        dead = getattr(agent, "dead_letters", None)
+        if dead is not None:
+            yield from dead.collect()
 
     def registry(self) -> CollectorRegistry:
         reg = CollectorRegistry()

@@ -11,6 +11,11 @@ comes back to the same state. Forecast ids are deterministic (run, horizon and t
 re-publish inside the stream's duplicate window is dropped, and windows at or before the
 last ``forecast.window`` already in the stream are not published again.
 
+A message it cannot handle (not a valid event, on a subject its type does not belong to,
+or one the core fails on) is dead-lettered (:mod:`prorsa_runtime.deadletter`: a log line
+with subject, stream sequence, reason, size and hash; ``prorsa_forecaster_dead_letters_total``)
+and skipped, so a restart's replay passes it again without stopping.
+
 It tracks its own WAPE online (``prorsa_forecaster_wape{series=...}``) on the metrics
 port, with ``/health``.
 """
@@ -20,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from collections import deque
 
 from nats.js.errors import NotFoundError
@@ -27,7 +33,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from prorsa_runtime import connect, open_stream, publish_event
 from prorsa_runtime.consumers import subscribe_ordered
-from prorsa_schemas import EventError, ForecastComponents, ForecastWindow, decode_event
+from prorsa_runtime.deadletter import DeadLetters
+from prorsa_schemas import EventError, ForecastComponents, ForecastWindow, SubjectMismatch, decode_event, decode_message
 
 from .config import ForecastConfig
 from .settings import ForecasterSettings
@@ -50,6 +57,16 @@ class OnlineWape:
     @property
     def value(self) -> float | None:
         return self.err / self.total if self.total > 0 else None
+
+
+def _stream_seq(msg) -> int | None:
+    # Only for dead letters: parsing a delivery's metadata costs ~10 us a message.
+    if msg is None:
+        return None
+    try:
+        return msg.metadata.sequence.stream
+    except Exception:  # noqa: BLE001 - not a JetStream delivery (tests feed plain messages)
+        return None
 
 
 def window_event(w_t: float, f, run: str) -> ForecastWindow:
@@ -93,6 +110,8 @@ class Forecaster:
             "online correction factor of the latest forecast (1 = none): prefill per source, decode, admitted share",
             ["kind"], registry=self.registry,
         )
+        self.dead_letters = DeadLetters("forecaster", log)
+        self.registry.register(self.dead_letters)
         self.wape = {"prefill": OnlineWape(), "decode": OnlineWape()}
         self.published = 0
         self.run_id = settings.run_label
@@ -136,20 +155,33 @@ class Forecaster:
         self.m_correction.labels("decode").set(f.decode_admit_tokens / f.raw_decode if f.raw_decode > 0 else 1.0)
         self.m_correction.labels("admitted_share").set(f.share_factor)
 
-    def apply_bytes(self, data: bytes) -> list[WindowResult]:
-        """Decode and fold one message; a bad one is counted and logged, never fatal."""
+    def apply_bytes(self, data: bytes, subject: str | None = None, msg=None) -> list[WindowResult]:
+        """Decode and fold one message; one it cannot handle is dead-lettered, never fatal.
+
+        With ``subject``, the event's type must belong on it (see
+        :meth:`prorsa_schemas.Namespace.subject_mismatch`); ``msg`` (the JetStream delivery)
+        gives a dead letter its stream sequence.
+        """
         try:
-            ev = decode_event(data)
+            ev = decode_event(data) if subject is None else decode_message(data, subject, self.ns)
+        except SubjectMismatch as exc:
+            self.dead_letters.record("subject", subject, _stream_seq(msg), data, exc.reason)
+            return []
         except EventError as exc:
             self.m_invalid.inc()
-            log.warning("forecaster: skipping an invalid event: %s", exc.reason)
+            self.dead_letters.record("invalid", subject, _stream_seq(msg), data, exc.reason)
             return []
         if ev.type.startswith(("forecast.", "allocation.", "engine.command")):
             return []
         if self.run_id is None and hasattr(ev, "traj"):
             self.run_id = ev.run
         self.m_events.inc()
-        return self.loop.feed(ev)
+        try:
+            return self.loop.feed(ev)
+        except Exception as exc:  # a bug on one event must not stop the forecasts
+            log.exception("forecaster: failed on %s %s", ev.type, ev.id)
+            self.dead_letters.record("handler", subject, _stream_seq(msg), data, f"the forecaster failed on it: {exc!r}")
+            return []
 
     # -- I/O --------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -169,13 +201,16 @@ class Forecaster:
                 log.warning("forecaster: cannot read the last forecast (%r); publishing every window", exc)
 
             async def on_msg(msg) -> None:
-                self._buf.append(("event", msg.data))
+                self._buf.append(("event", msg))
                 self._wake.set()
 
             async def on_watermark(msg) -> None:
                 try:
                     ts = float(json.loads(msg.data)["ts"])
-                except (ValueError, KeyError, TypeError):
+                    if not math.isfinite(ts):
+                        raise ValueError(f"ts {ts} is not finite")
+                except Exception as exc:  # noqa: BLE001 - any bad watermark (even one nested too deep) is skipped
+                    log.warning("forecaster: invalid watermark ignored: %s", str(exc)[:200])
                     return
                 self._buf.append(("watermark", ts))
                 self._wake.set()
@@ -204,9 +239,12 @@ class Forecaster:
     async def _drain(self, js) -> None:
         n = 0
         while self._buf and n < 10_000:
-            kind, data = self._buf.popleft()
+            kind, item = self._buf.popleft()
             n += 1
-            closed = self.loop.advance(data) if kind == "watermark" else self.apply_bytes(data)
+            if kind == "watermark":
+                closed = self.loop.advance(item)
+            else:
+                closed = self.apply_bytes(item.data, item.subject, item)
             if closed:
                 self._closed(closed)
             if self.loop.opened:
