@@ -19,6 +19,8 @@ from pathlib import Path
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from prorsa_runtime.redact import mask_url
+
 from .common import console, is_tty, out
 from .stack import StackPlan, UpError, UpOptions, plan_stack, register_colocated
 from .supervisor import StartError, Supervisor
@@ -36,7 +38,7 @@ def _endpoints(plan: StackPlan) -> Table:
     t.add_column("what")
     t.add_column("where")
     t.add_row("bus (NATS JetStream)", plan.nats_url)
-    t.add_row("durable log (tracker)", plan.db_url)
+    t.add_row("durable log (tracker)", mask_url(plan.db_url))
     t.add_row("tracker query API", f"http://127.0.0.1:{plan.ports.tracker_api}/docs (token in api-token)")
     for name, url in plan.metrics.items():
         t.add_row(f"{name} metrics / health", f"{url}/metrics  {url}/health")
@@ -167,7 +169,7 @@ def _finish(opts: UpOptions, plan: StackPlan, driver: dict, stop: threading.Even
     emu = engine_stats([f"http://{opts.host}:{port}" for port, _b in plan.ports.engines])
     events = load_events(plan.db_url)
     summary = summarise(events, opts.run, driver, metrics, opts.horizon)
-    summary.update(policy=opts.policy, workdir=str(opts.workdir.resolve()), tracker_events=stored[0], anomalies=stored[1], durable_log=plan.db_url,
+    summary.update(policy=opts.policy, workdir=str(opts.workdir.resolve()), tracker_events=stored[0], anomalies=stored[1], durable_log=mask_url(plan.db_url),
                    **scenario(opts))
     summary["emulated_engines"] = emu
     steps = summary["rollout_step_times_s"]
@@ -266,7 +268,7 @@ def _print_summary(s: dict, plan: StackPlan, opts: UpOptions) -> None:
     pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
     t.add_row(f"forecast windows (S = {opts.horizon:g} s)", str(s["forecast_windows"]))
     t.add_row("forecast WAPE: prefill / decode", f"{pct(w['prefill'])} / {pct(w['decode'])}")
-    t.add_row("durable log", plan.db_url)
+    t.add_row("durable log", mask_url(plan.db_url))
     t.add_row("timeline", str(s["timeline_png"]))
     out.print(t)
     c = s.get("comparison")
@@ -291,7 +293,7 @@ def _print_summary(s: dict, plan: StackPlan, opts: UpOptions) -> None:
         out.print(f"no {other} run of the same scenario in {opts.compare_with} to compare with "
                   f"(`prorsa demo --policy {other}` with the same options makes one; `--compare` runs both)",
                   highlight=False)
-    db = plan.db_url
+    db = mask_url(plan.db_url)  # a password never printed: the reader puts theirs back
     exe = _prorsa_command()
     out.print("explore the durable log:", highlight=False)
     out.print(f"  {exe} runs --db {db}", highlight=False, soft_wrap=True)
