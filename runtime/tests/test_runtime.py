@@ -9,6 +9,7 @@ from pathlib import Path
 import nats
 import pytest
 from nats.js.api import StorageType, StreamConfig
+from nats.js.errors import NotFoundError as StreamNotFound
 
 from prorsa_runtime import (
     BusUnavailable,
@@ -90,6 +91,49 @@ async def test_ensure_stream_creates_verifies_and_repairs(nats_url: str, ns: Nam
         assert (await js.stream_info(ns.stream)).state.messages == 1
     finally:
         await nc.close()
+
+
+async def test_a_restricted_connection_only_verifies_and_the_admin_step_repairs(nats_url: str, ns: Namespace) -> None:
+    from nats.js.api import SubjectTransform
+
+    from prorsa_runtime import Credentials, StreamMissing, open_stream, verify_stream
+
+    nc = await connect(nats_url, "t")
+    js = nc.jetstream()
+    user = Credentials(user="tracker", password="x")
+    try:
+        # With a user, nothing is created: the message names the admin step.
+        with pytest.raises(StreamMissing, match="does not exist.*prorsa nats setup"):
+            await open_stream(js, ns, nats_url, user)
+        with pytest.raises(StreamNotFound):
+            await js.stream_info(ns.stream)
+        # Without one (a server without auth), the service sets the stream up itself.
+        await open_stream(js, ns, nats_url, Credentials())
+        assert (await verify_stream(js, ns)).config.allow_direct
+        # A stream with a subject transform and direct gets off is refused, then repaired.
+        cfg = (await js.stream_info(ns.stream)).config
+        cfg.allow_direct = False
+        cfg.subject_transform = SubjectTransform(src=f"{ns.prefix}.rollout.>", dest=f"{ns.prefix}.control.x.>")
+        await js.update_stream(cfg)
+        with pytest.raises(StreamMissing, match="direct gets off; a subject transform"):
+            await open_stream(js, ns, f"nats://tracker:pw@{nats_url.removeprefix('nats://')}", Credentials())
+        fixed = await ensure_stream(js, ns)
+        assert fixed.subject_transform is None and fixed.allow_direct
+        assert (await js.stream_info(ns.stream)).config.subject_transform is None
+    finally:
+        await nc.close()
+
+
+def test_credentials_name_their_login_and_reply_inbox() -> None:
+    from prorsa_runtime import Credentials
+
+    assert Credentials(user="engine-agent").inbox("nats://h:4222") == "_INBOX.engine-agent"
+    assert Credentials().inbox("nats://rollout:pw@h:4222") == "_INBOX.rollout"
+    assert Credentials().inbox("nats://h:4222") == "_INBOX" and not Credentials().restricted("nats://h:4222")
+    assert Credentials(token="t").restricted("nats://h:4222") is False
+    assert Credentials(creds_file="/x.creds", inbox_prefix="_INBOX.gpu7").inbox("nats://h") == "_INBOX.gpu7"
+    env = {"PRORSA_NATS_USER": "rollout", "PRORSA_NATS_PASSWORD": "pw"}
+    assert Credentials.from_env(env) == Credentials(user="rollout", password="pw")
 
 
 async def test_memory_stream_is_refused(nats_url: str, ns: Namespace) -> None:
