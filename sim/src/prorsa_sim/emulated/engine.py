@@ -24,7 +24,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Literal
 
-import httpx
+import aiohttp
 
 from .pd import PdLink, RoomBoard
 from .prefix_cache import PAGE
@@ -117,7 +117,7 @@ class EmulatedEngine:
         self.rooms = RoomBoard()
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
-        self._client: httpx.AsyncClient | None = None
+        self._client: aiohttp.ClientSession | None = None
 
     # -- status ------------------------------------------------------------------
     @property
@@ -140,6 +140,12 @@ class EmulatedEngine:
 
     def is_fully_idle(self) -> bool:
         return all(r.idle() for r in self.ranks)
+
+    async def aclose(self) -> None:
+        """Close the PD long-poll session (server shutdown)."""
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
 
     async def sleep(self, emulated_seconds: float) -> None:
         await asyncio.sleep(max(0.0, emulated_seconds) / self.opt.speed)
@@ -318,16 +324,19 @@ class EmulatedEngine:
         try:
             if link is not None and link.prefill_url:
                 if self._client is None:
-                    # No pool limit: every request in transfer holds one long poll (httpx's
-                    # default of 100 connections would queue the 101st behind the others).
-                    self._client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0),
-                                                     limits=httpx.Limits(max_connections=None))
-                r = await self._client.get(f"{link.prefill_url}/_emu/kv/{link.room}")
-                got = r.json() if r.status_code == 200 else {"ok": False}
+                    # No pool limit: every request in transfer holds one long poll. aiohttp,
+                    # not httpx, whose pool slows down with hundreds of requests in flight.
+                    self._client = aiohttp.ClientSession(
+                        connector=aiohttp.TCPConnector(limit=0),
+                        timeout=aiohttp.ClientTimeout(total=None, connect=5.0))
+                async with self._client.get(f"{link.prefill_url}/_emu/kv/{link.room}") as r:
+                    got = await r.json(content_type=None) if r.status == 200 else {"ok": False}
             else:  # no peer to ask: assume its prefill ran alone
                 await self.sleep(prefill_seconds(self.profile, req.prompt_tokens))
                 got = {"ok": True, "cached_tokens": 0}
-        except (httpx.HTTPError, ValueError):
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            got = {"ok": False}
+        if not isinstance(got, dict):
             got = {"ok": False}
         if req.phase != "transfer":
             return

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 from urllib.parse import urlparse
 
-import httpx
+import aiohttp
 from fastapi import Body, FastAPI
 from fastapi.responses import JSONResponse, Response
 
@@ -62,16 +62,25 @@ def create_router_app(health_timeout_s: float = 30.0, health_interval_s: float =
     app = FastAPI(title="emulated sglang router")
     workers: dict[str, Worker] = {}
     jobs: dict[str, dict] = {}
-    # No pool limit: a request holds its worker connection until it is answered, and httpx's
-    # default of 100 connections would queue the 101st request (two per request in PD).
-    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0),
-                               limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+    # aiohttp, not httpx: a router holds hundreds of requests open at once (two per request
+    # in PD), and httpx's pool re-scans every pending request on each one (its latency grew
+    # to seconds with 128 in flight); aiohttp's connector does not. No pool limit: a request
+    # holds its worker connection until it is answered.
+    state: dict[str, aiohttp.ClientSession] = {}
     app.state.workers = workers
+
+    def client() -> aiohttp.ClientSession:
+        if "session" not in state:  # made on the server's loop, at first use
+            state["session"] = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0),
+                timeout=aiohttp.ClientTimeout(total=None, connect=5.0))
+        return state["session"]
 
     async def healthy(url: str) -> bool:
         try:
-            return (await client.get(f"{url}/health", timeout=2.0)).status_code == 200
-        except httpx.HTTPError:
+            async with client().get(f"{url}/health", timeout=aiohttp.ClientTimeout(total=2.0)) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError):
             return False
 
     async def add_job(wid: str, body: dict) -> None:
@@ -86,8 +95,9 @@ def create_router_app(health_timeout_s: float = 30.0, health_interval_s: float =
             await asyncio.sleep(0.05)
         model_id = "unknown"
         try:
-            model_id = (await client.get(f"{url}/model_info", timeout=2.0)).json().get("model_path", model_id)
-        except (httpx.HTTPError, ValueError):
+            async with client().get(f"{url}/model_info", timeout=aiohttp.ClientTimeout(total=2.0)) as r:
+                model_id = (await r.json(content_type=None)).get("model_path", model_id)
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, AttributeError):
             pass
         if any(w.url == url for w in workers.values()):
             jobs[wid].update(status="failed", message=f"Worker {url} already exists")
@@ -112,7 +122,8 @@ def create_router_app(health_timeout_s: float = 30.0, health_interval_s: float =
     @app.on_event("shutdown")
     async def _stop() -> None:
         app.state.health_task.cancel()
-        await client.aclose()
+        if "session" in state:
+            await state["session"].close()
 
     @app.get("/health")
     @app.get("/liveness")
@@ -203,10 +214,12 @@ def create_router_app(health_timeout_s: float = 30.0, health_interval_s: float =
             affinity[prefix] = w.id
         return w
 
-    async def forward(w: Worker, body: dict) -> httpx.Response:
+    async def forward(w: Worker, body: dict) -> tuple[int, bytes]:
+        """(status, body) of the worker's answer."""
         w.load += 1
         try:
-            return await client.post(f"{w.url}/generate", json=body)
+            async with client().post(f"{w.url}/generate", json=body) as r:
+                return r.status, await r.read()
         finally:
             w.load -= 1
 
@@ -224,16 +237,17 @@ def create_router_app(health_timeout_s: float = 30.0, health_interval_s: float =
                 # prefill (SGLang's decode side learns it through the bootstrap server).
                 pd_body = dict(body, bootstrap_host=host, bootstrap_port=prefill.bootstrap_port,
                                bootstrap_room=random.getrandbits(63), emulated_prefill_url=prefill.url)
-                p_resp, d_resp = await asyncio.gather(forward(prefill, pd_body), forward(decode, pd_body))
-                if p_resp.status_code != 200:
-                    return Response(p_resp.content, p_resp.status_code, media_type="application/json")
-                return Response(d_resp.content, d_resp.status_code, media_type="application/json")
+                (p_status, p_body), (d_status, d_body) = await asyncio.gather(
+                    forward(prefill, pd_body), forward(decode, pd_body))
+                if p_status != 200:
+                    return Response(p_body, p_status, media_type="application/json")
+                return Response(d_body, d_status, media_type="application/json")
             regular = pick("regular", prefix)
             if regular is None:
                 return _error(503, "No available workers", "NO_AVAILABLE_WORKERS")
-            resp = await forward(regular, body)
-            return Response(resp.content, resp.status_code, media_type="application/json")
-        except httpx.HTTPError as exc:
-            return _error(502, f"worker request failed: {exc}", "WORKER_ERROR")
+            status, content = await forward(regular, body)
+            return Response(content, status, media_type="application/json")
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            return _error(502, f"worker request failed: {exc!r}", "WORKER_ERROR")
 
     return app

@@ -74,6 +74,10 @@ def create_engine_app(options: EngineOptions, engine: EmulatedEngine | None = No
     app = FastAPI(title="emulated sglang", version=VERSION)
     app.state.engine = eng
 
+    @app.on_event("shutdown")
+    async def _close() -> None:
+        await eng.aclose()
+
     @app.get("/health")
     @app.get("/health_generate")
     async def health() -> Response:
