@@ -308,3 +308,15 @@ def test_a_service_with_wrong_credentials_exits_and_says_why(secured: NatsServer
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0, text
     assert "refused" in text and "Authorization Violation" in text, text
+
+
+async def test_a_service_cannot_deliver_its_consumer_into_a_stream_subject(secured: NatsServer, admin: NATS):
+    # The body of a create request is not restricted by the permissions: the server itself
+    # refuses a deliver subject the stream captures (a forged command through a consumer).
+    nc = await connect(secured.url, "prorsa-tracker", credentials=creds("tracker"), timeout=10)
+    req = {"stream_name": S, "config": {"name": "prorsa-tracker", "deliver_subject": DEFAULT.commands(),
+                                        "ack_policy": "none", "filter_subject": DEFAULT.rollout_all()}}
+    reply = await nc.request(f"$JS.API.CONSUMER.CREATE.{S}.prorsa-tracker", json.dumps(req).encode(), timeout=5)
+    assert "forms a cycle" in json.loads(reply.data)["error"]["description"]
+    await nc.close()
+    assert await admin.jetstream().consumers_info(S) == []
