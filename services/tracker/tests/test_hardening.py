@@ -208,3 +208,32 @@ def test_load_decides_duplicates_by_the_database_too(tmp_path, db_url) -> None:
     eng.dispose()
     assert (counts["events"], counts["duplicates"], counts["anomalies"]) == (4, 1, 1)
     assert snapshot(db_url)["trajectories"] == clean(tmp_path, head + tail)["trajectories"]
+
+
+def test_a_batch_prepared_before_the_window_moved_on_still_finds_its_duplicates(tmp_path) -> None:
+    """The service prepares batch k+1 (decode, look up what the window cannot decide) while
+    batch k is applied. An id the window held at preparation and let go since is still a
+    duplicate: it was not looked up, and is not applied again."""
+    from prorsa_tracker import projection
+    from prorsa_tracker.core import new_state
+    from prorsa_tracker.db import migrate
+
+    url = f"sqlite:///{tmp_path}/p.db"
+    eng = make_engine(url)
+    migrate(eng)
+    f = EventFactory("r1", prefix="p")
+    a = [f("trajectory.dispatched", float(i), traj=f"a{i}", prompt_tokens=1) for i in range(4)]
+    b = [f("trajectory.dispatched", 10.0 + i, traj=f"b{i}", prompt_tokens=1) for i in range(4)]
+    st = new_state(seen_capacity=4)
+    batch = projection.process(st, "c", [(i + 1, encode_event(e)) for i, e in enumerate(a)], engine=eng)
+    projection.write(eng, st, batch)
+    # prepare the next-but-one batch (a re-send of a[0]) while the window still holds it
+    later = projection.decode_items([(9, encode_event(a[0]))])
+    asked = projection.unknown_ids(st, later)
+    assert asked == []  # the window decides: same id, same bytes
+    # batch b is applied meanwhile and pushes a[0] out of the window
+    projection.fold(st, "c", projection.decode_items([(5 + i, encode_event(e)) for i, e in enumerate(b)]))
+    assert a[0].id not in st.seen_ids
+    out = projection.fold(st, "c", later, {}, asked=set(asked))
+    assert (len(out.events), out.duplicates, len(out.anomalies)) == (0, 1, 0)
+    eng.dispose()

@@ -181,8 +181,10 @@ def stored_events(engine: Engine, ids: list[str]) -> dict[str, bytes]:
     with engine.connect() as conn:
         for i in range(0, len(uniq), LOOKUP_CHUNK):
             chunk = uniq[i : i + LOOKUP_CHUNK]
-            if pg:
-                rows = conn.exec_driver_sql("SELECT event_id, raw FROM events WHERE event_id = ANY(%s)", (chunk,))
+            if pg:  # one index probe per id (with = ANY the planner picks a full scan below ~1M rows)
+                rows = conn.exec_driver_sql(
+                    "SELECT e.event_id, e.raw FROM unnest(%s::text[]) AS u(id) "
+                    "CROSS JOIN LATERAL (SELECT event_id, raw FROM events WHERE event_id = u.id) AS e", (chunk,))
             else:  # one parameter (a JSON array) however many ids: no variable limit
                 rows = conn.exec_driver_sql(
                     "SELECT event_id, raw FROM events WHERE event_id IN (SELECT value FROM json_each(?))",
@@ -223,16 +225,22 @@ def process(state: TrackerState, consumer: str, items: Iterable[tuple], batch: B
     only the cache decides. See :func:`decode_items` for ``validated`` and ``ns``.
     """
     decoded = decode_items(items, validated, ns)
-    known = stored_events(engine, unknown_ids(state, decoded)) if engine is not None else {}
-    return fold(state, consumer, decoded, known, batch)
+    if engine is None:
+        return fold(state, consumer, decoded, {}, batch)
+    ids = unknown_ids(state, decoded)
+    return fold(state, consumer, decoded, stored_events(engine, ids), batch, set(ids))
 
 
 def fold(state: TrackerState, consumer: str, decoded: list[tuple], known: dict[str, bytes] | None = None,
-         batch: Batch | None = None) -> Batch:
+         batch: Batch | None = None, asked: set[str] | None = None) -> Batch:
     """Apply :func:`decode_items` output in order; the rows go into ``batch``.
 
     ``known`` maps ids the ``events`` table already holds to their bytes: those events are
     duplicates (skipped, or an anomaly when the content differs), never applied again.
+    ``asked`` is the set of ids that were looked up (:func:`unknown_ids` when the batch was
+    prepared); an id outside it was in the window then with the same bytes, so it is a
+    duplicate even if the window has let it go since (the service prepares a batch while
+    the one before it is applied).
     Rejected messages become anomaly rows with the raw bytes, the reason and the subject;
     duplicates are skipped but still advance the position. From a stream, each
     transition's ``seq`` is its event's stream sequence.
@@ -268,6 +276,9 @@ def fold(state: TrackerState, consumer: str, decoded: list[tuple], known: dict[s
         h = seen.get(eid, _MISS)
         if h is not _MISS:  # applied recently (maybe not committed yet)
             _count_duplicate(state, b, consumer, pos, ev, raw, subject, h is None or h == content_digest(raw))
+            continue
+        if asked is not None and eid not in asked:  # in the window when prepared, same bytes
+            _count_duplicate(state, b, consumer, pos, ev, raw, subject, True)
             continue
         _, trans, anomalies = apply(state, ev)
         seen[eid] = content_digest(raw)  # apply() remembered the id; keep its content digest

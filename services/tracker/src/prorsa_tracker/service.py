@@ -22,8 +22,8 @@ back-off and a log line; an error no retry fixes (the database does not exist, t
 credentials are refused, the file cannot be opened) stops the tracker with
 :class:`~prorsa_tracker.db.DatabaseUnusable`. Messages never show a password.
 
-Per batch: decode, look up in ``events`` the ids the recent-id window cannot decide,
-apply (pure core) -> publish the batch's transitions as JSON arrays
+Per batch: decode and look up in ``events`` the ids the recent-id window cannot decide
+(started while the previous batch is applied) -> apply (pure core) -> publish the batch's transitions as JSON arrays
 of up to 1000 (``Nats-Msg-Id = tr-<first seq>-<last seq>``; each transition carries the
 stream ``seq`` of its event) -> write rows + position in one transaction (retried while
 the database is down) -> publish the watermark. Transitions go out before the commit, so
@@ -42,6 +42,7 @@ import logging
 import time
 from collections import deque
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 
 from pydantic import BaseModel
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
@@ -91,6 +92,17 @@ def _payloads(chunk: list, max_payload: int):
     yield data, chunk[0].seq, chunk[-1].seq
 
 
+@dataclass(slots=True)
+class _Prepared:
+    """A batch taken off the buffer and decoded, its duplicate lookup under way."""
+
+    decoded: list
+    n: int  # messages in it
+    taken: int  # messages taken off the buffer (redeliveries included)
+    asked: set[str]  # the ids looked up in the events table
+    lookup: asyncio.Future | None  # -> {event_id: raw} of those the table holds
+
+
 class Tracker:
     """One tracker process. ``await Tracker(settings).run(stop)``; ``ready`` is set once it
     consumes. Attributes ``state``, ``position`` and ``written`` are for tests and metrics."""
@@ -111,6 +123,7 @@ class Tracker:
         self._receiver: ReceiverProcess | None = None
         self._receiver_died = False
         self._writing: asyncio.Future | None = None
+        self._next: _Prepared | None = None  # the batch after the one being applied
         self._last_snapshot = 0
         self.db_retries = 0  # database calls retried because the database was unavailable
         self.dead_letters = DeadLetters("tracker", log)
@@ -167,9 +180,10 @@ class Tracker:
         return True
 
     def _size_dedup_cache(self) -> None:
-        # At least two batches: the ids of the batch being written (not committed yet, so
-        # not in the table) must still be in the window when the next batch is applied.
-        cap = max(self.settings.dedup_cache, 2 * self.settings.batch_max)
+        # At least three batches: a batch's ids are looked up while the batch before it is
+        # applied and the one before that may still be written; neither is in the table
+        # then, so both must still be in the window when this batch is applied.
+        cap = max(self.settings.dedup_cache, 3 * self.settings.batch_max)
         self.state.seen_capacity = cap
         seen = self.state.seen_ids
         while len(seen) > cap:
@@ -233,7 +247,7 @@ class Tracker:
                 if self._receiver_died:
                     await self._restart_receiver(stop)
                     continue
-                if not self._buf:
+                if not self._buf and self._next is None:
                     await self._flush_write()
                     if self._buf:
                         continue
@@ -247,6 +261,13 @@ class Tracker:
                 await self._one_batch(stop)
         finally:
             stopper.cancel()
+            nxt, self._next = self._next, None
+            if nxt is not None and nxt.lookup is not None:  # not applied: the restart takes it again
+                if nxt.lookup.done():
+                    if not nxt.lookup.cancelled():
+                        nxt.lookup.exception()  # retrieved: an outage at stop is no error
+                else:
+                    nxt.lookup.cancel()
             await self._flush_write()
 
     def _take(self) -> tuple[list[tuple[int, bytes, str | None, str]], int]:
@@ -261,27 +282,40 @@ class Tracker:
                 items.append(item)
         return items, n
 
-    async def _one_batch(self, stop: asyncio.Event) -> None:
+    def _prepare(self, stop: asyncio.Event) -> _Prepared | None:
+        """Take and decode the next batch, and start looking up in ``events`` the ids the
+        recent-id window cannot decide (None when every message taken was a redelivery)."""
         items, taken = self._take()
         if not items:
             self._credit(taken)
-            return
+            return None
         decoded = projection.decode_items(items, validated=True, ns=self.ns)
         ids = projection.unknown_ids(self.state, decoded)
-        known: dict[str, bytes] = {}
-        if ids:  # the durable log decides what the recent-id window cannot
-            try:
-                known = await self._until_db(stop, lambda: projection.stored_events(self.engine, ids))
-            except (OperationalError, InterfaceError):  # stopping during an outage: restart resumes
-                return
-        batch = projection.fold(self.state, self.consumer, decoded, known)
+        lookup = None
+        if ids:  # the durable log decides what the window cannot
+            lookup = asyncio.ensure_future(self._until_db(stop, lambda: projection.stored_events(self.engine, ids)))
+        return _Prepared(decoded, len(items), taken, set(ids), lookup)
+
+    async def _one_batch(self, stop: asyncio.Event) -> None:
+        cur, self._next = self._next or self._prepare(stop), None
+        if cur is None:
+            return
+        try:
+            known = await cur.lookup if cur.lookup is not None else {}
+        except (OperationalError, InterfaceError):  # stopping during an outage: restart resumes
+            return
+        # The next batch's lookup runs (in a thread, or on the database server) while this
+        # one is applied: _size_dedup_cache keeps enough ids in the window for that.
+        if self._buf:
+            self._next = self._prepare(stop)
+        batch = projection.fold(self.state, self.consumer, cur.decoded, known, asked=cur.asked)
         if self.settings.publish_transitions:
             await self._publish_outputs(batch)
         # Pipelining: batch k is written (in a thread) while batch k+1 is decoded and
         # applied here; writes stay in order because each waits for the previous one.
         snap = self._snapshot_due(batch)  # now: the next batch is applied while this one is written
         await self._flush_write()
-        self._writing = asyncio.ensure_future(self._write(stop, batch, len(items), taken, snap))
+        self._writing = asyncio.ensure_future(self._write(stop, batch, cur.n, cur.taken, snap))
 
     def _credit(self, n: int) -> None:
         if self._receiver is not None:

@@ -44,7 +44,7 @@ class _TrackerFields(ServiceSettings):
     db_retry_s: float = Field(default=0.5, gt=0, le=60, description="first back-off when the database is down")
     dedup_cache: int = Field(
         default=SEEN_IDS_CAPACITY, ge=1000, le=10_000_000,
-        description="recent event ids kept in memory as the fast path of de-duplication (at least two batches); "
+        description="recent event ids kept in memory as the fast path of de-duplication (at least three batches); "
         "an id outside it is looked up in the events table, whose unique event id decides",
     )
 
