@@ -88,6 +88,11 @@ def _check_run(workdir: Path, out: str) -> dict:
     assert report["invalid"] == 0
     rollout = sum(1 for line in gzip.open(log, "rt") if json.loads(line)["type"] in driver["by_type"])
     assert rollout == driver["events"]
+    # The export carries the engine events its switches need (the agents register under
+    # their own run id): loading it into a fresh database records no anomaly.
+    load = subprocess.run(cli + ["tracker", "load", str(log), "--db", f"sqlite:///{workdir / 'reloaded.db'}"],
+                          capture_output=True, text=True, timeout=120)
+    assert load.returncode == 0 and " 0 anomalies" in load.stderr, load.stdout + load.stderr
     return summary
 
 
