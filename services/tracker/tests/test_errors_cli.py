@@ -143,8 +143,11 @@ def test_load_reports_poison_lines_with_their_number_and_goes_on(tmp_path) -> No
         w.write(f("request.queued", 2.0, traj="a", req="q", turn=0, prompt_tokens=10))
     db = f"sqlite:///{tmp_path}/t.db"
     r = runner.invoke(app, ["tracker", "load", str(log), "--db", db])
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 0 and "Traceback" not in r.output, r.output
     assert "2 events, 2 anomalies" in text(r)
+    lines = [x for x in r.output.splitlines() if x.startswith(f"{log}:") and x[len(str(log)) + 1].isdigit()]
+    assert [x.split(": ", 1)[0] for x in lines] == [f"{log}:2", f"{log}:3"]
+    assert "nested too deeply" in lines[0] and "not valid JSON" in lines[1]
     eng = make_engine(db)
     with eng.connect() as c:
         got = c.execute(select(AnomalyRow.seq, AnomalyRow.reason, AnomalyRow.raw).order_by(AnomalyRow.id)).all()

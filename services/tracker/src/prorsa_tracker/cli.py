@@ -120,7 +120,11 @@ def register(app: typer.Typer) -> None:
     @tracker.command("load")
     def load_cmd(log: Annotated[Path, typer.Argument(help="Event log (.jsonl / .jsonl.gz).")], db: DbOpt,
                  batch: Annotated[int, typer.Option(help="Lines per transaction.")] = 5000) -> None:
-        """Bulk-apply a log into a database offline (resumable: re-run to continue)."""
+        """Bulk-apply a log into a database offline (resumable: re-run to continue).
+
+        A line that is not applied (invalid, or an id already loaded with other content) is
+        reported with its line number and recorded in the anomalies table; the load goes on.
+        """
         from rich.progress import Progress
 
         from prorsa_cli.common import console
@@ -141,7 +145,10 @@ def register(app: typer.Typer) -> None:
         try:
             with Progress(console=console, transient=True) as prog:
                 task = prog.add_task(f"loading {log.name}", total=None if log.name.endswith(".gz") else max(1, size // 200))
-                counts = load(eng, log, batch_size=batch, progress=lambda n: prog.advance(task, n))
+                counts = load(eng, log, batch_size=batch, progress=lambda n: prog.advance(task, n),
+                              rejected=lambda lineno, reason: console.print(f"{log}:{lineno}: {reason}",
+                                                                            highlight=False, markup=False,
+                                                                            soft_wrap=True))
         except DBAPIError as exc:  # the database went away mid-load: what is committed stays; re-run to resume
             _fail(f"loading {log} into {_shown(db)} stopped: {error_line(exc)} (re-run to continue)", 1)
         except OSError as exc:

@@ -33,7 +33,8 @@ def load_consumer(path: str | os.PathLike) -> str:
 
 
 def load(engine: Engine, path: str | os.PathLike, batch_size: int = 5000,
-         progress: Callable[[int], None] | None = None, dedup_cache: int | None = None) -> dict:
+         progress: Callable[[int], None] | None = None, dedup_cache: int | None = None,
+         rejected: Callable[[int, str], None] | None = None) -> dict:
     """Apply a log file into the database; resumable: lines already committed are skipped.
 
     The in-memory state is first rebuilt from the database (so a load continues the same
@@ -41,7 +42,9 @@ def load(engine: Engine, path: str | os.PathLike, batch_size: int = 5000,
     event whose id the database already holds is not applied again (an anomaly row when
     its content differs); an invalid line is an anomaly row with its line number.
     ``dedup_cache`` bounds the in-memory window of recent ids (default: the core's; at
-    least one batch). Returns counts: ``lines`` read, ``skipped`` (already loaded),
+    least one batch). ``rejected(lineno, reason)`` is called, once its batch is committed,
+    for each line not applied that is no plain duplicate (invalid, unreadable, or a re-sent
+    id with other content). Returns counts: ``lines`` read, ``skipped`` (already loaded),
     ``events`` and ``anomalies`` written, ``duplicates``.
     """
     consumer = load_consumer(path)
@@ -54,16 +57,21 @@ def load(engine: Engine, path: str | os.PathLike, batch_size: int = 5000,
     done_upto = projection.position(engine, consumer)
     counts = {"lines": 0, "skipped": 0, "events": 0, "anomalies": 0, "duplicates": 0}
     items: list[tuple[int, bytes]] = []
-    unreadable: list[dict] = []
+    unreadable: list[tuple] = []
 
     def flush() -> None:
         if not items and not unreadable:
             return
         b = projection.Batch(consumer, from_stream=False)
         b.anomalies.extend(unreadable)
+        bad = [(row[1], row[7]) for row in unreadable]
         unreadable.clear()
         projection.process(state, consumer, items, b, engine=engine)  # the events table decides duplicates
         projection.write(engine, state, b)
+        if rejected is not None:
+            bad += [(pos, reason) for pos, _, _, reason, _ in b.rejected]
+            for lineno, reason in sorted(bad):
+                rejected(lineno, reason)
         counts["events"] += len(b.events)
         counts["anomalies"] += len(b.anomalies)
         counts["duplicates"] += b.duplicates
