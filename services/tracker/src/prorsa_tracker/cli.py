@@ -154,7 +154,7 @@ def register(app: typer.Typer) -> None:
         except OSError as exc:
             _fail(f"cannot read {log}: {exc}", 1)
         console.print(f"loaded {log}: {counts['events']} events, {counts['anomalies']} anomalies, "
-                      f"{counts['duplicates']} duplicates, {counts['skipped']} lines already loaded")
+                      f"{counts['duplicates']} duplicates, {counts['skipped']} lines already loaded", soft_wrap=True)
 
     @tracker.command("api")
     def api_cmd(db: DbOpt, port: Annotated[int, typer.Option(help="Port.")] = 8470,
