@@ -20,7 +20,6 @@ A batch goes through three steps (:func:`process` runs them all):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -168,7 +167,8 @@ def unknown_ids(state: TrackerState, decoded: list[tuple]) -> list[str]:
     return out
 
 
-LOOKUP_CHUNK = 5000
+PG_LOOKUP_CHUNK = 5000
+SQLITE_LOOKUP_CHUNK = 500  # bound variables per statement: far below SQLite's oldest limit (999)
 
 
 def stored_events(engine: Engine, ids: list[str]) -> dict[str, bytes]:
@@ -178,17 +178,17 @@ def stored_events(engine: Engine, ids: list[str]) -> dict[str, bytes]:
     pg = engine.dialect.name == "postgresql"
     found: dict[str, bytes] = {}
     uniq = list(dict.fromkeys(ids))
+    step = PG_LOOKUP_CHUNK if pg else SQLITE_LOOKUP_CHUNK
     with engine.connect() as conn:
-        for i in range(0, len(uniq), LOOKUP_CHUNK):
-            chunk = uniq[i : i + LOOKUP_CHUNK]
+        for i in range(0, len(uniq), step):
+            chunk = uniq[i : i + step]
             if pg:  # one index probe per id (with = ANY the planner picks a full scan below ~1M rows)
                 rows = conn.exec_driver_sql(
                     "SELECT e.event_id, e.raw FROM unnest(%s::text[]) AS u(id) "
                     "CROSS JOIN LATERAL (SELECT event_id, raw FROM events WHERE event_id = u.id) AS e", (chunk,))
-            else:  # one parameter (a JSON array) however many ids: no variable limit
+            else:
                 rows = conn.exec_driver_sql(
-                    "SELECT event_id, raw FROM events WHERE event_id IN (SELECT value FROM json_each(?))",
-                    (json.dumps(chunk),))
+                    f"SELECT event_id, raw FROM events WHERE event_id IN ({', '.join('?' * len(chunk))})", tuple(chunk))
             for eid, raw in rows:
                 found[eid] = bytes(raw)
     return found
