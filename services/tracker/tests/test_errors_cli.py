@@ -89,6 +89,35 @@ def test_refused_credentials_stop_the_tracker_with_one_line(tmp_path, pg_base) -
     assert 'role "prorsa_nobody" does not exist' in last_line(r.stderr)
 
 
+def test_a_wrong_password_stops_the_tracker_with_one_line(tmp_path, private_pg) -> None:
+    """A private server that asks for a password (scram) for one role: the wrong one is refused."""
+    hba = private_pg.data / "pg_hba.conf"
+    hba.write_text("host all prorsa_pw 127.0.0.1/32 scram-sha-256\n" + hba.read_text())
+    private_pg._run("pg_ctl", "-D", str(private_pg.data), "reload")
+    eng = make_engine(private_pg.url)
+    with eng.begin() as c:
+        c.exec_driver_sql("CREATE ROLE prorsa_pw LOGIN PASSWORD 'right-one'")
+    eng.dispose()
+    db = f"postgresql://prorsa_pw:{SECRET}@127.0.0.1:{private_pg.port}/postgres"
+
+    def refused() -> bool:  # the reload has taken effect
+        probe = make_engine(db)
+        try:
+            probe.connect().close()
+            return False
+        except Exception as exc:
+            return "password authentication failed" in str(exc)
+        finally:
+            probe.dispose()
+
+    wait_until(refused, timeout=30, what="the server to ask prorsa_pw for its password")
+    r = tracker_run(db, tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert SECRET not in r.stdout + r.stderr and "Traceback" not in r.stderr
+    line = last_line(r.stderr)
+    assert 'password authentication failed for user "prorsa_pw"' in line and "prorsa_pw:***@" in line
+
+
 def test_an_sqlite_file_that_is_no_database_stops_the_tracker(tmp_path) -> None:
     path = tmp_path / "t.db"
     path.write_bytes(b"this is not an SQLite file" * 100)
