@@ -460,9 +460,10 @@ class EngineAgent:
 
     async def stop_engines(self) -> None:
         """Stop every engine this agent launched (``--stop-engines-on-exit``)."""
-        for st in self.engines.values():
-            if st.inst.can_restart:
-                await self.processes.stop(st.inst.engine, st.pid)
+        # All at once: one engine slow to exit must not hold the others past the agent's
+        # own stop deadline (its supervisor would kill it and leave them running).
+        await asyncio.gather(*(self.processes.stop(st.inst.engine, st.pid)
+                               for st in self.engines.values() if st.inst.can_restart))
         self.journal.pids.clear()
         self.journal.save()
 

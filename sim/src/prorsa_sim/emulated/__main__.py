@@ -85,7 +85,10 @@ def main(argv: list[str] | None = None) -> None:
         a = p.parse_args(rest)
         app = create_router_app(health_interval_s=a.health_interval)
         host, port = a.host, a.port
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    # A bounded graceful shutdown: open long polls (a decode peer waiting on a PD room, up
+    # to 600 s) would otherwise hold the exit until its supervisor kills it.
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False,
+                timeout_graceful_shutdown=2)
 
 
 if __name__ == "__main__":
