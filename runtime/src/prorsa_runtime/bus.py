@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import nats
+import nats.errors
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig, StreamInfo
@@ -23,6 +24,9 @@ from .redact import mask_secrets, mask_url
 log = logging.getLogger("prorsa.bus")
 
 MSG_ID = "Nats-Msg-Id"
+DROPPED_HOOK = "_prorsa_on_dropped"
+"""The attribute of a nats-py subscription that :func:`connect`'s error handler calls with
+each ``SlowConsumerError`` (a message dropped by the client)."""
 DEFAULT_DUPLICATE_WINDOW_S = 600.0
 """The stream drops a re-sent event id seen within this window (10 min: longer than any
 outage a buffering publisher is expected to ride out)."""
@@ -125,6 +129,15 @@ async def connect(
     auth_errors: list[str] = []
 
     async def error_cb(exc: Exception) -> None:
+        if isinstance(exc, nats.errors.SlowConsumerError):
+            # nats-py dropped a message its subscription's queue had no room for; a reader
+            # that marked the subscription (prorsa_runtime.reader) re-reads from before it.
+            on_dropped = getattr(exc.sub, DROPPED_HOOK, None)
+            if on_dropped is not None:
+                on_dropped(exc)
+            else:
+                log.warning("nats: %s", exc)
+            return
         text = str(exc)
         if "Authorization" in text or "authorization" in text or "Permissions" in text:
             auth_errors.append(text)
