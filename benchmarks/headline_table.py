@@ -60,8 +60,9 @@ FULL = {"steps": 6, "seeds": [0, 1, 2], "grid": FULL_GRID, "bound_seeds": [0],
 """6 steps (1 warm-up + 5 measured), 3 seeds, every ratio of 8 engines; the bound with the
 default beam (2), on seed 0 only (its search costs hundreds of simulations of up to a step
 each: docs/simulator.md, "The bound"). CHOICE: its grid follows the steps' length, about a
-fifth of a step or less: 60 s on general (steps of 250-900 s), 120 s on math (230-1,000 s),
-300 s on coding (1,200-2,300 s), where a 60 s grid would be ~200 segments a search."""
+fifth of a step or less: 60 s on general and 120 s on math (steps of a few hundred seconds
+to about 1,000 s), 300 s on coding (1,200-2,300 s), where a 60 s grid would be ~200
+segments a search."""
 QUICK = {"steps": 3, "seeds": [0], "grid": 4, "bound_seeds": [0],
          "bound": {"math": "bound:120:beam=1", "coding": "bound:300:beam=1", "general": "bound:120:beam=1"}}
 """A preview: 3 steps (1 warm-up + 2), one seed, the bound with beam 1 on a coarser grid. The
