@@ -48,30 +48,33 @@ def serve_metrics(
     return server
 
 
-def consumer_metrics(service: str, reader, consumer: str = "") -> list:
-    """The backlog figures of one of ``service``'s consumers, read from the server's consumer
-    info (an :class:`~prorsa_runtime.reader.OrderedReader` refreshes it every few seconds):
+def consumer_metrics(service: str, *readers) -> list:
+    """The backlog figures of ``service``'s consumers, read from the server's consumer info
+    (an :class:`~prorsa_runtime.reader.OrderedReader` refreshes it every few seconds; a
+    :class:`~prorsa_runtime.reader.DurableFigures` when its owner reads it):
 
     ``prorsa_<service>_consumer_pending{consumer}`` (the stream's messages not yet delivered:
     ``num_pending``), ``prorsa_<service>_backlog_messages{consumer}`` (not yet processed:
     ``num_pending`` + ``num_ack_pending`` + delivered and not yet released) and
     ``prorsa_<service>_consumer_resets_total{consumer}`` (re-creations after a gap, a missed
-    heartbeat or a reconnect). Nothing before the first read.
+    heartbeat, a reconnect or a lost consumer). A consumer not read yet is left out.
     """
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-    if reader is None or reader.num_pending is None:
+    read = [r for r in readers if r is not None and r.num_pending is not None]
+    if not read:
         return []
-    name = consumer or reader.name
     pending = GaugeMetricFamily(f"prorsa_{service}_consumer_pending",
                                 "messages of the stream not yet delivered to the consumer (JetStream num_pending)",
                                 labels=["consumer"])
-    pending.add_metric([name], reader.num_pending)
     backlog = GaugeMetricFamily(f"prorsa_{service}_backlog_messages",
                                 "messages not yet processed: num_pending + num_ack_pending + delivered, not released",
                                 labels=["consumer"])
-    backlog.add_metric([name], reader.backlog())
     resets = CounterMetricFamily(f"prorsa_{service}_consumer_resets",
-                                 "consumer re-created (a gap, a missed heartbeat, a reconnect)", labels=["consumer"])
-    resets.add_metric([name], reader.resets)
+                                 "consumer re-created (a gap, a missed heartbeat, a reconnect, a lost consumer)",
+                                 labels=["consumer"])
+    for r in read:
+        pending.add_metric([r.name], r.num_pending)
+        backlog.add_metric([r.name], r.backlog())
+        resets.add_metric([r.name], r.resets)
     return [pending, backlog, resets]

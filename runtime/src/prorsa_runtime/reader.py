@@ -406,3 +406,29 @@ class OrderedReader:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)  # the loop keeps only weak references to tasks
         task.add_done_callback(self._tasks.discard)
+
+
+class DurableFigures:
+    """The backlog of a durable consumer with acknowledgements (the engine agent's commands),
+    read from its consumer info by :meth:`read`, in the shape
+    :func:`~prorsa_runtime.metrics.consumer_metrics` reads."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.num_pending: int | None = None
+        self.num_ack_pending: int | None = None
+        self.resets = 0  # re-created by its owner after it was lost
+
+    async def read(self, js: JetStreamContext, stream: str) -> None:
+        try:
+            info = await js.consumer_info(stream, self.name, timeout=2.0)
+        except Exception as exc:  # noqa: BLE001 - being created, or the server is away
+            log.debug("consumer info %s: %r", self.name, exc)
+            return
+        self.num_pending, self.num_ack_pending = info.num_pending, info.num_ack_pending
+
+    def backlog(self) -> int | None:
+        """Messages not yet acknowledged: delivered or not."""
+        if self.num_pending is None:
+            return None
+        return self.num_pending + (self.num_ack_pending or 0)

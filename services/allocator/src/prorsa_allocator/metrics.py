@@ -11,13 +11,17 @@ last sent) and ``prorsa_allocator_switch_attempts{engine,to_role}``; the histogr
 (``engine.switched.seconds``); ``prorsa_allocator_prefill_tokens_per_s`` (θᴾ);
 ``prorsa_allocator_event_time_seconds`` and ``prorsa_allocator_watermarks_total``;
 ``prorsa_allocator_dead_letters_total{kind}`` (messages skipped: invalid, on the wrong
-subject, or failed in the planner).
+subject, or failed in the planner); ``prorsa_allocator_consumer_pending{consumer}``,
+``prorsa_allocator_backlog_messages{consumer}`` and ``prorsa_allocator_consumer_resets_total``
+(its consumer's backlog, from the JetStream consumer info).
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from prorsa_runtime.metrics import consumer_metrics
 
 from .planner import SWITCH_BUCKETS_S
 
@@ -59,6 +63,7 @@ class _AllocatorCollector:
         dead = getattr(st, "dead_letters", None)
         if dead is not None:
             yield from dead.collect()
+        yield from consumer_metrics("allocator", getattr(st, "reader", None))
 
 
 def _switches(a):

@@ -1,7 +1,9 @@
 """The allocator service: the thin I/O shell around :class:`~prorsa_allocator.planner.Allocator`.
 
-* On start it replays the stream's engine and control events (an ordered consumer from the
-  first message) to rebuild the engine table and the commands in flight; events up to the
+* On start it replays the stream's engine and control events (an ordered pull consumer from
+  the first message, :class:`~prorsa_runtime.reader.OrderedReader`: at most ``max_pending``
+  messages requested or queued, none ever skipped, re-created after a gap, a missed
+  heartbeat or a reconnect) to rebuild the engine table and the commands in flight; events up to the
   stream's last sequence at start are folded in without acting (``act=False``), so a
   restarted allocator never re-issues a plan or a command.
 * Live, each engine event, forecast and command echo goes through ``Allocator.handle``; the
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 
 
 from prorsa_runtime import ReliablePublisher, connect, open_stream
-from prorsa_runtime.consumers import subscribe_ordered
+from prorsa_runtime.reader import OrderedReader
 from prorsa_runtime.deadletter import DeadLetters
 from prorsa_schemas import (
     AllocationPlan, EngineCommand, Event, EventError, Namespace, SubjectMismatch, decode_event,
@@ -60,6 +62,8 @@ class ServiceState:
     """Tracker watermarks applied (event time advanced without an event)."""
     watermark_ts: float | None = None
     dead_letters: DeadLetters = field(default_factory=lambda: DeadLetters("allocator", log))
+    reader: OrderedReader | None = None
+    """The consumer (its backlog figures feed the metrics)."""
 
     def health(self) -> tuple[bool, dict]:
         a = self.allocator
@@ -106,7 +110,7 @@ class AllocatorService:
         if self.state.replay_until == 0:
             self.state.caught_up.set()
 
-        async def on_msg(msg) -> None:
+        def on_msg(msg, seq: int) -> None:
             self._queue.put_nowait(msg)
 
         async def on_watermark(msg) -> None:
@@ -115,10 +119,13 @@ class AllocatorService:
 
         # One ordered consumer over both subject trees keeps their relative stream order
         # (a command is always folded in before the engine.switched that answers it).
-        sub = await subscribe_ordered(
+        # At most max_pending messages are requested or queued here and not yet handled.
+        self.reader = await OrderedReader(
             js, self.ns, self.ns.durable("allocator"), [self.ns.engine_all(), self.ns.control_all()], on_msg,
-        )
-        stack.push_async_callback(sub.unsubscribe)
+            max_pending=s.max_pending,
+        ).start()
+        self.state.reader = self.reader
+        stack.push_async_callback(self.reader.stop)
         wm_sub = await nc.subscribe(self.ns.watermark(), cb=on_watermark)
         stack.push_async_callback(wm_sub.unsubscribe)
         log.info(
@@ -137,7 +144,10 @@ class AllocatorService:
                 if isinstance(msg, _Watermark):
                     self._watermark(msg.data, pub, msg.subject)
                 else:
-                    self._process(msg.data, msg.metadata.sequence.stream, pub, msg.subject)
+                    try:
+                        self._process(msg.data, msg.metadata.sequence.stream, pub, msg.subject)
+                    finally:
+                        self.reader.release()
         finally:
             stopper.cancel()
 

@@ -17,6 +17,10 @@ _Base = settings_for(ENV_PREFIX)
 
 class _AllocatorSettingsBase(_Base):  # type: ignore[misc, valid-type]
     instance: str = Field(default="", description="Suffix of this allocator's consumer names (one allocator per namespace).")
+    max_pending: int = Field(
+        default=10_000, ge=100, le=10_000_000,
+        description="Most stream messages requested from the server or queued and not yet handled (bounded memory).",
+    )
 
     def allocator_config(self) -> AllocatorConfig:
         """The core's configuration, from the fields it shares with these settings."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from prorsa_runtime.bus import connect, open_stream
-from prorsa_runtime.consumers import subscribe_ordered
+from prorsa_runtime.reader import DurableFigures, OrderedReader
 from prorsa_runtime.deadletter import DeadLetters
 from prorsa_runtime.publisher import ReliablePublisher
 from prorsa_schemas import (
@@ -55,6 +55,9 @@ from .process import Processes
 from .procedure import run_switch
 
 log = logging.getLogger("prorsa.engine_agent")
+
+BACKLOG_EVERY_S = 5.0
+"""How often the command consumer's backlog is read from the server."""
 
 
 @dataclass
@@ -89,6 +92,8 @@ class EngineAgent:
         self.metrics.agent = self
         self.dead_letters = DeadLetters("agent", log)
         self.ready = asyncio.Event()
+        self.registry_reader: OrderedReader | None = None
+        self.command_figures = DurableFigures(command_consumer(self.ns, self.settings.server))
 
     # -- events --------------------------------------------------------------------------
     def publish(self, cls: type[Event], event_id_: str | None = None, run: str | None = None, **fields) -> Event:
@@ -355,8 +360,9 @@ class EngineAgent:
             except EngineHTTPError as exc:
                 log.error("recovering %s failed: %s", st.inst.engine, exc)
 
-    async def _watch_registrations(self, js) -> object:
-        async def on_msg(msg) -> None:
+    async def _watch_registrations(self, js) -> OrderedReader:
+        def on_msg(msg, seq: int) -> None:
+            reader.release()
             try:
                 ev = decode_message(msg.data, msg.subject, self.ns)
             except EventError:
@@ -364,13 +370,43 @@ class EngineAgent:
             if isinstance(ev, EngineRegistered) and ev.server != self.settings.server:
                 self.elsewhere[ev.engine] = ev.server
 
-        return await subscribe_ordered(js, self.ns, registry_consumer(self.ns, self.settings.server),
-                                       [self.ns.subject_for_type("engine.registered")], on_msg)
+        reader = OrderedReader(js, self.ns, registry_consumer(self.ns, self.settings.server),
+                               [self.ns.subject_for_type("engine.registered")], on_msg, max_pending=1000)
+        return await reader.start()
+
+    async def _command_subscription(self, js):
+        """The durable pull consumer of this agent's commands (created if missing, else bound)."""
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+        return await js.pull_subscribe(
+            self.ns.commands(), durable=self.command_figures.name, stream=self.ns.stream,
+            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.NEW,
+                                  ack_wait=30.0, max_ack_pending=1000),
+        )
+
+    async def _command_lost(self, js) -> bool:
+        """True when the command consumer no longer exists (deleted, or lost with a server)."""
+        from nats.js.errors import NotFoundError
+
+        try:
+            await js.consumer_info(self.ns.stream, self.command_figures.name, timeout=2.0)
+        except NotFoundError:
+            return True
+        except Exception as exc:  # noqa: BLE001 - the bus is away: fetch again later
+            log.debug("command consumer info: %r", exc)
+        return False
+
+    async def _read_command_backlog(self, js, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self.command_figures.read(js, self.ns.stream)
+            try:
+                await asyncio.wait_for(stop.wait(), BACKLOG_EVERY_S)
+            except asyncio.TimeoutError:
+                pass
 
     async def run(self, stack: AsyncExitStack, stop: asyncio.Event) -> None:
         """Bring the instances up, resume journaled switches, then serve commands until ``stop``."""
         from nats.errors import TimeoutError as NatsTimeout
-        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
         s = self.settings
         creds = s.credentials()
@@ -381,14 +417,11 @@ class EngineAgent:
         stack.push_async_callback(nc.close)
         js = nc.jetstream()
         await open_stream(js, self.ns, s.nats_url, creds)
-        await self._watch_registrations(js)
+        self.registry_reader = await self._watch_registrations(js)
+        stack.push_async_callback(self.registry_reader.stop)
         # The durable consumer exists before any engine.registered goes out, so a command
         # sent in reaction to a registration waits for us instead of being missed.
-        sub = await js.pull_subscribe(
-            self.ns.commands(), durable=command_consumer(self.ns, s.server), stream=self.ns.stream,
-            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.NEW,
-                                  ack_wait=30.0, max_ack_pending=1000),
-        )
+        sub = await self._command_subscription(js)
         http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0))
         stack.push_async_callback(http.aclose)
         self.router = RouterClient(http, s.router_url)
@@ -411,6 +444,7 @@ class EngineAgent:
                     log.error("registering %s: %s", st.inst.engine, exc)
         self.journal.save()
         stats = self.spawn(self._stats_loop(stop))
+        backlog = self.spawn(self._read_command_backlog(js, stop))
         self.ready.set()
         log.info("engine agent %s ready: %d engines, router %s", s.server, len(self.engines), s.router_url)
         try:
@@ -419,8 +453,17 @@ class EngineAgent:
                     msgs = await sub.fetch(16, timeout=0.5)
                 except (NatsTimeout, asyncio.TimeoutError):
                     continue
-                except Exception as exc:  # the bus is reconnecting
+                except Exception as exc:  # the bus is reconnecting, or the consumer is gone
                     log.warning("command fetch: %r", exc)
+                    if await self._command_lost(js):
+                        # Unacknowledged commands come back from the stream (DeliverPolicy.NEW
+                        # from now: older ones were answered or are past their deadline).
+                        log.warning("command consumer %s is gone; creating it again", self.command_figures.name)
+                        try:
+                            sub = await self._command_subscription(js)
+                            self.command_figures.resets += 1
+                        except Exception as exc2:  # noqa: BLE001 - try again on the next failure
+                            log.warning("re-creating the command consumer: %r", exc2)
                     await asyncio.sleep(0.2)
                     continue
                 for msg in msgs:
@@ -439,6 +482,7 @@ class EngineAgent:
                     await msg.ack()
         finally:
             stats.cancel()
+            backlog.cancel()
             for t in list(self._tasks):
                 t.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)

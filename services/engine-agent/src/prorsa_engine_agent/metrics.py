@@ -4,7 +4,10 @@
 ``prorsa_agent_switches_in_flight``, ``prorsa_agent_switch_outcomes_total{outcome}``,
 ``prorsa_agent_switch_seconds_sum`` / ``_count`` (durations of completed switches),
 ``prorsa_agent_dead_letters_total{kind}`` (command messages acknowledged without being
-carried out: invalid, on the wrong subject, or failed in the agent).
+carried out: invalid, on the wrong subject, or failed in the agent),
+``prorsa_agent_consumer_pending{consumer}`` / ``prorsa_agent_backlog_messages{consumer}``
+(commands not yet delivered / not yet acknowledged, and the registrations not yet read,
+from the JetStream consumer info) and ``prorsa_agent_consumer_resets_total{consumer}``.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from collections import Counter
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from prorsa_runtime.metrics import consumer_metrics
 
 
 class AgentMetrics:
@@ -50,6 +55,8 @@ class AgentMetrics:
         dead = getattr(agent, "dead_letters", None)
         if dead is not None:
             yield from dead.collect()
+        yield from consumer_metrics("agent", getattr(agent, "command_figures", None),
+                                    getattr(agent, "registry_reader", None))
 
     def registry(self) -> CollectorRegistry:
         reg = CollectorRegistry()

@@ -1,10 +1,16 @@
 """The forecaster service: contract events in, one ``forecast.window`` per window out.
 
 Shell around the pure core. It reads the stream from its first message with an ordered
-consumer (rollout and engine events), passes every event through the tracker's core (the
+pull consumer (rollout and engine events; :class:`~prorsa_runtime.reader.OrderedReader`:
+at most ``max_pending`` messages requested or waiting to be folded in, never a skipped
+one, re-created after a gap, a missed heartbeat or a reconnect), passes every event through the tracker's core (the
 same canonical lifecycle the tracker records), folds it into the live state and closes
 windows by event time (:class:`~prorsa_forecaster.windows.WindowLoop`). A tracker
 watermark on ``ns.watermark()`` (``{"ts": ...}``) closes windows when the bus is quiet.
+
+Forecasts go out through a :class:`~prorsa_runtime.ReliablePublisher`: buffered and
+re-sent until the stream acknowledges them, so a publish that times out (a busy or
+restarting server) never stops the service.
 
 Restarts: the state is a fold of the stream, so a restarted forecaster replays it and
 comes back to the same state. Forecast ids are deterministic (run, horizon and t), so a
@@ -31,8 +37,9 @@ from collections import deque
 from nats.js.errors import NotFoundError
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from prorsa_runtime import connect, open_stream, publish_event
-from prorsa_runtime.consumers import subscribe_ordered
+from prorsa_runtime import ReliablePublisher, connect, open_stream
+from prorsa_runtime.metrics import consumer_metrics
+from prorsa_runtime.reader import OrderedReader
 from prorsa_runtime.deadletter import DeadLetters
 from prorsa_schemas import EventError, ForecastComponents, ForecastWindow, SubjectMismatch, decode_event, decode_message
 
@@ -41,6 +48,10 @@ from .settings import ForecasterSettings
 from .windows import WindowLoop, WindowResult
 
 log = logging.getLogger("prorsa.forecaster")
+
+DRAIN_BATCH = 2000
+"""Messages handled between two returns to the event loop (the loop answers the server's
+pings and the pull requests' heartbeats in between)."""
 
 
 class OnlineWape:
@@ -91,6 +102,16 @@ def window_event(w_t: float, f, run: str) -> ForecastWindow:
     )
 
 
+class _ConsumerCollector:
+    """The backlog of the forecaster's consumer, from the server's consumer info."""
+
+    def __init__(self, svc: "Forecaster") -> None:
+        self.svc = svc
+
+    def collect(self):
+        return consumer_metrics("forecaster", self.svc.reader)
+
+
 class Forecaster:
     """The service; ``run(stop)`` until ``stop`` is set. ``published`` counts windows sent."""
 
@@ -112,6 +133,7 @@ class Forecaster:
         )
         self.dead_letters = DeadLetters("forecaster", log)
         self.registry.register(self.dead_letters)
+        self.registry.register(_ConsumerCollector(self))
         self.wape = {"prefill": OnlineWape(), "decode": OnlineWape()}
         self.published = 0
         self.run_id = settings.run_label
@@ -119,6 +141,8 @@ class Forecaster:
         self._buf: deque[tuple[str, object]] = deque()
         self._wake = asyncio.Event()
         self.ready = asyncio.Event()
+        self.reader: OrderedReader | None = None
+        self.pub: ReliablePublisher | None = None
 
     # -- window handling --------------------------------------------------------------
     def _closed(self, windows: list[WindowResult]) -> None:
@@ -133,13 +157,15 @@ class Forecaster:
                 if v is not None:
                     self.m_wape.labels(series).set(v)
 
-    async def _publish_opened(self, js) -> None:
+    def _publish_opened(self) -> None:
         """Publish every forecast the loop made since the last call, in window order."""
         while self.loop.opened:
             f = self.loop.opened.popleft()
             if f.t <= self._last_published_t:
                 continue  # published before a restart
-            await publish_event(js, self.ns, window_event(f.t, f, self.run_id or "prorsa"))
+            # Buffered and re-sent until the stream acknowledges it (same id: de-duplicated),
+            # so a publish that times out under load never stops the forecaster.
+            self.pub.submit(window_event(f.t, f, self.run_id or "prorsa"), key="forecasts")
             self._last_published_t = f.t
             self.published += 1
             self.m_forecast.labels("prefill").set(f.prefill_tokens)
@@ -190,6 +216,8 @@ class Forecaster:
         try:
             js = nc.jetstream()
             await open_stream(js, self.ns, s.nats_url, s.credentials())
+            self.pub = await ReliablePublisher(s.nats_url, "prorsa-forecaster-pub", self.ns,
+                                               credentials=s.credentials()).start()
             try:
                 # A direct get by subject ($JS.API.DIRECT.GET.<stream>.<subject>): the one read a
                 # permission can pin to the forecasts' subject.
@@ -200,7 +228,7 @@ class Forecaster:
             except Exception as exc:  # unreadable or refused: publish from the start (de-duplicated by id)
                 log.warning("forecaster: cannot read the last forecast (%r); publishing every window", exc)
 
-            async def on_msg(msg) -> None:
+            def on_msg(msg, seq: int) -> None:
                 self._buf.append(("event", msg))
                 self._wake.set()
 
@@ -215,10 +243,10 @@ class Forecaster:
                 self._buf.append(("watermark", ts))
                 self._wake.set()
 
-            await subscribe_ordered(
+            self.reader = await OrderedReader(
                 js, self.ns, self.ns.durable("forecaster"), [self.ns.rollout_all(), self.ns.engine_all()], on_msg,
-                pending_msgs_limit=500_000, pending_bytes_limit=512 * 1024 * 1024,
-            )
+                max_pending=s.max_pending,
+            ).start()
             await nc.subscribe(self.ns.watermark(), cb=on_watermark)
             self.ready.set()
             stopper = asyncio.ensure_future(stop.wait())
@@ -230,25 +258,33 @@ class Forecaster:
                         await asyncio.wait([waiter, stopper], return_when=asyncio.FIRST_COMPLETED)
                         waiter.cancel()
                         continue
-                    await self._drain(js)
+                    await self._drain()
             finally:
                 stopper.cancel()
+                if self.reader is not None:
+                    await self.reader.stop()
+                await self.pub.close(timeout=5.0)  # what the stream has not acknowledged yet: 5 s
         finally:
             await nc.close()
 
-    async def _drain(self, js) -> None:
-        n = 0
-        while self._buf and n < 10_000:
-            kind, item = self._buf.popleft()
-            n += 1
-            if kind == "watermark":
-                closed = self.loop.advance(item)
-            else:
-                closed = self.apply_bytes(item.data, item.subject, item)
-            if closed:
-                self._closed(closed)
-            if self.loop.opened:
-                await self._publish_opened(js)
+    async def _drain(self) -> None:
+        n = events = 0
+        try:
+            while self._buf and n < DRAIN_BATCH:
+                kind, item = self._buf.popleft()
+                n += 1
+                if kind == "watermark":
+                    closed = self.loop.advance(item)
+                else:
+                    events += 1
+                    closed = self.apply_bytes(item.data, item.subject, item)
+                if closed:
+                    self._closed(closed)
+                if self.loop.opened:
+                    self._publish_opened()
+        finally:
+            if self.reader is not None:
+                self.reader.release(events)  # room for as many more in the pull requests
         await asyncio.sleep(0)  # let the subscription callbacks run between batches
 
     def health(self) -> tuple[bool, dict]:

@@ -13,6 +13,11 @@ class _ForecasterFields(ServiceSettings):
     tracker_gate: bool = Field(
         default=True, description="pass events through the tracker core (drop duplicates and illegal transitions)"
     )
+    max_pending: int = Field(
+        default=20_000, ge=100, le=10_000_000,
+        description="most stream messages requested from the server or received and not yet folded in (bounded "
+        "memory; the server holds the rest)",
+    )
     run_label: str | None = Field(
         default=None,
         pattern=r"^[A-Za-z0-9_.-]{1,128}$",

@@ -3,7 +3,11 @@
 Exposed on ``PRORSA_TRACKER_METRICS_PORT`` (``/metrics`` and ``/health``):
 ``prorsa_tracker_events_written_total`` (ingest: rate() of it is the ingest rate),
 ``prorsa_tracker_stream_position`` (last committed stream sequence),
-``prorsa_tracker_buffered_messages`` (received, not yet committed: the ingest lag in messages),
+``prorsa_tracker_buffered_messages`` (delivered to the tracker, not yet committed; at most
+``max_inflight``), ``prorsa_tracker_consumer_pending{consumer}`` (the stream's messages not
+yet delivered, from the JetStream consumer info, read every 2 s),
+``prorsa_tracker_backlog_messages{consumer}`` (the sum of the two: the ingest lag in
+messages), ``prorsa_tracker_consumer_resets_total{consumer}``,
 ``prorsa_tracker_lag_seconds`` (wall time minus the newest applied event time),
 ``prorsa_tracker_anomalies_total`` and ``prorsa_tracker_events_stored_total`` (the rows the
 ``anomalies`` and ``events`` tables hold: counted at start, plus what each commit adds),
@@ -20,6 +24,21 @@ import time
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from prorsa_runtime.metrics import consumer_metrics
+
+
+class _ConsumerFigures:
+    """The receiver's figures of the tracker's consumer, in the shape consumer_metrics reads."""
+
+    def __init__(self, tr) -> None:
+        self.name = tr.consumer
+        self.num_pending = getattr(tr, "consumer_pending", None)
+        self.resets = getattr(tr, "consumer_resets", 0)
+        self._tr = tr
+
+    def backlog(self):
+        return self._tr.backlog()
+
 
 class _TrackerCollector:
     def __init__(self, tracker) -> None:
@@ -32,7 +51,8 @@ class _TrackerCollector:
                                   value=tr.written)
         yield GaugeMetricFamily("prorsa_tracker_stream_position", "last committed stream sequence", value=tr.position)
         yield GaugeMetricFamily("prorsa_tracker_buffered_messages", "received but not yet committed",
-                                value=len(getattr(tr, "_buf", ())))
+                                value=getattr(tr, "inflight", len(getattr(tr, "_buf", ()))))
+        yield from consumer_metrics("tracker", _ConsumerFigures(tr))
         wm = getattr(st, "watermark", None)
         yield GaugeMetricFamily("prorsa_tracker_lag_seconds", "wall time minus the newest applied event ts",
                                 value=max(0.0, time.time() - wm) if wm else 0.0)

@@ -17,14 +17,15 @@ are this module, so pickle is safe here):
   order, where ``invalid`` is None when :func:`prorsa_schemas.decode_event` accepted the
   message (the strict validation runs here, on the receiver's core) or the reason it did
   not (whatever the bytes hold: no message can stop the receiver); an empty list once
-  subscribed.
+  subscribed; every few seconds a dict of the consumer's figures as the server counts
+  them (``num_pending``: messages not yet delivered) and the reader's ``resets`` / ``gaps``.
 
-Back-pressure: when more than ``max_inflight`` forwarded messages are not yet credited
-(the database is down, the parent is behind), the child drops its ordered consumer and
-re-creates it after the last forwarded sequence once the parent has caught up by half,
-so neither process buffers without bound. Also on a NATS reconnect the consumer is
-re-created after the last forwarded sequence (nats-py's ordered consumer does not always
-recover across a server restart). Messages of an old consumer are ignored.
+Flow control: the child reads through :class:`prorsa_runtime.reader.OrderedReader` (an
+ordered pull consumer) and asks the server for more only while fewer than
+``max_inflight`` messages are requested or forwarded and not yet credited (the database
+is down, the parent is behind), so neither process buffers without bound and the server
+never has a reason to cut it as a slow consumer. A gap, a missed heartbeat or a reconnect
+re-creates the consumer after the last forwarded sequence; nothing is skipped.
 
 The child exits when its stdin closes and, on Linux, when its parent dies (even by
 kill -9: ``PR_SET_PDEATHSIG``).
@@ -49,6 +50,7 @@ log = logging.getLogger("prorsa.tracker.receiver")
 _LEN = struct.Struct("!I")
 FLUSH_MESSAGES = 2000  # forward at most this many per frame
 FLUSH_DELAY_S = 0.002  # and at most this long after the first unsent message
+STATS_EVERY_S = 2.0  # how often the consumer's backlog is read from the server and sent up
 
 
 def write_frame(fh: BinaryIO, obj) -> None:
@@ -68,14 +70,6 @@ def read_frame(fh: BinaryIO):
     if len(data) < n:
         raise EOFError
     return pickle.loads(data)
-
-
-def stream_seq(reply: str) -> int:
-    """The stream sequence in a JetStream delivery's reply subject."""
-    # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending> (v1), or the v2
-    # form with <domain>.<account hash> after $JS.ACK and a trailing token.
-    parts = reply.split(".")
-    return int(parts[5] if len(parts) == 9 else parts[7])
 
 
 # --- the parent's side ---------------------------------------------------------------
@@ -177,111 +171,59 @@ class _Child:
 
         self.cfg = cfg
         self.ns = Namespace(prefix=cfg["prefix"], stream=cfg["stream"])
-        self.last = cfg["start_seq"] - 1  # last stream sequence forwarded
-        self.forwarded = 0
-        self.credited = 0
         self.max_inflight = cfg["max_inflight"]
         self.pending: list[tuple[int, bytes, str | None, str]] = []
-        self.gen = 0
-        self.sub = None
-        self.paused = False
+        self.reader = None
         self.out = out
         self.sendq: queue.Queue = queue.Queue()
         self.flush_handle: asyncio.TimerHandle | None = None
-        self.resub = asyncio.Event()
-        self._tasks: set[asyncio.Task] = set()
 
     async def run(self) -> None:
         from prorsa_runtime import connect
+        from prorsa_runtime.reader import OrderedReader
 
         loop = asyncio.get_running_loop()
         self.loop = loop
         threading.Thread(target=self._send_loop, daemon=True).start()
-        threading.Thread(target=self._credit_loop, args=(loop,), daemon=True).start()
-        self.nc = await connect(self.cfg["url"], self.cfg["name"], credentials=self.cfg["credentials"],
-                                on_reconnect=self._on_reconnect)
+        self.nc = await connect(self.cfg["url"], self.cfg["name"], credentials=self.cfg["credentials"])
         self.js = self.nc.jetstream()
-        await self._subscribe()
+        ns = self.ns
+        # The consumer is named (ns.durable("tracker")), so that a deployment's permissions
+        # can name it. At most max_inflight messages are requested or forwarded and not yet
+        # credited back by the parent: a slow database slows the pull requests down, it does
+        # not fill a queue.
+        self.reader = OrderedReader(
+            self.js, ns, ns.durable("tracker"), [ns.rollout_all(), ns.engine_all(), ns.control_all()], self._on_msg,
+            start_seq=self.cfg["start_seq"], max_pending=self.max_inflight,
+            batch=min(FLUSH_MESSAGES * 2, max(1, self.max_inflight // 4)), info_every_s=0,
+        )
+        await self.reader.start()
+        threading.Thread(target=self._credit_loop, args=(loop,), daemon=True).start()
         self.sendq.put([])  # "subscribed"
-        while True:
-            await self.resub.wait()
-            self.resub.clear()
-            if self.paused and self.forwarded - self.credited > self.max_inflight // 2:
-                continue
-            try:
-                await self._subscribe()
-            except Exception as exc:  # the server is still coming back: try again soon
-                log.warning("receiver: subscribe failed (%r); retrying", exc)
-                await asyncio.sleep(0.5)
-                self.resub.set()
+        while True:  # the backlog, as the server counts it, for the parent's gauges
+            info = await self.reader.read_info()
+            if info is not None:
+                self.sendq.put({"num_pending": info.num_pending, "resets": self.reader.resets,
+                                "gaps": self.reader.gaps})
+            await asyncio.sleep(STATS_EVERY_S)
 
-    async def _on_reconnect(self) -> None:
-        if not self.paused:
-            self.resub.set()
-
-    async def _subscribe(self) -> None:
-        from prorsa_runtime.consumers import subscribe_ordered
+    def _on_msg(self, msg, seq: int) -> None:
         from prorsa_schemas import EventError, decode_event
 
-        self.flush()
-        self.gen += 1
-        old, self.sub = self.sub, None
-        if old is not None:
-            try:
-                await old.unsubscribe()
-            except Exception as exc:  # the old consumer may be gone with the old server
-                log.debug("unsubscribe: %r", exc)
-        gen = self.gen
-        ns = self.ns
-
-        async def on_msg(msg) -> None:
-            if gen != self.gen:  # a message of a consumer we dropped
-                return
-            seq = stream_seq(msg.reply)
-            if seq <= self.last:
-                return
-            self.last = seq
-            data = msg.data
-            try:
-                decode_event(data)
-                invalid = None
-            except EventError as exc:
-                invalid = exc.reason
-            except Exception as exc:  # noqa: BLE001 - decode_event raises only EventError; belt and braces
-                invalid = f"cannot be decoded ({type(exc).__name__})"
-            pending = self.pending
-            pending.append((seq, data, invalid, msg.subject))
-            self.forwarded += 1
-            if len(pending) >= FLUSH_MESSAGES:
-                self.flush()
-            elif self.flush_handle is None:
-                self.flush_handle = self.loop.call_later(FLUSH_DELAY_S, self.flush)
-            if self.forwarded - self.credited > self.max_inflight and not self.paused:
-                self._pause()
-
-        # The consumer is named (ns.durable("tracker")), so that a deployment's permissions
-        # can name it; subscribe_ordered replaces the one a previous subscription left.
-        self.sub = await subscribe_ordered(
-            self.js, ns, ns.durable("tracker"), [ns.rollout_all(), ns.engine_all(), ns.control_all()], on_msg,
-            start_seq=self.last + 1, pending_msgs_limit=200_000, pending_bytes_limit=256 * 1024 * 1024,
-        )
-        self.paused = False
-
-    def _pause(self) -> None:
-        self.paused = True
-        self.gen += 1  # ignore whatever the dropped consumer still delivers
-        sub, self.sub = self.sub, None
-        if sub is not None:  # not awaited here: we run inside that subscription's own task
-            task = asyncio.get_running_loop().create_task(self._drop(sub))
-            self._tasks.add(task)  # the loop keeps only weak references to tasks
-            task.add_done_callback(self._tasks.discard)
-
-    @staticmethod
-    async def _drop(sub) -> None:
+        data = msg.data
         try:
-            await sub.unsubscribe()
-        except Exception as exc:
-            log.debug("unsubscribe: %r", exc)
+            decode_event(data)
+            invalid = None
+        except EventError as exc:
+            invalid = exc.reason
+        except Exception as exc:  # noqa: BLE001 - decode_event raises only EventError; belt and braces
+            invalid = f"cannot be decoded ({type(exc).__name__})"
+        pending = self.pending
+        pending.append((seq, data, invalid, msg.subject))
+        if len(pending) >= FLUSH_MESSAGES:
+            self.flush()
+        elif self.flush_handle is None:
+            self.flush_handle = self.loop.call_later(FLUSH_DELAY_S, self.flush)
 
     def flush(self) -> None:
         if self.flush_handle is not None:
@@ -303,14 +245,9 @@ class _Child:
         try:
             while True:
                 n = read_frame(stdin)
-                loop.call_soon_threadsafe(self._credit, n)
+                loop.call_soon_threadsafe(self.reader.release, n)
         except (EOFError, OSError, ValueError):
             os._exit(0)  # the parent closed our stdin (or died): nothing to hand over
-
-    def _credit(self, n: int) -> None:
-        self.credited += n
-        if self.paused and self.forwarded - self.credited <= self.max_inflight // 2:
-            self.resub.set()
 
 
 def main() -> None:

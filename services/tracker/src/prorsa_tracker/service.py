@@ -131,6 +131,12 @@ class Tracker:
         self.event_rows = 0
         self.anomaly_rows = 0
         self.duplicates = 0  # re-sent events skipped by this process (same id, same content)
+        # Flow: messages forwarded by the receiver and credited back to it (committed or
+        # skipped); the consumer's backlog as the server counts it, read by the receiver.
+        self.forwarded = 0
+        self.credited = 0
+        self.consumer_pending: int | None = None
+        self.consumer_resets = 0
 
     async def run(self, stop: asyncio.Event) -> None:
         s = self.settings
@@ -205,10 +211,15 @@ class Tracker:
         if self._receiver is not None:
             self._receiver.stop()
 
-    def _on_items(self, items: list) -> None:
+    def _on_items(self, items: list | dict) -> None:
+        if isinstance(items, dict):  # the consumer's figures, as the server counts them
+            self.consumer_pending = items["num_pending"]
+            self.consumer_resets = items["resets"]
+            return
         if not items:  # the child's "subscribed"
             self._subscribed.set()
             return
+        self.forwarded += len(items)
         self._buf.extend(items)
         self._received = items[-1][0]
         self._wake.set()
@@ -318,8 +329,21 @@ class Tracker:
         self._writing = asyncio.ensure_future(self._write(stop, batch, cur.n, cur.taken, snap))
 
     def _credit(self, n: int) -> None:
+        self.credited += n
         if self._receiver is not None:
             self._receiver.credit(n)
+
+    @property
+    def inflight(self) -> int:
+        """Messages the receiver forwarded that are not yet committed (or skipped)."""
+        return self.forwarded - self.credited
+
+    def backlog(self) -> int | None:
+        """Messages not yet committed: the consumer's ``num_pending`` as the server last
+        counted it (not yet delivered) plus those delivered and not yet committed."""
+        if self.consumer_pending is None:
+            return None
+        return self.consumer_pending + self.inflight
 
     async def _flush_write(self) -> None:
         if self._writing is not None:

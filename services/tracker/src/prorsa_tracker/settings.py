@@ -27,8 +27,8 @@ class _TrackerFields(ServiceSettings):
     api_token: SecretStr | None = Field(default=None, description="bearer token the query API requires")
     max_inflight: int = Field(
         default=100_000, ge=1000, le=10_000_000,
-        description="most messages received but not yet committed; the receiver pauses beyond it (bounded memory "
-        "while the database is down)",
+        description="most messages requested from the server or received and not yet committed; the receiver "
+        "asks for more only below it (bounded memory while the database is down or behind)",
     )
     snapshot_every: int = Field(
         default=200_000, ge=0,
