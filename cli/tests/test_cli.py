@@ -66,6 +66,21 @@ def test_validate_clean_gz_log_exits_zero(tmp_path: Path) -> None:
     assert json.loads(res.stdout)["valid"] == n
 
 
+def test_validate_accepts_unknown_fields_and_reports_them_in_strict_mode(tmp_path: Path) -> None:
+    # EVENTS.md: a field an event type does not name is not an error (forward
+    # compatibility); the strict mode reports it.
+    log = tmp_path / "extra.jsonl"
+    evs = [json.loads(ev.model_dump_json(exclude_none=True)) for ev in example_events(1)]
+    evs[1]["framework_note"] = "verl 0.6"
+    log.write_text("\n".join(json.dumps(e) for e in evs) + "\n")
+    res = run("validate", str(log), "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert json.loads(res.stdout)["invalid"] == 0
+    res = run("validate", str(log), "--strict")
+    assert res.returncode == 1
+    assert f"{log}:2: field 'framework_note': is not a field of this event type" in res.stdout
+
+
 def test_validate_out_of_order_ts_is_invalid(tmp_path: Path) -> None:
     evs = list(example_events(2))
     evs[3], evs[4] = evs[4], evs[3]

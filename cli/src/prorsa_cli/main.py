@@ -111,6 +111,8 @@ def validate_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON summary.")] = False,
     max_line_bytes: Annotated[int, typer.Option(help="Longest acceptable line.")] = 1 << 20,
     quiet: Annotated[bool, typer.Option("-q", help="Do not list invalid lines.")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Also report fields an event's type does not name "
+                                         "(accepted and kept otherwise: the contract's forward compatibility).")] = False,
 ) -> None:
     """Check every event of a log against the contract; exit 1 if any is invalid.
 
@@ -126,7 +128,7 @@ def validate_cmd(
     valid = invalid = 0
     last_ts = float("-inf")
     try:
-        for line in read_log(log, max_line_bytes=max_line_bytes):
+        for line in read_log(log, max_line_bytes=max_line_bytes, strict_fields=strict):
             if line.event is not None and line.event.ts < last_ts:
                 invalid += 1
                 if not quiet and not as_json:

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic_core import from_json
 
-from .errors import EventError, SubjectMismatch
+from .errors import _MISSING, EventError, SubjectMismatch, Violation
 from .events import AnyEvent, Event
 from .subjects import Namespace
 
@@ -27,8 +27,13 @@ DEFAULT_MAX_LINE_BYTES = 1 << 20
 """The longest line a log reader accepts (1 MiB): no contract event comes near it."""
 
 
-def decode_event(data: bytes | str, max_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Event:
+def decode_event(data: bytes | str, max_bytes: int = DEFAULT_MAX_LINE_BYTES, strict_fields: bool = False) -> Event:
     """Parse and validate one event. Never raises anything but :class:`EventError`.
+
+    A field the event's type does not name is not an error (EVENTS.md, forward
+    compatibility): it is kept on the event (``model_extra``; ``encode_event`` writes it
+    back). ``strict_fields`` (the strict validation mode of ``prorsa validate --strict``)
+    reports such fields as violations instead.
 
     Any failure of the parser or the validator (a JSON nested thousands deep, bytes that
     are not UTF-8, input over ``max_bytes``, a MemoryError, a bug) becomes an
@@ -42,7 +47,14 @@ def decode_event(data: bytes | str, max_bytes: int = DEFAULT_MAX_LINE_BYTES) -> 
     if len(data) > max_bytes:
         raise EventError.single(f"event is {len(data)} bytes, longer than the limit of {max_bytes} bytes")
     try:
-        return _ADAPTER.validate_json(data, strict=True)
+        event = _ADAPTER.validate_json(data, strict=True)
+        if strict_fields:
+            extra = unknown_fields(event)
+            if extra:
+                raise EventError([Violation(f, _MISSING, "is not a field of this event type") for f in extra])
+        return event
+    except EventError:
+        raise
     except ValidationError as exc:
         failure: ValidationError | BaseException = exc
     except Exception as exc:  # noqa: BLE001 - RecursionError, MemoryError, ...: any failure is a reason
@@ -55,6 +67,21 @@ def decode_event(data: bytes | str, max_bytes: int = DEFAULT_MAX_LINE_BYTES) -> 
     else:
         error = _undecodable(failure)
     raise error from None
+
+
+def unknown_fields(model: BaseModel, prefix: str = "") -> list[str]:
+    """Paths of the fields ``model`` (an event, or an object inside one) carries that its
+    type does not name, e.g. ``["colour", "switches[0].weight"]``."""
+    out = [f"{prefix}{k}" for k in (model.model_extra or {})]
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            out += unknown_fields(value, f"{prefix}{name}.")
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                if isinstance(item, BaseModel):
+                    out += unknown_fields(item, f"{prefix}{name}[{i}].")
+    return out
 
 
 def decode_message(data: bytes | str, subject: str, ns: Namespace) -> Event:
@@ -182,9 +209,10 @@ def iter_raw_lines(
 
 
 def read_log(
-    path: str | os.PathLike, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    path: str | os.PathLike, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, strict_fields: bool = False
 ) -> Iterator[LogLine]:
-    """Stream a .jsonl or .jsonl.gz log, validating each line.
+    """Stream a .jsonl or .jsonl.gz log, validating each line (``strict_fields``: fields a
+    type does not name are violations, see :func:`decode_event`).
 
     Invalid lines are yielded with their error, never raised: a reader decides what to do
     with them (``validate`` reports them, ``load`` records them as anomalies).
@@ -195,7 +223,7 @@ def read_log(
                 yield LogLine(lineno, b"", None, error)
                 continue
             try:
-                yield LogLine(lineno, raw, decode_event(raw, max_line_bytes), None)
+                yield LogLine(lineno, raw, decode_event(raw, max_line_bytes, strict_fields), None)
             except EventError as exc:
                 yield LogLine(lineno, raw, None, exc)
 

@@ -31,7 +31,7 @@ SwitchMode = Literal["in_place", "restart"]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, strict=True, extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(frozen=True, strict=True, extra="allow", allow_inf_nan=False)
 
 
 class Event(_Model):
