@@ -3,6 +3,7 @@ supervisor restarts crashed processes and escalates SIGTERM to SIGKILL, on real 
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -71,6 +72,49 @@ def test_supervisor_restarts_a_crashed_process_with_backoff(tmp_path: Path):
     finally:
         sup.stop(grace_s=5)
     assert sup.returncode("flaky") is not None
+
+
+def test_supervisor_gives_up_on_a_process_that_keeps_crashing(tmp_path: Path):
+    events: list[str] = []
+    sup = Supervisor(tmp_path / "logs", tmp_path / "state.json", on_event=events.append, max_restarts=2)
+    sup.start(ProcSpec("crashy", [sys.executable, "-c", "import sys; print('boom'); sys.exit(4)"]))
+    try:
+        wait_until(lambda: sup.poll() is not None and sup.given_up, timeout=30, interval=0.05, what="giving up")
+        child = sup.children["crashy"]
+        # The first start and two restarts, each exiting at once; then no more restarts.
+        assert sup.given_up == ["crashy"] and child.restarts == 2 and child.exit_codes == [4, 4, 4]
+        assert any("giving up on it" in e for e in events)
+        report = sup.gave_up_report("crashy")
+        assert "restarted 2 times in a row" in report and "4, 4, 4" in report and "boom" in report
+        state = json.loads((tmp_path / "state.json").read_text())["processes"]["crashy"]
+        assert state["gave_up"] and not state["running"]
+        for _ in range(5):
+            sup.poll()
+        assert child.restarts == 2 and sup.given_up == ["crashy"]
+    finally:
+        sup.stop(grace_s=5)
+
+
+def test_supervisor_counts_a_crash_after_a_stable_run_as_a_new_incident(tmp_path: Path):
+    sup = Supervisor(tmp_path / "logs", max_restarts=1)
+    sup.STABLE_S = 0.3  # the class default is 30 s
+    stop = tmp_path / "stop"
+    # Runs until the test creates the stop file, then removes it and exits 5.
+    code = ("import pathlib,sys,time; s=pathlib.Path(sys.argv[1])\n"
+            "while not s.exists(): time.sleep(0.02)\n"
+            "s.unlink(); sys.exit(5)")
+    sup.start(ProcSpec("steady", [sys.executable, "-c", code, str(stop)]))
+    child = sup.children["steady"]
+    try:
+        for n in (1, 2):  # each exit comes after more than STABLE_S up: a new incident, never given up
+            wait_until(lambda: sup.poll() is not None and time.monotonic() - child.started > 0.5, timeout=30,
+                       interval=0.02, what="a stable run")
+            stop.touch()
+            wait_until(lambda: sup.poll() is not None and child.restarts == n, timeout=30, interval=0.02,
+                       what=f"restart {n}")
+        assert sup.given_up == [] and child.crashes == 1 and child.exit_codes == [5, 5]
+    finally:
+        sup.stop(grace_s=5)
 
 
 def test_supervisor_kills_what_ignores_sigterm(tmp_path: Path):

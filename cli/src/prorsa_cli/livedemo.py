@@ -1,5 +1,8 @@
 """The run loop of `prorsa up`: start the planned processes, watch them, finish a live run.
 
+A service that keeps crashing (the supervisor gives up on it after ``max_restarts`` restarts
+in a row) stops everything: `prorsa up` prints its exit codes and log tail and exits 1.
+
 With the emulated cluster, the run ends when the rollout driver exits: the loop then waits
 until the tracker holds every event the driver published and the forecaster has closed the
 last window, prints the summary (rollout time per step, switches, forecast WAPE, where the
@@ -47,11 +50,25 @@ def _endpoints(plan: StackPlan) -> Table:
     return t
 
 
-def _wait(cond, timeout: float, stop: threading.Event) -> bool:
+class GaveUp(Exception):
+    """The supervisor gave up on a service that kept crashing."""
+
+
+def _watch(sup: Supervisor) -> list[str]:
+    """One supervisor poll (restarts); raises :class:`GaveUp` when a service was given up."""
+    ended = sup.poll()
+    if sup.given_up:
+        raise GaveUp(sup.gave_up_report(sup.given_up[0]))
+    return ended
+
+
+def _wait(cond, timeout: float, stop: threading.Event, sup: Supervisor) -> bool:
+    """Wait for ``cond`` while the supervisor keeps the services up."""
     deadline = time.monotonic() + timeout
     while not cond():
         if stop.is_set() or time.monotonic() > deadline:
             return False
+        _watch(sup)
         stop.wait(0.25)
     return True
 
@@ -68,7 +85,8 @@ def run_up(opts: UpOptions, keep_running: bool = False, fresh: bool = False) -> 
     wd = opts.workdir.resolve()
     for f in (plan.driver_out, plan.progress):
         f.unlink(missing_ok=True)
-    sup = Supervisor(wd / "logs", wd / "up-state.json", on_event=lambda m: console.print(f"[yellow]{m}[/]"))
+    sup = Supervisor(wd / "logs", wd / "up-state.json", on_event=lambda m: console.print(f"[yellow]{m}[/]"),
+                     max_restarts=opts.max_restarts)
     stop = threading.Event()
 
     def on_term(*_):
@@ -88,15 +106,18 @@ def run_up(opts: UpOptions, keep_running: bool = False, fresh: bool = False) -> 
         if not opts.emulated_cluster:
             console.print("all services up; Ctrl-C stops them")
             while not stop.is_set():
-                sup.poll()
+                _watch(sup)
                 stop.wait(0.25)
             return 0
         code = _follow_run(opts, plan, sup, stop)
         if keep_running and code == 0:
             console.print("run finished; services keep running (Ctrl-C stops them)")
             while not stop.is_set():
-                sup.poll()
+                _watch(sup)
                 stop.wait(0.25)
+    except GaveUp as exc:
+        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        code = 1
     except StartError as exc:
         console.print(f"[bold red]error:[/] {exc}", highlight=False)
         code = 1
@@ -124,7 +145,7 @@ def _follow_run(opts: UpOptions, plan: StackPlan, sup: Supervisor, stop: threadi
         task = bar.add_task("rollout", total=total)
         last_print = 0.0
         while True:
-            ended = sup.poll()
+            ended = _watch(sup)
             p = _read_json(plan.progress) or {}
             restarts = sum(r for _, r in sup.snapshot().values())
             desc = (f"step {p.get('step', 0) + 1}/{opts.steps}, {p.get('live', 0)} live, "
@@ -142,10 +163,10 @@ def _follow_run(opts: UpOptions, plan: StackPlan, sup: Supervisor, stop: threadi
                       + sup.tail("driver"), highlight=False)
         return 1
     driver = _read_json(plan.driver_out) or {}
-    return _finish(opts, plan, driver, stop)
+    return _finish(opts, plan, driver, stop, sup)
 
 
-def _finish(opts: UpOptions, plan: StackPlan, driver: dict, stop: threading.Event) -> int:
+def _finish(opts: UpOptions, plan: StackPlan, driver: dict, stop: threading.Event, sup: Supervisor) -> int:
     from .report import count_run, load_events, scrape, summarise, timeline
 
     want = driver.get("events", 0)
@@ -157,14 +178,14 @@ def _finish(opts: UpOptions, plan: StackPlan, driver: dict, stop: threading.Even
         stored[:] = count_run(plan.db_url, opts.run)
         return stored[0] >= want
 
-    _wait(caught_up, 120.0, stop)
+    _wait(caught_up, 120.0, stop, sup)
     last_ts = driver.get("finished_at", 0.0)
 
     def last_window() -> bool:  # the forecaster has published the window holding the last event
         return any(e["type"] == "forecast.window" and e["t"] + opts.horizon >= last_ts - opts.horizon
                    for e in load_events(plan.db_url)[-200:])
 
-    _wait(last_window, 4 * opts.horizon + 10, stop)
+    _wait(last_window, 4 * opts.horizon + 10, stop, sup)
     metrics = scrape(plan.metrics["forecaster"])
     emu = engine_stats([f"http://{opts.host}:{port}" for port, _b in plan.ports.engines])
     events = load_events(plan.db_url)

@@ -80,6 +80,7 @@ class UpOptions:
     port_base: int | None = None  # None: the standard ports; 0: any free block
     host: str = "127.0.0.1"
     compare_with: Path | None = None  # a workdir whose summary.json (the other policy) to compare with
+    max_restarts: int = 5  # restarts in a row (none up for 30 s) before a service is given up
     extra_env: dict[str, str] = field(default_factory=dict)
 
 

@@ -2,8 +2,11 @@
 
 Each child runs in its own session (so a terminal's Ctrl-C reaches only `prorsa up`, which
 then stops the children in order), writes to its own log file, and is restarted with
-exponential back-off when it exits unexpectedly. Stopping is SIGTERM to every child (in
-reverse start order), a grace period, then SIGKILL for what is left.
+exponential back-off when it exits unexpectedly. A child that keeps exiting soon after each
+start (more than ``max_restarts`` times in a row) is given up: it stays down and its name is in
+:attr:`Supervisor.given_up`, so that the caller can stop everything and report a failure
+instead of restarting it forever. Stopping is SIGTERM to every child (in reverse start order),
+a grace period, then SIGKILL for what is left.
 
 The supervisor keeps a JSON state file (pids, restarts, logs) that operators and the
 end-to-end tests read, e.g. to kill one service on purpose.
@@ -47,6 +50,8 @@ class _Child:
     next_start: float | None = None
     backoff: float = 0.5
     exit_codes: list[int] = field(default_factory=list)
+    crashes: int = 0  # exits in a row, each less than STABLE_S after its start
+    gave_up: bool = False
 
 
 class StartError(RuntimeError):
@@ -57,14 +62,19 @@ class Supervisor:
     """Start, watch, restart and stop a set of processes."""
 
     MAX_BACKOFF_S = 10.0
-    STABLE_S = 30.0  # up this long: the next crash starts the back-off again from 0.5 s
+    STABLE_S = 30.0  # up this long: the next crash starts the back-off (and the crash count) again
 
-    def __init__(self, log_dir: Path, state_file: Path | None = None, on_event: Callable[[str], None] | None = None):
+    def __init__(self, log_dir: Path, state_file: Path | None = None, on_event: Callable[[str], None] | None = None,
+                 max_restarts: int = 5):
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.state_file = state_file
         self.children: dict[str, _Child] = {}
         self.on_event = on_event or (lambda msg: None)
+        self.max_restarts = max_restarts
+        """Restarts in a row (each after less than STABLE_S up) before a child is given up."""
+        self.given_up: list[str] = []
+        """Children that kept crashing and are no longer restarted, in the order given up."""
         self._lock = threading.Lock()
         self.stopping = False
 
@@ -127,6 +137,20 @@ class Supervisor:
                     continue
                 if child.next_start is None:
                     child.exit_codes.append(proc.returncode)
+                    # A crash after a long stable run is a new incident, not part of a loop.
+                    if now - child.started >= self.STABLE_S:
+                        child.crashes, child.backoff = 1, 0.5
+                    else:
+                        child.crashes += 1
+                    if child.crashes > self.max_restarts:
+                        child.gave_up = True
+                        child.next_start = float("inf")
+                        self.given_up.append(child.spec.name)
+                        self.on_event(f"{child.spec.name} exited with code {proc.returncode} after "
+                                      f"{self.max_restarts} restarts in a row, none up for {self.STABLE_S:.0f}s; "
+                                      f"giving up on it (log {child.log})")
+                        self._save()
+                        continue
                     child.next_start = now + child.backoff
                     self.on_event(f"{child.spec.name} exited with code {proc.returncode}; "
                                   f"restarting in {child.backoff:.1f}s (log {child.log})")
@@ -136,6 +160,13 @@ class Supervisor:
                     self._spawn(child)
                     self.on_event(f"{child.spec.name} restarted (restart #{child.restarts})")
         return ended
+
+    def gave_up_report(self, name: str) -> str:
+        """One paragraph on a child given up: its exit codes and the last lines of its log."""
+        child = self.children[name]
+        codes = ", ".join(str(c) for c in child.exit_codes[-child.crashes:])
+        return (f"{name} kept exiting (exit codes {codes}): restarted {self.max_restarts} times in a row, "
+                f"none up for {self.STABLE_S:.0f}s, so it was given up. Last lines of {child.log}:\n{self.tail(name)}")
 
     def returncode(self, name: str) -> int | None:
         proc = self.children[name].proc
@@ -178,7 +209,7 @@ class Supervisor:
         data = {
             name: {"pid": c.proc.pid if c.proc else None, "restarts": c.restarts, "log": str(c.log),
                    "cmd": c.spec.cmd, "running": bool(c.proc and c.proc.poll() is None),
-                   "exit_codes": c.exit_codes}
+                   "exit_codes": c.exit_codes, "gave_up": c.gave_up}
             for name, c in self.children.items()
         }
         tmp = self.state_file.with_suffix(".tmp")

@@ -4,7 +4,8 @@
 the wheel; or `--nats URL`), the tracker (SQLite by default, `--db URL`), the forecaster, the
 allocator and, with `--emulated-cluster`, an emulated SGLang router, engine agents that
 launch emulated engines, and the rollout driver. Logs go to `<workdir>/logs/`; crashed
-services are restarted with back-off; Ctrl-C stops everything (SIGTERM, then SIGKILL).
+services are restarted with back-off, and one that keeps crashing stops everything with exit
+code 1; Ctrl-C stops everything (SIGTERM, then SIGKILL).
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def register(app: typer.Typer) -> None:
         port_base: Annotated[Optional[int], typer.Option(help="Put every port in a block from N (0: any free block).")] = None,
         keep_running: Annotated[bool, typer.Option("--keep-running", help="With --emulated-cluster: keep the services up after the run.")] = False,
         fresh: Annotated[bool, typer.Option("--fresh", help="Delete the workdir first.")] = False,
+        max_restarts: Annotated[int, typer.Option(help="Restarts in a row (none up for 30 s) after which a crashing "
+                                                       "service is given up: everything stops, exit code 1.")] = 5,
     ) -> None:
         """Start the whole system on this machine (Ctrl-C stops it)."""
         from .livedemo import run_up
@@ -96,6 +99,8 @@ def _options(cls, given: dict):
     for name in ("speed", "horizon"):
         if name in given and given[name] <= 0:
             fail(f"--{name} must be > 0")
+    if given.get("max_restarts", 0) < 0:
+        fail("--max-restarts must be >= 0")
     for name in ("engines", "agents", "batch_size", "steps", "max_turns"):
         if name in given and given[name] < 1:
             fail(f"--{name.replace('_', '-')} must be >= 1")
