@@ -79,7 +79,11 @@ def nats_setup_cmd(
     stream: StreamOpt = "PRORSA",
     duplicate_window: Annotated[float, typer.Option(help="Seconds within which a re-sent event id is dropped.")] = 600.0,
     max_age: Annotated[float, typer.Option(help="Seconds a message is kept (0: for ever).")] = 0.0,
-    replicas: Annotated[int, typer.Option(help="Stream replicas (3 on a three-node cluster).")] = 1,
+    replicas: Annotated[int | None, typer.Option(
+        min=1, max=5, envvar="PRORSA_STREAM_REPLICAS",
+        help="Stream replicas: 3 on a three-node cluster (each message stored on 3 servers before it is "
+             "acknowledged). Set on creation and on an existing stream; unset: 1 for a new stream, an existing "
+             "one keeps its count.")] = None,
     connect_timeout: Annotated[float, typer.Option(help="Seconds to wait for the bus.")] = 30.0,
 ) -> None:
     """Create the JetStream stream, or repair it (the admin step; services only check it).
@@ -94,8 +98,8 @@ def nats_setup_cmd(
 
     from .natssetup import StreamSetupError, setup_stream
 
-    if duplicate_window <= 0 or max_age < 0 or replicas < 1:
-        fail("--duplicate-window must be > 0, --max-age >= 0 and --replicas >= 1")
+    if duplicate_window <= 0 or max_age < 0:
+        fail("--duplicate-window must be > 0 and --max-age >= 0")
     ns = namespace(prefix, stream)
     try:
         line = asyncio.run(setup_stream(nats_url, ns, Credentials.from_env(), duplicate_window_s=duplicate_window,

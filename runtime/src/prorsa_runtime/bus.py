@@ -102,6 +102,12 @@ class Credentials:
         return kw
 
 
+def server_urls(url: str) -> list[str]:
+    """The servers of a NATS URL: one, or several separated by commas (the nodes of a
+    cluster: ``nats://a:4222,nats://b:4222,nats://c:4222``), as nats-py takes them."""
+    return [u.strip() for u in url.split(",") if u.strip()]
+
+
 async def connect(
     url: str,
     name: str,
@@ -114,6 +120,10 @@ async def connect(
 ) -> NATS:
     """Connect, retrying the first connection for up to ``timeout`` seconds.
 
+    ``url`` may list several servers separated by commas (a cluster's nodes); the client
+    also learns the other nodes of a cluster from the server it reaches, and moves to
+    another one when its server goes away.
+
     After the first connection, nats-py reconnects forever on its own (in-flight publishes
     are buffered by the client and by :class:`~prorsa_sdk.Emitter`).
 
@@ -123,6 +133,7 @@ async def connect(
     """
     creds = credentials or Credentials()
     shown = mask_url(url)  # what messages say: never the password a URL may carry
+    servers = server_urls(url)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     last: BaseException | None = None
@@ -162,7 +173,7 @@ async def connect(
     while True:
         try:
             nc = await nats.connect(
-                url,
+                servers,
                 name=name,
                 connect_timeout=2,
                 # The first attempt must fail fast so that we control the retry loop and
@@ -229,10 +240,14 @@ def _refuse_memory_storage(ns: Namespace, cfg: StreamConfig) -> None:
         )
 
 
-def stream_drift(ns: Namespace, cfg: StreamConfig, duplicate_window_s: float) -> list[str]:
-    """What an existing stream lacks, in words (empty: it is fit for use)."""
+def stream_drift(ns: Namespace, cfg: StreamConfig, duplicate_window_s: float,
+                 replicas: int | None = None) -> list[str]:
+    """What an existing stream lacks, in words (empty: it is fit for use). With ``replicas``,
+    a different replica count is drift too (the admin step sets it; services accept any)."""
     wanted = ns.stream_subjects()
     out = []
+    if replicas is not None and (cfg.num_replicas or 1) != replicas:
+        out.append(f"{cfg.num_replicas or 1} replica(s) instead of {replicas}")
     if set(cfg.subjects or []) != set(wanted):
         out.append(f"subjects {cfg.subjects} instead of {wanted}")
     if (cfg.duplicate_window or 0) < duplicate_window_s:
@@ -252,9 +267,13 @@ async def ensure_stream(
     *,
     duplicate_window_s: float = DEFAULT_DUPLICATE_WINDOW_S,
     max_age_s: float = 0.0,
-    replicas: int = 1,
+    replicas: int | None = None,
 ) -> StreamConfig:
     """The admin step: create the stream if it is missing; verify and repair it if it exists.
+
+    ``replicas``: the stream's replica count (3 on a three-node cluster: every message is
+    stored on three servers before it is acknowledged), set on creation and changed on an
+    existing stream; None creates one replica and leaves an existing stream's count alone.
 
     Needs ``$JS.API.STREAM.CREATE`` / ``UPDATE`` (the admin user in
     ``deploy/nats/accounts.conf``; ``prorsa nats setup`` calls this). A stream of the same
@@ -263,7 +282,7 @@ async def ensure_stream(
     stream on memory storage cannot be converted, so it is refused loudly instead of
     silently used.
     """
-    wanted = stream_config(ns, duplicate_window_s=duplicate_window_s, max_age_s=max_age_s, replicas=replicas)
+    wanted = stream_config(ns, duplicate_window_s=duplicate_window_s, max_age_s=max_age_s, replicas=replicas or 1)
     try:
         info = await js.stream_info(ns.stream)
     except NotFoundError:
@@ -274,12 +293,14 @@ async def ensure_stream(
         return created.config
     cfg = info.config
     _refuse_memory_storage(ns, cfg)
-    drift = stream_drift(ns, cfg, duplicate_window_s)
+    drift = stream_drift(ns, cfg, duplicate_window_s, replicas)
     if drift:
         if cfg.sealed:
             raise StreamMissing(f"stream {ns.stream} is sealed (it accepts no more messages); "
                                 "delete it, or restore it from a backup")
         cfg.subjects = wanted.subjects
+        if replicas is not None:
+            cfg.num_replicas = replicas
         cfg.duplicate_window = max(cfg.duplicate_window or 0, duplicate_window_s)
         cfg.allow_direct = True
         if cfg.subject_transform:
@@ -288,6 +309,33 @@ async def ensure_stream(
         log.warning("updated stream %s (it had %s)", ns.stream, "; ".join(drift))
         return updated.config
     return cfg
+
+
+async def wait_for_jetstream(js: JetStreamContext, timeout: float = 30.0) -> None:
+    """Wait until JetStream answers API requests: a cluster answers once it has elected its
+    meta leader, a few seconds after its servers start or after the leader's server died.
+
+    Raises:
+        BusUnavailable: no answer within ``timeout``.
+    """
+    import nats.js.errors
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            await js._api_request("$JS.API.INFO", b"", timeout=1.0)
+            return
+        except nats.js.errors.APIError as exc:
+            if exc.code != 503 and not isinstance(exc, nats.js.errors.ServiceUnavailableError):
+                return  # an answer (even a refusal) means JetStream is up
+            last: Exception = exc
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+            last = exc
+        if loop.time() >= deadline:
+            raise BusUnavailable(f"JetStream did not answer within {timeout:g}s ({last!r}): is it enabled, "
+                                 "and (on a cluster) are a majority of the servers up?") from last
+        await asyncio.sleep(0.1)
 
 
 async def verify_stream(

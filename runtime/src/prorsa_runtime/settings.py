@@ -22,10 +22,12 @@ NATS_SCHEMES = ("nats://", "tls://", "ws://", "wss://")
 
 
 def check_nats_url(v: str) -> str:
-    """A NATS server URL, or ValueError naming what was given (one rule for every config)."""
-    if not v.startswith(NATS_SCHEMES):
-        raise ValueError(f"must be a nats:// (or tls://, ws://, wss://) URL, got {v!r}")
-    return v
+    """A NATS server URL, or several separated by commas (the nodes of a cluster), or
+    ValueError naming what was given (one rule for every config)."""
+    parts = [p.strip() for p in v.split(",")]
+    if not all(p.startswith(NATS_SCHEMES) for p in parts):
+        raise ValueError(f"must be a nats:// (or tls://, ws://, wss://) URL, or several separated by commas, got {v!r}")
+    return ",".join(parts)
 
 
 def check_http_url(v: str) -> str:
