@@ -1,13 +1,21 @@
 """A three-node JetStream cluster with the stream on three replicas: a node killed (kill -9)
-mid-run loses and duplicates nothing. Three local nats-servers (the pinned binary), the
-stream set up by `prorsa nats setup`'s code with --replicas 3, the tracker on SQLite
-consuming, an SDK Emitter publishing. Killed: first the stream's leader (publishes wait
-for a new one), then, once it is back, the node holding the tracker's consumer."""
+mid-run loses and duplicates nothing.
+
+Three local nats-servers (the pinned binary) run the shipped deploy/nats/cluster/nats-<n>.conf
+(ports moved to free local ones): routes that log in, the Prorsa users. The stream is set up
+by `prorsa nats setup`'s code as admin with --replicas 3; the tracker (its own user, SQLite)
+consumes, an SDK Emitter (user rollout) publishes. Killed: first the stream's leader
+(publishes wait for a new one), then, once it is back, the node holding the tracker's
+consumer."""
 
 from __future__ import annotations
 
 import asyncio
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
 from sqlalchemy import func, select
 
 from prorsa_cli.natssetup import setup_stream
@@ -15,7 +23,7 @@ from prorsa_runtime import connect
 from prorsa_runtime.bus import Credentials, wait_for_jetstream
 from prorsa_runtime.natsserver import NatsCluster
 from prorsa_runtime.testing import async_wait_until
-from prorsa_schemas import Namespace
+from prorsa_schemas import DEFAULT, Namespace
 from prorsa_sdk import Emitter
 from prorsa_tracker.db import make_engine
 from prorsa_tracker.examples import iter_workload
@@ -25,6 +33,24 @@ from prorsa_tracker.settings import TrackerSettings
 from prorsa_tracker.testing import committed
 
 N = 6000
+ROOT = Path(__file__).resolve().parents[1]
+USERS = {"admin": "ADMIN", "rollout": "ROLLOUT", "tracker": "TRACKER", "forecaster": "FORECASTER",
+         "allocator": "ALLOCATOR", "engine-agent": "AGENT"}
+PASSWORDS = {user: f"p{uuid.uuid4().hex}" for user in USERS}
+
+
+def creds(user: str) -> Credentials:
+    return Credentials(user=user, password=PASSWORDS[user])
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[NatsCluster]:
+    """The shipped three-node configuration, on this machine."""
+    env = {f"PRORSA_{var}_NATS_PASSWORD": PASSWORDS[user] for user, var in USERS.items()}
+    files = [ROOT / "deploy" / "nats" / "cluster" / f"nats-{i}.conf" for i in (1, 2, 3)]
+    c = NatsCluster(tmp_path / "cluster", config_files=files, environ=env).start()
+    yield c
+    c.stop()
 
 
 async def _rollout_messages(js, ns: Namespace) -> int:
@@ -33,19 +59,20 @@ async def _rollout_messages(js, ns: Namespace) -> int:
 
 
 async def test_killing_nodes_of_a_three_node_cluster_one_at_a_time_loses_and_duplicates_nothing(
-        nats_cluster: NatsCluster, ns: Namespace, tmp_path):
-    url = nats_cluster.url
-    admin = await connect(url, "test-admin")
+        cluster: NatsCluster, tmp_path: Path):
+    ns = DEFAULT  # the users' permissions name the default subjects, stream and consumers
+    url = cluster.url
+    admin = await connect(url, "test-admin", credentials=creds("admin"))
     js = admin.jetstream(timeout=10.0)
     await wait_for_jetstream(js, timeout=30)
-    line = await setup_stream(url, ns, Credentials(), replicas=3)
+    line = await setup_stream(url, ns, creds("admin"), replicas=3)
     assert "3 replica(s)" in line, line
     info = await js.stream_info(ns.stream)
     assert info.config.num_replicas == 3 and len(info.cluster.replicas) == 2  # the leader and two more
 
     db = f"sqlite:///{tmp_path}/tracker.db"
-    tracker = Tracker(TrackerSettings(nats_url=url, subject_prefix=ns.prefix, stream=ns.stream, db_url=db,
-                                      clock="event", batch_max=500))
+    tracker = Tracker(TrackerSettings(nats_url=url, nats_user="tracker", nats_password=PASSWORDS["tracker"],
+                                      db_url=db, clock="event", batch_max=500))
     stop = asyncio.Event()
     task = asyncio.create_task(tracker.run(stop))
     await asyncio.wait_for(tracker.ready.wait(), 30)
@@ -53,21 +80,21 @@ async def test_killing_nodes_of_a_three_node_cluster_one_at_a_time_loses_and_dup
     events = list(iter_workload(N, run="cluster", live=200))
     ids = {e.id for e in events}
     third = N // 3
-    async with Emitter(run="cluster", nats_url=url, namespace=ns, ack_timeout=2.0) as em:
+    async with Emitter(run="cluster", nats_url=url, credentials=creds("rollout"), ack_timeout=2.0) as em:
         for e in events[:third]:
             await em.emit(e)
         # Mid-run (the tracker has committed part of the first third, more is in flight):
         # kill -9 the stream's leader; the publishes go on once the other two elect one.
         await async_wait_until(lambda: committed(db, ns) > 0, timeout=30, what="the tracker's first commit")
         leader = (await js.stream_info(ns.stream)).cluster.leader
-        nats_cluster.node(leader).kill()
+        cluster.node(leader).kill()
         for e in events[third:2 * third]:
             await em.emit(e)
         await em.flush(timeout=60)
         assert (await js.stream_info(ns.stream)).cluster.leader != leader
         # The node comes back and catches up; then kill -9 the node that holds the tracker's
         # consumer (one replica, in memory): the tracker re-creates it on another node.
-        await asyncio.to_thread(nats_cluster.node(leader).restart)
+        await asyncio.to_thread(cluster.node(leader).restart)
 
         async def caught_up() -> bool:
             info = await js.stream_info(ns.stream)
@@ -76,7 +103,7 @@ async def test_killing_nodes_of_a_three_node_cluster_one_at_a_time_loses_and_dup
         await async_wait_until(caught_up, timeout=30, what="the restarted node to catch up")
         resets = tracker.consumer_resets
         consumer_node = (await js.consumer_info(ns.stream, ns.durable("tracker"))).cluster.leader
-        nats_cluster.node(consumer_node).kill()
+        cluster.node(consumer_node).kill()
         for e in events[2 * third:]:
             await em.emit(e)
         await em.flush(timeout=60)  # every event acknowledged by the stream (re-sent where needed)

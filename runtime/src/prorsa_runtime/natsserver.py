@@ -258,26 +258,43 @@ class NatsCluster:
     """``size`` nats-servers on this machine, clustered with JetStream (each its own store,
     client port and route port, all fixed at construction so that a node killed and started
     again comes back on the same ones). What the cluster tests run; ``url`` lists every
-    node, as a service's ``PRORSA_NATS_URL`` would on a real cluster.
+    node, as a service's ``PRORSA_NATS_URL`` would on a real cluster. Nodes are named
+    ``nats-1``, ``nats-2``, ...
+
+    With ``config_files`` (one per node: ``deploy/nats/cluster/nats-<n>.conf``) each node runs
+    its file, with the client, monitoring and route ports moved to free local ones and the
+    route URLs the files read (``$PRORSA_NATS_ROUTE_<n>``, logging in with
+    ``route_password``) pointing at them; ``environ`` adds what else the files read (the
+    users' passwords).
     """
 
     def __init__(self, root: str | os.PathLike, size: int = 3, name: str = "prorsa", host: str = "127.0.0.1",
-                 binary: str | os.PathLike | None = None):
+                 binary: str | os.PathLike | None = None, config_files: list[str | os.PathLike] | None = None,
+                 environ: dict[str, str] | None = None, route_password: str = "routes3cret"):
         if size < 1:
             raise ValueError(f"a cluster needs at least one node, got {size}")
+        if config_files is not None and len(config_files) != size:
+            raise ValueError(f"{size} nodes need {size} config files, got {len(config_files)}")
         root = Path(root)
         ports = [free_port(host) for _ in range(size)]
         routes = [free_port(host) for _ in range(size)]
-        self.names = [f"{name}-{i + 1}" for i in range(size)]
+        self.names = [f"nats-{i + 1}" for i in range(size)]
+        env = dict(environ or {})
+        if config_files is not None:
+            env["PRORSA_NATS_ROUTE_PASSWORD"] = route_password
+            for i in range(size):
+                env[f"PRORSA_NATS_ROUTE_{i + 1}"] = f"nats-route://route:{route_password}@{host}:{routes[i]}"
         self.nodes: list[NatsServer] = []
         for i in range(size):
-            others = ",".join(f"nats://{host}:{routes[j]}" for j in range(size) if j != i)
-            args = ["-n", self.names[i], "--cluster_name", name, "--cluster", f"nats://{host}:{routes[i]}"]
-            if others:
-                args += ["--routes", others]
-            self.nodes.append(NatsServer(root / self.names[i], port=ports[i], host=host, binary=binary,
-                                         extra_args=args))
-
+            args = ["--cluster", f"nats://{host}:{routes[i]}"]
+            if config_files is None:
+                others = ",".join(f"nats://{host}:{routes[j]}" for j in range(size) if j != i)
+                args += ["-n", self.names[i], "--cluster_name", name] + (["--routes", others] if others else [])
+            self.nodes.append(NatsServer(
+                root / self.names[i], port=ports[i], host=host, binary=binary, extra_args=args,
+                config_file=config_files[i] if config_files is not None else None,
+                monitor_port=free_port(host) if config_files is not None else None, environ=env,
+            ))
     @property
     def url(self) -> str:
         """Every node's client URL, separated by commas."""

@@ -3,7 +3,6 @@
 * ``nats_server``: one real nats-server per test session (free port, own JetStream store),
   started by waiting for its "Server is ready" line, never by sleeping.
 * ``nats_factory``: start extra servers that a test may kill and restart.
-* ``nats_cluster``: three clustered nats-servers with JetStream (:class:`NatsCluster`).
 * ``ns``: a unique subject prefix and stream per test, so tests share a server safely.
 * ``pg_url``: a fresh PostgreSQL database per test on the local server
   (``PRORSA_TEST_PG_URL``, default ``postgresql+psycopg://postgres@127.0.0.1:5432/test``).
@@ -28,7 +27,7 @@ import pytest
 
 from prorsa_schemas import Namespace
 
-from .natsserver import NatsCluster, NatsServer
+from .natsserver import NatsServer
 
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
@@ -90,16 +89,6 @@ def nats_factory(tmp_path: Path) -> Iterator[Callable[..., NatsServer]]:
     yield make
     for s in servers:
         s.stop()
-
-
-@pytest.fixture
-def nats_cluster(tmp_path: Path) -> Iterator[NatsCluster]:
-    """Three clustered nats-servers with JetStream (stopped after the test). Their
-    JetStream answers once the cluster has elected a leader: wait for it with
-    :func:`prorsa_runtime.bus.wait_for_jetstream`."""
-    cluster = NatsCluster(tmp_path / "cluster", size=3).start()
-    yield cluster
-    cluster.stop()
 
 
 @pytest.fixture
