@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -168,3 +169,57 @@ def test_emulated_agent_config_is_valid():
     cfg = load_config(ROOT / "docker" / "agent-emulated.toml")
     assert {i.role for i in cfg.instances} == {"prefill", "decode"}
     assert all(i.launch == "emulated" for i in cfg.instances)
+
+
+CLUSTER = ROOT / "deploy" / "nats" / "cluster"
+
+
+def test_the_cluster_profile_runs_three_nats_nodes_on_their_own_stores():
+    # `nats` is node 1 when .env selects cluster/nats-1.conf; nats-2 and nats-3 come with the profile.
+    assert SERVICES["nats"]["command"] == ["-c", "/etc/nats/${PRORSA_NATS_CONFIG:-server.conf}"]
+    assert "nats-1" in SERVICES["nats"]["networks"]["default"]["aliases"]
+    stores = set()
+    for i, name in ((1, "nats"), (2, "nats-2"), (3, "nats-3")):
+        svc = SERVICES[name]
+        if i > 1:
+            assert svc["profiles"] == ["cluster"]
+            assert svc["command"] == ["-c", f"/etc/nats/cluster/nats-{i}.conf"]
+        mounts = {v.split(":")[1]: v.split(":")[0] for v in svc["volumes"]}
+        assert mounts["/etc/nats/cluster"] == "./deploy/nats/cluster" and "/etc/nats/accounts.conf" in mounts
+        store = mounts[svc["environment"]["PRORSA_NATS_STORE_DIR"]]
+        assert store in COMPOSE["volumes"]
+        stores.add(store)
+        env = svc["environment"]
+        for n in (1, 2, 3):  # each node's route URL logs in with the route password, from .env
+            assert env[f"PRORSA_NATS_ROUTE_{n}"] == f"nats-route://route:${{PRORSA_NATS_ROUTE_PASSWORD:-}}@nats-{n}:6222"
+        assert "127.0.0.1:8222" in " ".join(svc["healthcheck"]["test"])
+    assert len(stores) == 3, "each node needs its own JetStream store"
+    # The set-up step reaches whichever nodes run and sets the replicas from .env.
+    setup = SERVICES["nats-setup"]
+    assert setup["environment"]["PRORSA_STREAM_REPLICAS"] == "${PRORSA_STREAM_REPLICAS:-1}"
+    assert setup["environment"]["PRORSA_NATS_URL"] == COMPOSE["x-prorsa-env"]["PRORSA_NATS_URL"]
+    assert setup["depends_on"]["nats-2"] == {"condition": "service_healthy", "required": False}
+    # The settings that switch it on are in the example .env.
+    example = (ROOT / "deploy" / "compose.env.example").read_text()
+    for line in ("COMPOSE_PROFILES=cluster", "PRORSA_NATS_CONFIG=cluster/nats-1.conf", "PRORSA_STREAM_REPLICAS=3",
+                 "PRORSA_NATS_URL=nats://nats:4222,nats://nats-2:4222,nats://nats-3:4222"):
+        assert f"# {line}" in example, line
+
+
+@pytest.mark.parametrize("node", [1, 2, 3])
+def test_each_cluster_config_is_accepted_by_nats_server(node: int):
+    # nats-server -t parses the file (its include and every variable) without starting.
+    from prorsa_runtime.natsserver import find_nats_server
+
+    conf = (CLUSTER / f"nats-{node}.conf").read_text()
+    assert re.search(rf"^server_name:\s*nats-{node}\s*$", conf, re.M)
+    others = sorted(int(n) for n in re.findall(r"\$PRORSA_NATS_ROUTE_(\d)", conf.split("routes:", 1)[1]))
+    assert others == [n for n in (1, 2, 3) if n != node]
+    assert re.search(r'^http:\s*"127\.0\.0\.1:8222"', conf, re.M) and "include ../accounts.conf" in conf
+    env = {"PATH": "/usr/bin:/bin", "PRORSA_NATS_STORE_DIR": "/tmp/unused", "PRORSA_NATS_ROUTE_PASSWORD": "proute",
+           **{f"PRORSA_NATS_ROUTE_{n}": f"nats-route://route:proute@nats-{n}:6222" for n in (1, 2, 3)},
+           **{f"PRORSA_{u}_NATS_PASSWORD": f"p{u.lower()}" for u in
+              ("ADMIN", "ROLLOUT", "TRACKER", "FORECASTER", "ALLOCATOR", "AGENT")}}
+    r = subprocess.run([str(find_nats_server()), "-t", "-c", str(CLUSTER / f"nats-{node}.conf")],
+                       capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode == 0 and "is valid" in r.stdout + r.stderr, r.stdout + r.stderr
