@@ -228,3 +228,30 @@ def test_served_rate_is_measured_on_saturated_whole_windows() -> None:
     alloc.handle(PolicyUpdated(id="pu-1", ts=85.0, run=RUN, version=2))
     alloc.handle(forecast(t=90.0, prefill_engines=2.0, decode_engines=2.0))
     assert alloc.served[2][1] == 2
+
+
+def test_a_move_waits_until_the_imbalance_outlasts_its_dead_time() -> None:
+    # persist_dead_multiple = 1: the move to prefill (idle decode engines: dead time = the
+    # 15 s switch) is held until the engines have been off target for 15 s of forecasts.
+    cfg = AllocatorConfig(prefill_tokens_per_s=THETA, in_place_switch_s=15.0, persist_dead_multiple=1.0)
+    alloc = Allocator(cfg)
+    for i in range(8):
+        role = "prefill" if i < 2 else "decode"
+        alloc.handle(registered(f"e{i}", role))
+        alloc.handle(stats(f"e{i}", role, ts=1.0))
+    got, why = {}, {}
+    for t in (100.0, 110.0, 120.0):
+        out = alloc.handle(forecast(t=t, prefill_engines=6.0, decode_engines=1.0))
+        got[t] = [e for e in out if isinstance(e, EngineCommand)]
+        why[t] = alloc.last_decision.selection.reason
+    assert got[100.0] == [] and got[110.0] == []
+    assert "has lasted 10s < 15s (1 x a switch's dead time)" in why[110.0]
+    assert got[120.0] and all(c.to_role == "prefill" for c in got[120.0])
+    # Off (the default): the same forecasts move at once.
+    now = Allocator(AllocatorConfig(prefill_tokens_per_s=THETA, in_place_switch_s=15.0))
+    for i in range(8):
+        role = "prefill" if i < 2 else "decode"
+        now.handle(registered(f"e{i}", role))
+        now.handle(stats(f"e{i}", role, ts=1.0))
+    assert [e for e in now.handle(forecast(t=100.0, prefill_engines=6.0, decode_engines=1.0))
+            if isinstance(e, EngineCommand)]

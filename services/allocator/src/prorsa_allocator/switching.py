@@ -366,6 +366,11 @@ def select_priced(
         if imbalance_s < restart_s:
             return Selection(reason=f"imbalance toward {to_role} has lasted {imbalance_s:.0f}s < restart {restart_s:.0f}s")
         horizon = max(horizon, cfg.restart_lookahead_s)
+    elif ctx.pause_left_s <= 0 and cfg.persist_dead_multiple > 0:
+        wait = cfg.persist_dead_multiple * prices[0].dead_s  # the first (cheapest) move's dead time
+        if imbalance_s < wait:
+            return Selection(reason=f"imbalance toward {to_role} has lasted {imbalance_s:.0f}s < "
+                                    f"{wait:.0f}s ({cfg.persist_dead_multiple:g} x a switch's dead time)")
     f_new, f_old = priced_net(p, d, to_role, prices, demand, cfg, horizon, ctx)
     # Measured evidence beats the forecast: in a closed loop the demand a window shows
     # depends on the split that served it (a choked decode side lowers the prefill
