@@ -165,7 +165,8 @@ class Supervisor:
         """One paragraph on a child given up: its exit codes and the last lines of its log."""
         child = self.children[name]
         codes = ", ".join(str(c) for c in child.exit_codes[-child.crashes:])
-        return (f"{name} kept exiting (exit codes {codes}): restarted {self.max_restarts} times in a row, "
+        times = "once" if self.max_restarts == 1 else f"{self.max_restarts} times"
+        return (f"{name} kept exiting (exit codes {codes}): restarted {times} in a row, "
                 f"none up for {self.STABLE_S:.0f}s, so it was given up. Last lines of {child.log}:\n{self.tail(name)}")
 
     def returncode(self, name: str) -> int | None:
