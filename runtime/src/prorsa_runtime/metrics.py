@@ -55,7 +55,8 @@ def consumer_metrics(service: str, *readers) -> list:
 
     ``prorsa_<service>_consumer_pending{consumer}`` (the stream's messages not yet delivered:
     ``num_pending``), ``prorsa_<service>_backlog_messages{consumer}`` (not yet processed:
-    ``num_pending`` + ``num_ack_pending`` + delivered and not yet released) and
+    ``num_pending`` + ``num_ack_pending`` + delivered and not yet handed over + handed over and
+    not yet released) and
     ``prorsa_<service>_consumer_resets_total{consumer}`` (re-creations after a gap, a missed
     heartbeat, a reconnect or a lost consumer). A consumer not read yet is left out.
     """
@@ -68,7 +69,7 @@ def consumer_metrics(service: str, *readers) -> list:
                                 "messages of the stream not yet delivered to the consumer (JetStream num_pending)",
                                 labels=["consumer"])
     backlog = GaugeMetricFamily(f"prorsa_{service}_backlog_messages",
-                                "messages not yet processed: num_pending + num_ack_pending + delivered, not released",
+                                "messages not yet processed: num_pending + num_ack_pending + delivered, not yet handled",
                                 labels=["consumer"])
     resets = CounterMetricFamily(f"prorsa_{service}_consumer_resets",
                                  "consumer re-created (a gap, a missed heartbeat, a reconnect, a lost consumer)",

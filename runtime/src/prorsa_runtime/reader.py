@@ -138,6 +138,7 @@ class OrderedReader:
         self.last_reset_reason = ""
         self.num_pending: int | None = None  # the server's backlog at the last info read
         self.num_ack_pending: int | None = None
+        self.in_transit = 0  # delivered by the server, not yet handed over, at the last info read
         self.info: ConsumerInfo | None = None
         # Flow control.
         self._unreleased = 0  # handed over, not yet released
@@ -197,12 +198,13 @@ class OrderedReader:
         return self._unreleased
 
     def backlog(self) -> int | None:
-        """Messages not yet finished with: the server's ``num_pending`` + ``num_ack_pending``
-        at the last info read plus those handed over and not released (None before the
-        first read)."""
+        """Messages not yet finished with: at the last info read, the server's
+        ``num_pending`` (not yet delivered) + ``num_ack_pending`` + those delivered and not yet
+        handed over (its ``delivered.consumer_seq`` minus the last one handed over); plus
+        those handed over and not released now (None before the first read)."""
         if self.num_pending is None:
             return None
-        return self.num_pending + (self.num_ack_pending or 0) + self._unreleased
+        return self.num_pending + (self.num_ack_pending or 0) + self.in_transit + self._unreleased
 
     # -- the consumer ------------------------------------------------------------------
 
@@ -395,6 +397,10 @@ class OrderedReader:
         self.info = info
         self.num_pending = info.num_pending
         self.num_ack_pending = info.num_ack_pending
+        # Delivered by the server but not yet handed over (on the wire, in nats-py's queue):
+        # neither num_pending nor the service counts them.
+        delivered = info.delivered.consumer_seq if info.delivered else None
+        self.in_transit = max(0, delivered - self._dseq) if delivered is not None and not self._resetting else 0
         return info
 
     async def _read_info_loop(self) -> None:

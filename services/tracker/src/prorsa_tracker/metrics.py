@@ -6,8 +6,8 @@ Exposed on ``PRORSA_TRACKER_METRICS_PORT`` (``/metrics`` and ``/health``):
 ``prorsa_tracker_buffered_messages`` (delivered to the tracker, not yet committed; at most
 ``max_inflight``), ``prorsa_tracker_consumer_pending{consumer}`` (the stream's messages not
 yet delivered, from the JetStream consumer info, read every 2 s),
-``prorsa_tracker_backlog_messages{consumer}`` (the sum of the two: the ingest lag in
-messages), ``prorsa_tracker_consumer_resets_total{consumer}``,
+``prorsa_tracker_backlog_messages{consumer}`` (the ingest lag in messages: those two plus the
+messages the server delivered and the receiver has not yet handed over, from the same info), ``prorsa_tracker_consumer_resets_total{consumer}``,
 ``prorsa_tracker_lag_seconds`` (wall time minus the newest applied event time),
 ``prorsa_tracker_anomalies_total`` and ``prorsa_tracker_events_stored_total`` (the rows the
 ``anomalies`` and ``events`` tables hold: counted at start, plus what each commit adds),

@@ -17,8 +17,9 @@ are this module, so pickle is safe here):
   order, where ``invalid`` is None when :func:`prorsa_schemas.decode_event` accepted the
   message (the strict validation runs here, on the receiver's core) or the reason it did
   not (whatever the bytes hold: no message can stop the receiver); an empty list once
-  subscribed; every few seconds a dict of the consumer's figures as the server counts
-  them (``num_pending``: messages not yet delivered) and the reader's ``resets`` / ``gaps``.
+  subscribed; every few seconds a dict of the consumer's figures from the server's consumer
+  info (``num_pending``: not yet delivered; ``in_transit``: delivered and not yet handed
+  over) and the reader's ``resets`` / ``gaps``.
 
 Flow control: the child reads through :class:`prorsa_runtime.reader.OrderedReader` (an
 ordered pull consumer) and asks the server for more only while fewer than
@@ -203,8 +204,8 @@ class _Child:
         while True:  # the backlog, as the server counts it, for the parent's gauges
             info = await self.reader.read_info()
             if info is not None:
-                self.sendq.put({"num_pending": info.num_pending, "resets": self.reader.resets,
-                                "gaps": self.reader.gaps})
+                self.sendq.put({"num_pending": info.num_pending, "in_transit": self.reader.in_transit,
+                                "resets": self.reader.resets, "gaps": self.reader.gaps})
             await asyncio.sleep(STATS_EVERY_S)
 
     def _on_msg(self, msg, seq: int) -> None:

@@ -136,6 +136,7 @@ class Tracker:
         self.forwarded = 0
         self.credited = 0
         self.consumer_pending: int | None = None
+        self.consumer_in_transit = 0
         self.consumer_resets = 0
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -214,6 +215,7 @@ class Tracker:
     def _on_items(self, items: list | dict) -> None:
         if isinstance(items, dict):  # the consumer's figures, as the server counts them
             self.consumer_pending = items["num_pending"]
+            self.consumer_in_transit = items["in_transit"]
             self.consumer_resets = items["resets"]
             return
         if not items:  # the child's "subscribed"
@@ -339,11 +341,12 @@ class Tracker:
         return self.forwarded - self.credited
 
     def backlog(self) -> int | None:
-        """Messages not yet committed: the consumer's ``num_pending`` as the server last
-        counted it (not yet delivered) plus those delivered and not yet committed."""
+        """Messages not yet committed, as the receiver last read the consumer info: not yet
+        delivered (``num_pending``), delivered and not yet handed over by the receiver; plus
+        those handed over and not yet committed now."""
         if self.consumer_pending is None:
             return None
-        return self.consumer_pending + self.inflight
+        return self.consumer_pending + self.consumer_in_transit + self.inflight
 
     async def _flush_write(self) -> None:
         if self._writing is not None:
