@@ -133,8 +133,25 @@ class Stack:
         assert driver["running"], (f"the run ended before this fault (driver exit {driver['exit_codes']}): "
                                    f"raise STEPS\n{self.output()[-3000:]}")
 
-    def kill(self, name: str) -> int:
-        """kill -9 one supervised process; returns its pid."""
+    def progress(self) -> dict:
+        """The driver's progress file (rewritten every 0.5 s)."""
+        try:
+            return json.loads((self.workdir / "progress.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def wait_busy(self) -> None:
+        """Wait until trajectories are in flight (not the pause between two steps)."""
+        self.assert_live()
+        wait_until(lambda: self.progress().get("live", 0) >= 4 or not self.state()["driver"]["running"],
+                   timeout=60, interval=0.05, what="trajectories in flight")
+        self.assert_live()
+
+    def kill(self, name: str, busy: bool = True) -> int:
+        """kill -9 one supervised process (once trajectories are in flight, with ``busy``);
+        returns its pid."""
+        if busy:
+            self.wait_busy()
         self.assert_live()
         pid = self.state()[name]["pid"]
         os.kill(pid, signal.SIGKILL)
@@ -158,11 +175,8 @@ class Stack:
         return self.since_kill()
 
     def published(self) -> int:
-        """Rollout events the driver has published so far (its progress file, every 0.5 s)."""
-        try:
-            return json.loads((self.workdir / "progress.json").read_text())["events"]
-        except (OSError, ValueError, KeyError):
-            return 0
+        """Rollout events the driver has published so far."""
+        return self.progress().get("events", 0)
 
     def caught_up(self, timeout: float = 120) -> tuple[int, float]:
         """Wait until the tracker stores every event the driver had published by now (what
@@ -379,7 +393,7 @@ def test_kill_9_of_the_allocator(stack: Stack):
 
 
 async def test_kill_9_of_an_engine_agent_in_the_middle_of_a_switch(stack: Stack):
-    stack.assert_live()
+    stack.wait_busy()
     mine = [1, 3, 5]  # node1's engines (engines are dealt to the agents in turn)
     # Slow switches (100 emulated s = 10 s at x10), so that one is surely in flight.
     for i in mine:
@@ -404,7 +418,7 @@ async def test_kill_9_of_an_engine_agent_in_the_middle_of_a_switch(stack: Stack)
         return [c for c, sw in inflight.items() if sw["phase"] == "switch"]
 
     inflight = wait_until(switching, timeout=60, interval=0.02, what="a switch of node1 in its switch phase")
-    pid = stack.kill("agent-node1")
+    pid = stack.kill("agent-node1", busy=False)
     for i in mine:
         httpx.post(stack.engine_url(i) + "/_emu/config", json={"switch_seconds": 2}, timeout=5).raise_for_status()
     up = stack.wait_restarted("agent-node1", pid, f"http://127.0.0.1:{stack.base + 11}/health")
