@@ -142,17 +142,3 @@ def test_up_runs_under_the_shipped_nats_config_with_a_user_per_service(tmp_path:
     # No process was refused anything it does: the server logs every permissions violation.
     assert "Violation" not in nats_log.read_text(), [l for l in nats_log.read_text().splitlines() if "Violation" in l]
     assert (tmp_path / "nats-passwords.env").stat().st_mode & 0o777 == 0o600
-
-
-def test_up_survives_nats_and_engine_agent_kills(tmp_path: Path):
-    proc = _start(tmp_path)
-    wait_until(lambda: _mid_run(tmp_path), timeout=180, interval=0.1, what="the run to be under way")
-    state = json.loads((tmp_path / "up-state.json").read_text())["processes"]
-    for name in ("nats-server", "agent-node1"):
-        os.kill(state[name]["pid"], signal.SIGKILL)
-    out = _finish(proc)
-    assert proc.returncode == 0, out[-4000:]
-    _check_run(tmp_path, out)
-    state = json.loads((tmp_path / "up-state.json").read_text())["processes"]
-    assert state["nats-server"]["restarts"] >= 1 and state["agent-node1"]["restarts"] >= 1
-    assert -9 in state["nats-server"]["exit_codes"] and -9 in state["agent-node1"]["exit_codes"]
