@@ -67,7 +67,7 @@ async def test_kill_minus_9_mid_ingest_applies_every_event_exactly_once(nats_url
     assert committed(db, ns) < 30_001  # it really died mid-ingest
     proc = subprocess.Popen([PRORSA, "tracker", "run"], env=env, stderr=subprocess.DEVNULL)
     try:
-        await async_wait_until(lambda: committed(db, ns) >= 30_001, timeout=90, what="full ingest")
+        await async_wait_until(lambda: committed(db, ns) >= 30_001, timeout=240, what="full ingest")
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
