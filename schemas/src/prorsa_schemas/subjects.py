@@ -75,7 +75,7 @@ class Namespace:
         expected = self.subject_for_type(event_type)
         if subject == expected:
             return None
-        return (f"a {event_type} event on subject {subject!r}: events of that type are published on "
+        return (f"event of type {event_type} on subject {subject!r}: events of that type are published on "
                 f"{expected!r}; not applied")
 
     def rollout_all(self) -> str:

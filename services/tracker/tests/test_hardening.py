@@ -108,7 +108,7 @@ async def test_poison_mid_run_is_dead_lettered_and_a_restart_carries_on(nats_url
     assert [r.subject for r in got] == [p[0] for p in poison]
     assert [bytes(r.raw) for r in got] == [p[1] for p in poison]
     assert "nested too deeply" in got[0].reason and "not valid JSON" in got[1].reason
-    assert "engine.command event on subject" in got[2].reason and (got[2].event_id, got[2].type) == ("forged-1", "engine.command")
+    assert "event of type engine.command on subject" in got[2].reason and (got[2].event_id, got[2].type) == ("forged-1", "engine.command")
     live, ref = snapshot(db_url), clean(tmp_path, first + second)
     for key in ("events", "trajectories", "requests", "spans", "runs"):
         assert live[key] == ref[key], key

@@ -145,7 +145,7 @@ def decode_items(items: Iterable[tuple], validated: bool = False, ns: Namespace 
             append((pos, raw, None, f"invalid event: {invalid}", subject))
             continue
         if expected is not None and subject is not None and subject != expected[ev.type]:
-            append((pos, raw, ev, f"rejected: a {ev.type} event on subject {subject!r}; events of that type are "
+            append((pos, raw, ev, f"rejected: event of type {ev.type} on subject {subject!r}; events of that type are "
                                   f"published on {expected[ev.type]!r}", subject))
             continue
         append((pos, raw, ev, None, subject))
