@@ -11,10 +11,11 @@ paced every 10 ms), into a fresh stream, while the tracker (``prorsa tracker run
 service, its receiver process and default settings: batches of up to 5,000, transitions
 published) consumes and commits them. Four times a second the lag is taken: events
 published so far minus events committed. A rate is *sustained* when the publisher reached
-it and the lag stays, over the second half of the trial, within one second's worth of
-events or the 15,000 the batch pipeline holds by design, whichever is more (with 10 s
-trials a tracker 10% short of the rate ends a second behind); every stored event must then
-be committed (checked after the drain). The tracker's own gauge
+it and, over the second half of the trial, the lag stays within one second's worth of
+events or the 15,000 the batch pipeline holds by design, whichever is more, and grows by
+less than 10% of the rate per second (least squares); every stored event must then be
+committed (checked after the drain). With 10 s trials this tells a tracker about 10% short
+of the rate from one that keeps up. The tracker's own gauge
 (``prorsa_tracker_backlog_messages``, from JetStream consumer info read every 2 s) is
 printed beside the measured lag. Rates go up by x1.5 from ``--start`` until one is not
 sustained, then two bisection steps.
@@ -216,7 +217,8 @@ class Trial:
     @property
     def sustained(self) -> bool:
         return (self.lost == 0 and self.dropped_by_server == 0 and self.drain_s is not None
-                and self.offered >= 0.95 * self.rate and self.max_late <= max(PIPELINE, self.rate))
+                and self.offered >= 0.95 * self.rate and self.max_late <= max(PIPELINE, self.rate)
+                and self.slope < 0.1 * self.rate)
 
 
 async def _stored(js, ns) -> int:

@@ -11,6 +11,9 @@ consumer."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +24,7 @@ from sqlalchemy import func, select
 from prorsa_cli.natssetup import setup_stream
 from prorsa_runtime import connect
 from prorsa_runtime.bus import Credentials, wait_for_jetstream
-from prorsa_runtime.natsserver import NatsCluster
+from prorsa_runtime.natsserver import NatsCluster, NatsServer
 from prorsa_runtime.testing import async_wait_until
 from prorsa_schemas import DEFAULT, Namespace
 from prorsa_sdk import Emitter
@@ -65,10 +68,17 @@ async def test_killing_nodes_of_a_three_node_cluster_one_at_a_time_loses_and_dup
     admin = await connect(url, "test-admin", credentials=creds("admin"))
     js = admin.jetstream(timeout=10.0)
     await wait_for_jetstream(js, timeout=30)
+    # A stream made with one replica is moved onto three by the admin step, messages kept.
+    assert "1 replica(s)" in await setup_stream(url, ns, creds("admin"))
     line = await setup_stream(url, ns, creds("admin"), replicas=3)
-    assert "3 replica(s)" in line, line
-    info = await js.stream_info(ns.stream)
-    assert info.config.num_replicas == 3 and len(info.cluster.replicas) == 2  # the leader and two more
+    assert line.startswith("updated stream PRORSA") and "1 replica(s) instead of 3" in line, line
+    assert line.endswith("3 replica(s)") and PASSWORDS["admin"] not in line
+    async def replicated() -> bool:  # a leader and two replicas caught up with it
+        info = await js.stream_info(ns.stream)
+        return (info.config.num_replicas == 3 and info.cluster.leader is not None and len(info.cluster.replicas or []) == 2
+                and all(p.current and not p.offline for p in info.cluster.replicas))
+
+    await async_wait_until(replicated, timeout=30, what="three replicas of the stream")
 
     db = f"sqlite:///{tmp_path}/tracker.db"
     tracker = Tracker(TrackerSettings(nats_url=url, nats_user="tracker", nats_password=PASSWORDS["tracker"],
@@ -96,11 +106,7 @@ async def test_killing_nodes_of_a_three_node_cluster_one_at_a_time_loses_and_dup
         # consumer (one replica, in memory): the tracker re-creates it on another node.
         await asyncio.to_thread(cluster.node(leader).restart)
 
-        async def caught_up() -> bool:
-            info = await js.stream_info(ns.stream)
-            return len(info.cluster.replicas) == 2 and all(p.current and not p.offline for p in info.cluster.replicas)
-
-        await async_wait_until(caught_up, timeout=30, what="the restarted node to catch up")
+        await async_wait_until(replicated, timeout=30, what="the restarted node to catch up")
         resets = tracker.consumer_resets
         consumer_node = (await js.consumer_info(ns.stream, ns.durable("tracker"))).cluster.leader
         cluster.node(consumer_node).kill()
@@ -127,3 +133,19 @@ async def test_killing_nodes_of_a_three_node_cluster_one_at_a_time_loses_and_dup
     assert len(stored) == len(set(stored)) == N and set(stored) == ids
     assert anomalies == 0
     await admin.close()
+
+
+def test_replicas_on_a_single_server_are_refused_with_what_they_need(tmp_path: Path):
+    server = NatsServer(tmp_path / "one", port=0).start()
+    try:
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("PRORSA_")}, "PRORSA_NATS_URL": server.url}
+        cmd = [sys.executable, "-m", "prorsa_cli.main", "nats", "setup"]
+        r = subprocess.run(cmd + ["--replicas", "3"], env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and "refused 3 replicas" in r.stderr and "need a cluster" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+        r = subprocess.run(cmd, env={**env, "PRORSA_STREAM_REPLICAS": "0"}, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "PRORSA_STREAM_REPLICAS" in r.stderr, r.stderr
+        r = subprocess.run(cmd, env={**env, "PRORSA_STREAM_REPLICAS": "1"}, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and "created stream PRORSA" in r.stdout and "1 replica(s)" in r.stdout, r.stdout
+    finally:
+        server.stop()
