@@ -3,8 +3,11 @@ come from :meth:`prorsa_schemas.Namespace.durable`, so that a deployment's permi
 name exactly the consumers a user may create, read, acknowledge and delete (see
 ``deploy/nats/accounts.conf``) instead of granting every consumer of the stream.
 
-An *ordered* consumer here is nats-py's ordered push consumer (no acks, flow control, idle
-heartbeats, re-created from the next stream sequence on a gap) under a fixed name. nats-py
+The services read through :class:`prorsa_runtime.reader.OrderedReader` (an ordered pull
+consumer with bounded pending and a continuity check). :func:`subscribe_ordered` is
+nats-py's ordered push consumer (no acks, flow control, idle heartbeats, re-created from the
+next stream sequence on a gap) under a fixed name, for a caller that wants it: it loses a
+message silently when its client-side queue overflows (see the reader's module). nats-py
 re-creates an ordered consumer under the same configuration, so with a fixed name the
 re-creation would collide with the consumer it replaces (a consumer's start sequence cannot
 be updated); :func:`subscribe_ordered` therefore deletes the old consumer first, both when

@@ -263,7 +263,10 @@ class Forecaster:
                 stopper.cancel()
                 if self.reader is not None:
                     await self.reader.stop()
-                await self.pub.close(timeout=5.0)  # what the stream has not acknowledged yet: 5 s
+                try:
+                    await self.pub.close(timeout=5.0)  # what the stream has not acknowledged yet: 5 s
+                except TimeoutError as exc:  # not stored: a restart publishes those windows again
+                    log.warning("forecaster: %s", exc)
         finally:
             await nc.close()
 
