@@ -34,6 +34,7 @@ from prorsa_runtime.bus import (
     open_stream,
     publish_event,
 )
+from prorsa_cli.stack import NATS_USERS
 from prorsa_runtime.natsserver import NatsServer
 from prorsa_runtime.testing import async_wait_until
 from prorsa_schemas import DEFAULT, EngineCommand, encode_event
@@ -43,14 +44,7 @@ from prorsa_sdk import Emitter
 ROOT = Path(__file__).resolve().parents[1]
 SERVER_CONF = ROOT / "deploy" / "nats" / "server.conf"
 ACCOUNTS = ROOT / "deploy" / "nats" / "accounts.conf"
-VARS = {
-    "admin": "PRORSA_ADMIN_NATS_PASSWORD",
-    "rollout": "PRORSA_ROLLOUT_NATS_PASSWORD",
-    "tracker": "PRORSA_TRACKER_NATS_PASSWORD",
-    "forecaster": "PRORSA_FORECASTER_NATS_PASSWORD",
-    "allocator": "PRORSA_ALLOCATOR_NATS_PASSWORD",
-    "engine-agent": "PRORSA_AGENT_NATS_PASSWORD",
-}
+VARS = NATS_USERS  # user of deploy/nats/accounts.conf -> the variable holding its password
 PASSWORDS = {var: f"pw{user.replace('-', '')}secret" for user, var in VARS.items()}
 AGENT_DURABLE = "prorsa-engine-agent-node0"
 S = DEFAULT.stream

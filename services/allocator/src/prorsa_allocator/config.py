@@ -113,8 +113,9 @@ class AllocatorConfig(BaseModel):
         description="'priced' rule, outside the weight-update pause: an in-place move is made "
         "only once the engines have been off target in its direction for this many times the "
         "move's dead time (drain + switch). Ski rental, as for restarts: a burst shorter than "
-        "what a switch takes is served by the split it meets. 0 (default): off. Measured with "
-        "1.0 (general/2, seed 0, 3 steps, from the best fixed ratio): MiMo-V2.5-Pro 290.4 s -> "
+        "what a switch takes is served by the split it meets. 0 (default): off. Measured with the "
+        "default edited to "
+        "1.0 (`prorsa sim run --policy prorsa --workload general --staleness 2 --steps 3 --start 4:4|6:2`): MiMo-V2.5-Pro 290.4 s -> "
         "277.5 s (9 -> 5 switches; 4:4 held: 263.4 s), DeepSeek-V3.2 264.4 s -> 265.5 s (3 -> 1; "
         "6:2 held: 261.4 s); with 2.0 MiMo 288.1 s. Not the default on two settings and one seed.",
     )

@@ -128,6 +128,21 @@ def _band_move(engines, alloc, cfg, now, last_direction, last_switch_ts, initial
     return n, p, d, in_flight, to_role, donor, wanted, donors, fraction
 
 
+def _candidates(donors, n, in_flight, wanted, fraction, to_role, now, cfg):
+    """The donors to move, least loaded first (an idle engine costs only its switch; fewer
+    requests and less KV mean less drain, fewer aborts and less cache to lose), at most
+    ``wanted``, one engine left in the role, within the per-plan cap ``fraction`` of the
+    engines in flight at once. Returns them, or a :class:`Selection` when none can move.
+    Sorting all movable donors beats a heap selection once k is a sizeable share of them
+    (the first plan may move hundreds), and is never slower than ~0.2 ms at 1,024."""
+    limit = max(1, math.ceil(fraction * n)) - in_flight
+    k_max = min(wanted, len(donors) - 1, limit)  # len(donors) - 1: one engine stays in the role
+    candidates = sorted((v for v in donors if movable(v, now, cfg)), key=EngineView.load_key)[: max(k_max, 0)]
+    if not candidates:
+        return Selection(reason=f"{wanted} engine(s) should become {to_role} but none can move now")
+    return candidates
+
+
 def select_switches(
     alloc: Allocation,
     engines: list[EngineView],
@@ -150,14 +165,10 @@ def select_switches(
     if isinstance(move, Selection):
         return move
     n, p, d, in_flight, to_role, donor, wanted, donors, fraction = move
-    limit = max(1, math.ceil(fraction * n)) - in_flight
-    k_max = min(wanted, len(donors) - 1, limit)  # len(donors) - 1: one engine stays in the role
-    # Sorting all movable donors beats a heap selection once k is a sizeable share of them
-    # (the first plan may move hundreds), and is never slower than ~0.2 ms at 1,024.
-    candidates = sorted((v for v in donors if movable(v, now, cfg)), key=EngineView.load_key)[: max(k_max, 0)]
-    k_max = min(k_max, len(candidates))
-    if k_max <= 0:
-        return Selection(reason=f"{wanted} engine(s) should become {to_role} but none can move now")
+    candidates = _candidates(donors, n, in_flight, wanted, fraction, to_role, now, cfg)
+    if isinstance(candidates, Selection):
+        return candidates
+    k_max = len(candidates)
     horizon = cfg.lookahead_windows * demand.horizon_s
     moves = [Move(v, to_role, drain_estimate(v, cfg, decode_drain_s), cost.for_engine(v)) for v in candidates]
     restart_s = max((m.switch_s for m in moves if "in_place" not in m.engine.switch_modes), default=None)
@@ -348,15 +359,10 @@ def select_priced(
         # In the pause a switch costs no drain, no aborts and no cache: the per-plan cap
         # (a guard against one wrong forecast's drains) does not apply; the gain test does.
         fraction = 1.0
-    limit = max(1, math.ceil(fraction * n)) - in_flight
-    k_max = min(wanted, len(donors) - 1, limit)
-    # Least loaded first, as in the paper rule: an idle engine costs only its switch, and
-    # fewer requests and less KV mean less drain, fewer aborts and less cache to lose.
-    # Only the k_max taken are priced (a plan of 1,024 engines stays within its budget).
-    candidates = sorted((v for v in donors if movable(v, now, cfg)), key=EngineView.load_key)[: max(k_max, 0)]
-    k_max = min(k_max, len(candidates))
-    if k_max <= 0:
-        return Selection(reason=f"{wanted} engine(s) should become {to_role} but none can move now")
+    # Only the candidates taken are priced (a plan of 1,024 engines stays within its budget).
+    candidates = _candidates(donors, n, in_flight, wanted, fraction, to_role, now, cfg)
+    if isinstance(candidates, Selection):
+        return candidates
     prices = [price_switch(v, to_role, cost.for_engine(v), cfg, ctx.decode_turn_s, ctx.pause_left_s, demand.horizon_s)
               for v in candidates]
     moves = [Move(v, to_role, pr.drain_s, pr.switch_s) for v, pr in zip(candidates, prices)]
