@@ -113,11 +113,27 @@ def test_rule_violation_names_the_field(kind: str, field: str, bad: object) -> N
 @pytest.mark.parametrize("kind", sorted(FULL))
 def test_every_required_field_is_required(kind: str) -> None:
     required = set(FULL[kind]) - OPTIONAL.get(kind, set())
-    for name in sorted(required | {"id", "ts", "run"}):
+    for name in sorted(required | {"v", "id", "ts", "run"}):
         obj = event(kind)
         obj.pop(name)
         err = _reject(obj, name)
         assert "missing" in err.reason
+
+
+def test_missing_v_is_an_error_on_the_wire_only() -> None:
+    obj = event("request.queued")
+    obj.pop("v")
+    for decode in (lambda: decode_event(json.dumps(obj)), lambda: event_from_dict(obj)):
+        with pytest.raises(EventError) as info:
+            decode()
+        assert info.value.reason.startswith("field 'v': is required but missing"), info.value.reason
+    # reported together with the event's other violations
+    with pytest.raises(EventError) as info:
+        decode_event(json.dumps({**obj, "turn": -1}))
+    assert [v.field for v in info.value.violations] == ["v", "turn"]
+    # an event built in Python gets v=1, and it is encoded
+    ev = EVENT_TYPES["policy.updated"](id="p", ts=1.0, run="r", version=2)
+    assert json.loads(encode_event(ev))["v"] == 1
 
 
 def test_unknown_type_and_unknown_field_and_garbage() -> None:

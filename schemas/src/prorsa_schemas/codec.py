@@ -48,6 +48,8 @@ def decode_event(data: bytes | str, max_bytes: int = DEFAULT_MAX_LINE_BYTES, str
         raise EventError.single(f"event is {len(data)} bytes, longer than the limit of {max_bytes} bytes")
     try:
         event = _ADAPTER.validate_json(data, strict=True)
+        if "v" not in event.model_fields_set:
+            raise EventError([_MISSING_V])
         if strict_fields:
             extra = unknown_fields(event)
             if extra:
@@ -61,7 +63,8 @@ def decode_event(data: bytes | str, max_bytes: int = DEFAULT_MAX_LINE_BYTES, str
         failure = exc
     if isinstance(failure, ValidationError):
         try:
-            error = EventError.from_validation(failure, raw_type=_peek_type(data))
+            obj = _peek(data)
+            error = _with_missing_v(EventError.from_validation(failure, raw_type=_type_of(obj)), obj)
         except Exception as exc:  # noqa: BLE001 - describing the error failed (e.g. a repr too deep)
             error = _undecodable(exc)
     else:
@@ -109,13 +112,18 @@ def _undecodable(exc: BaseException) -> EventError:
 
 
 def event_from_dict(obj: dict) -> Event:
-    """Validate an already-parsed JSON object (strict, like :func:`decode_event`)."""
+    """Validate an already-parsed JSON object (strict, like :func:`decode_event`; ``v``
+    must be present)."""
     try:
-        return _ADAPTER.validate_python(obj, strict=True)
+        event = _ADAPTER.validate_python(obj, strict=True)
+        if "v" not in event.model_fields_set:
+            raise EventError([_MISSING_V])
+        return event
+    except EventError:
+        raise
     except ValidationError as exc:
-        tag = obj.get("type") if isinstance(obj, dict) else None
         try:
-            error = EventError.from_validation(exc, raw_type=tag if isinstance(tag, str) else None)
+            error = _with_missing_v(EventError.from_validation(exc, raw_type=_type_of(obj)), obj)
         except Exception as inner:  # noqa: BLE001
             error = _undecodable(inner)
     except Exception as exc:  # noqa: BLE001
@@ -128,14 +136,30 @@ def encode_event(event: Event) -> bytes:
     return event.model_dump_json(exclude_none=True).encode()
 
 
-def _peek_type(data: bytes | str) -> str | None:
+_MISSING_V = Violation("v", _MISSING, "is required but missing (the contract version, 1, is an envelope field of every event)")
+"""The models default ``v`` to 1 for events built in Python; on the wire (bytes, parsed
+JSON) it is a required envelope field (EVENTS.md), checked here."""
+
+
+def _peek(data: bytes | str) -> object:
     # pydantic-core's parser: bounded recursion (a ValueError, not a RecursionError).
     try:
-        obj = from_json(data)
-    except Exception:  # noqa: BLE001 - no type to name
+        return from_json(data)
+    except Exception:  # noqa: BLE001 - nothing to look at
         return None
+
+
+def _type_of(obj: object) -> str | None:
     tag = obj.get("type") if isinstance(obj, dict) else None
     return tag if isinstance(tag, str) else None
+
+
+def _with_missing_v(error: EventError, obj: object) -> EventError:
+    """``error`` plus the missing-``v`` violation when ``obj`` is an object without ``v``
+    (validation passes over it: the models default it for Python callers)."""
+    if isinstance(obj, dict) and "v" not in obj:
+        return EventError([_MISSING_V, *error.violations])
+    return error
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,13 @@
-"""Pydantic v2 models of every event type in the contract (shared/EVENTS.md, version 1).
+"""Pydantic v2 models of every event type in the contract (docs/contract.md, version 1).
 
 Every model is frozen and strict: a wrong JSON type (``"12"`` for an int, ``1`` for a bool)
-is a violation, not something to coerce. Unknown fields are rejected too, so a misspelt
-optional field is reported instead of silently ignored. Optional fields default to ``None``
-so that an encoded event carries exactly the fields its producer set.
+is a violation, not something to coerce. A field an event type does not name is accepted
+and kept (``model_extra``: the contract's forward compatibility); ``decode_event(...,
+strict_fields=True)`` reports it. Optional fields default to ``None`` so that an encoded
+event carries exactly the fields its producer set. ``v`` defaults to 1 for events built in
+Python; on the wire it is required (:func:`prorsa_schemas.decode_event` checks it). The
+class docstrings and field descriptions are the ``description`` of the JSON Schemas
+(``prorsa schema``, docs/schema/).
 """
 
 from __future__ import annotations
@@ -37,11 +41,12 @@ class _Model(BaseModel):
 class Event(_Model):
     """The envelope every event carries."""
 
-    v: Literal[1] = 1
-    id: Id
-    type: str
-    ts: float = Field(ge=0.0)
-    run: RunId
+    v: Literal[1] = Field(1, description="contract version, 1 (required on the wire)")
+    id: Id = Field(description="unique per event; the JetStream Nats-Msg-Id used for de-duplication")
+    type: str = Field(description="the event type")
+    ts: float = Field(ge=0.0, description="event time in seconds (epoch seconds in production; any origin "
+                                          "within one run). Finite, >= 0")
+    run: RunId = Field(description="the RL job this event belongs to")
 
     @field_validator("ts")
     @classmethod
@@ -54,13 +59,15 @@ class Event(_Model):
 class TrajectoryEvent(Event):
     """A rollout event about one trajectory."""
 
-    traj: Id
+    traj: Id = Field(description="the trajectory id")
 
 
 # --- rollout events (published by the RL framework through the SDK) -----------------
 
 
 class RunStarted(Event):
+    """Describes the sampler, so forecasts and replays are self-contained."""
+
     type: Literal["run.started"] = "run.started"
     mode: Literal["sync", "async"]
     batch_size: int = Field(ge=1)
@@ -71,6 +78,8 @@ class RunStarted(Event):
 
 
 class TrajectoryDispatched(TrajectoryEvent):
+    """The data sampler launched a trajectory."""
+
     type: Literal["trajectory.dispatched"] = "trajectory.dispatched"
     prompt_tokens: Tokens
     group: Id | None = None
@@ -78,15 +87,22 @@ class TrajectoryDispatched(TrajectoryEvent):
 
 
 class SandboxStarted(TrajectoryEvent):
+    """The trajectory's sandbox began starting (a prewarm-pool hit or a cold start)."""
+
     type: Literal["sandbox.started"] = "sandbox.started"
     mode: Literal["prewarm", "cold"]
 
 
 class SandboxReady(TrajectoryEvent):
+    """The sandbox is ready; the first model request follows."""
+
     type: Literal["sandbox.ready"] = "sandbox.ready"
 
 
 class RequestQueued(TrajectoryEvent):
+    """A model request joined the ready queue: a prefill arrival. prompt_tokens is the FULL
+    prompt length, cached prefix included."""
+
     type: Literal["request.queued"] = "request.queued"
     req: Id
     turn: int = Field(ge=0)
@@ -95,16 +111,22 @@ class RequestQueued(TrajectoryEvent):
     # Added (optional, not in EVENTS.md v1): the attention data-parallel rank of
     # ``engine`` that the router placed the request on (SGLang's ``data_parallel_rank``),
     # 0-based. Absent when the router does not say.
-    dp_rank: int | None = Field(default=None, ge=0, le=4095)
+    dp_rank: int | None = Field(default=None, ge=0, le=4095, description=(
+        "added optional field: the attention data-parallel rank of engine that the router placed the "
+        "request on (SGLang's data_parallel_rank), 0-based"))
 
 
 class PrefillStarted(TrajectoryEvent):
+    """A prefill instance began serving the request (optional: not every deployment can observe it)."""
+
     type: Literal["prefill.started"] = "prefill.started"
     req: Id
     engine: Id | None = None
 
 
 class PrefillFinished(TrajectoryEvent):
+    """Prefill done, first token out: a decode admission."""
+
     type: Literal["prefill.finished"] = "prefill.finished"
     req: Id
     engine: Id | None = None
@@ -113,6 +135,8 @@ class PrefillFinished(TrajectoryEvent):
 
 
 class DecodeFinished(TrajectoryEvent):
+    """The response is complete."""
+
     type: Literal["decode.finished"] = "decode.finished"
     req: Id
     output_tokens: Tokens
@@ -120,33 +144,46 @@ class DecodeFinished(TrajectoryEvent):
 
 
 class ToolStarted(TrajectoryEvent):
+    """The trajectory is executing a tool call."""
+
     type: Literal["tool.started"] = "tool.started"
     tool: Id | None = None
     calls: int | None = Field(default=None, ge=1)
 
 
 class ToolFinished(TrajectoryEvent):
+    """The tool returned; a new request.queued for this trajectory follows."""
+
     type: Literal["tool.finished"] = "tool.finished"
     result_tokens: Tokens
     ok: bool | None = None
 
 
 class RewardStarted(TrajectoryEvent):
+    """Reward computation began."""
+
     type: Literal["reward.started"] = "reward.started"
 
 
 class RewardFinished(TrajectoryEvent):
+    """Reward done; admitted says whether the sample met the training-admission criteria."""
+
     type: Literal["reward.finished"] = "reward.finished"
     admitted: bool
     reward: float | None = None
 
 
 class TrajectoryDropped(TrajectoryEvent):
+    """The trajectory ends without a reward (e.g. past the staleness bound)."""
+
     type: Literal["trajectory.dropped"] = "trajectory.dropped"
     reason: Literal["stale", "error", "aborted"]
 
 
 class PolicyUpdated(Event):
+    """New weights reached the rollout engines; carried-over trajectories re-prefill (they
+    send new request.queued events)."""
+
     type: Literal["policy.updated"] = "policy.updated"
     version: int
 
@@ -162,6 +199,8 @@ class Parallel(_Model):
 
 
 class EngineRegistered(Event):
+    """An engine agent registered an engine (published by engine agents)."""
+
     type: Literal["engine.registered"] = "engine.registered"
     engine: Id
     server: Id
@@ -174,6 +213,8 @@ class EngineRegistered(Event):
 
 
 class EngineStats(Event):
+    """An engine's periodic load and KV-cache figures (published by engine agents)."""
+
     type: Literal["engine.stats"] = "engine.stats"
     engine: Id
     role: Role
@@ -187,6 +228,8 @@ class EngineStats(Event):
 
 
 class EngineSwitching(Event):
+    """An engine began a role switch for a command (published by engine agents)."""
+
     type: Literal["engine.switching"] = "engine.switching"
     engine: Id
     cmd: Id
@@ -196,6 +239,8 @@ class EngineSwitching(Event):
 
 
 class EngineSwitched(Event):
+    """An engine finished a role switch (published by engine agents)."""
+
     type: Literal["engine.switched"] = "engine.switched"
     engine: Id
     cmd: Id
@@ -206,6 +251,8 @@ class EngineSwitched(Event):
 
 
 class EngineSwitchFailed(Event):
+    """A role switch failed; role is the role the engine is in now (published by engine agents)."""
+
     type: Literal["engine.switch_failed"] = "engine.switch_failed"
     engine: Id
     cmd: Id
@@ -214,6 +261,8 @@ class EngineSwitchFailed(Event):
 
 
 class EngineDeregistered(Event):
+    """An engine left the pool (published by engine agents)."""
+
     type: Literal["engine.deregistered"] = "engine.deregistered"
     engine: Id
     reason: str = Field(min_length=1, max_length=4096)
@@ -234,6 +283,8 @@ class ForecastComponents(_Model):
 
 
 class ForecastWindow(Event):
+    """One forecast per window [t, t+horizon) (published by the forecaster)."""
+
     type: Literal["forecast.window"] = "forecast.window"
     t: float = Field(ge=0.0)
     horizon: float = Field(gt=0.0)
@@ -250,6 +301,8 @@ class PlannedSwitch(_Model):
 
 
 class AllocationPlan(Event):
+    """The target PD ratio (published by the allocator)."""
+
     type: Literal["allocation.plan"] = "allocation.plan"
     t: float = Field(ge=0.0)
     n_prefill: int = Field(ge=0)
@@ -260,6 +313,8 @@ class AllocationPlan(Event):
 
 
 class EngineCommand(Event):
+    """A command to one engine agent (published by the allocator)."""
+
     type: Literal["engine.command"] = "engine.command"
     cmd: Id
     engine: Id
