@@ -201,6 +201,9 @@ async def test_rollout_attacks_are_refused_and_change_nothing(secured: NatsServe
     ("engine-agent", f"$JS.API.CONSUMER.CREATE.{S}.prorsa-forecaster.{DEFAULT.commands()}"),
     ("engine-agent", f"$JS.API.CONSUMER.CREATE.{S}.spy.{DEFAULT.control_all()}"),
     ("engine-agent", f"$JS.API.CONSUMER.CREATE.{S}.spy"),
+    # The agent reads one rollout subject (policy.updated), no other.
+    ("engine-agent", f"$JS.API.CONSUMER.CREATE.{S}.prorsa-agent-policy-n.{DEFAULT.subject_for_type('request.queued')}"),
+    ("engine-agent", f"$JS.API.CONSUMER.CREATE.{S}.prorsa-agent-policy-n.{DEFAULT.rollout_all()}"),
     ("engine-agent", f"$JS.API.CONSUMER.MSG.NEXT.{S}.prorsa-allocator"),
     ("engine-agent", f"$JS.ACK.{S}.prorsa-tracker.1.1.1.0.0"),
     # Subjects: only the allocator commands engines; each publishes its own events.
@@ -243,6 +246,26 @@ def test_the_config_grants_exactly_the_contract_subjects():
         for call in ("STREAM.CREATE", "STREAM.UPDATE", "STREAM.DELETE", "STREAM.PURGE", "STREAM.MSG", "$JS.API.>",
                      "STREAM.NAMES", "STREAM.LIST", "CONSUMER.LIST", "CONSUMER.DURABLE"):
             assert call not in block, (user, call)
+
+
+async def test_the_agent_reads_policy_updates_and_nothing_else_of_the_rollout(secured: NatsServer, admin: NATS):
+    from prorsa_schemas import PolicyUpdated
+
+    from prorsa_engine_agent.watchers import policy_consumer
+
+    await publish_event(admin.jetstream(), DEFAULT, PolicyUpdated(id="pu-1", ts=1.0, run="r", version=3))
+    nc = await connect(secured.url, "engine-agent-node0", credentials=creds("engine-agent"), timeout=10)
+    seen: list[int] = []
+    # The agent's own way: an ordered pull consumer named for its server, one filter subject.
+    from prorsa_runtime.reader import OrderedReader
+
+    reader = OrderedReader(nc.jetstream(), DEFAULT, policy_consumer(DEFAULT, "node0"),
+                           [DEFAULT.subject_for_type("policy.updated")],
+                           lambda msg, seq: (seen.append(json.loads(msg.data)["version"]), reader.release()))
+    await reader.start()
+    await async_wait_until(lambda: seen == [3], timeout=10, what="policy.updated read by the agent's user")
+    await reader.stop()
+    await nc.close()
 
 
 async def test_a_restricted_service_checks_the_stream_and_says_what_to_run(secured: NatsServer):

@@ -24,22 +24,23 @@ def _walk(sw, outcomes, **kw):
 
 
 def test_happy_paths_in_place_and_restart():
-    sw, phases = _walk(begin(_cmd(), "prefill", "in_place", 0.0), [True] * 5)
-    assert phases == [Phase.DEREGISTER, Phase.DRAIN, Phase.SWITCH, Phase.HEALTH, Phase.REGISTER, Phase.DONE]
+    sw, phases = _walk(begin(_cmd(), "prefill", "in_place", 0.0), [True] * 6)
+    assert phases == [Phase.PRECHECK, Phase.DEREGISTER, Phase.DRAIN, Phase.SWITCH, Phase.HEALTH,
+                      Phase.REGISTER, Phase.DONE]
     assert sw.role_now == "decode"
-    _, phases = _walk(begin(_cmd(), "prefill", "restart", 0.0), [True] * 5)
+    _, phases = _walk(begin(_cmd(), "prefill", "restart", 0.0), [True] * 6)
     assert Phase.RESTART in phases and phases[-1] is Phase.DONE
 
 
 def test_drain_timeout_aborts_then_restores_when_still_busy():
-    sw, phases = _walk(begin(_cmd(), "prefill", "in_place", 0.0), [True, False, False, True])
-    assert phases[1:] == [Phase.DRAIN, Phase.ABORT, Phase.RESTORE_REGISTER, Phase.FAILED]
+    sw, phases = _walk(begin(_cmd(), "prefill", "in_place", 0.0), [True, True, False, False, True])
+    assert phases[2:] == [Phase.DRAIN, Phase.ABORT, Phase.RESTORE_REGISTER, Phase.FAILED]
     assert "timed out draining" in sw.error and sw.role_now == "prefill"
 
 
 def test_unsafe_switch_failure_restarts_in_old_role_or_goes_down():
     sw = begin(_cmd(), "prefill", "in_place", 0.0)
-    sw = advance(advance(sw, True), True)  # at SWITCH
+    sw = advance(advance(advance(sw, True), True), True)  # at SWITCH
     restarted = advance(sw, False, "teardown failed", safe_to_restore=False)
     assert restarted.phase is Phase.RESTORE_RESTART
     assert advance(restarted, True).phase is Phase.RESTORE_REGISTER
@@ -51,9 +52,21 @@ def test_unsafe_switch_failure_restarts_in_old_role_or_goes_down():
 
 def test_resume_abandons_a_drain_but_reruns_later_phases():
     sw = begin(_cmd(), "prefill", "in_place", 0.0)
-    assert resume(advance(sw, True)).phase is Phase.RESTORE_REGISTER
-    at_switch = advance(advance(sw, True), True)
+    assert resume(sw) == sw  # PRECHECK touched nothing: run it again
+    assert resume(advance(advance(sw, True), True)).phase is Phase.RESTORE_REGISTER
+    at_switch = advance(advance(advance(sw, True), True), True)
     assert resume(at_switch) == at_switch
+
+
+def test_a_refused_precheck_fails_with_the_engine_untouched():
+    sw = advance(begin(_cmd(), "prefill", "restart", 0.0), False, "weights unknown")
+    assert sw.phase is Phase.FAILED and sw.error == "switch refused: weights unknown"
+    assert sw.role_now == "prefill"
+    # A restart refused before the stop (safe) only re-registers; after it, it relaunches.
+    at_restart = advance(advance(advance(begin(_cmd(), "prefill", "restart", 0.0), True), True), True)
+    assert at_restart.phase is Phase.RESTART
+    assert advance(at_restart, False, "x", safe_to_restore=True).phase is Phase.RESTORE_REGISTER
+    assert advance(at_restart, False, "x", safe_to_restore=False).phase is Phase.RESTORE_RESTART
 
 
 def test_decisions():

@@ -37,7 +37,6 @@ from prorsa_schemas import (
     EngineSwitchFailed,
     EngineSwitching,
     EventError,
-    Namespace,
     Parallel,
     SubjectMismatch,
     decode_event,
@@ -53,6 +52,8 @@ from .metrics import AgentMetrics
 from .launch import launch_command, launch_env
 from .process import Processes
 from .procedure import run_switch
+from .watchers import BusWatchers, _stream_seq, command_consumer
+from .weights import Policy, Weights
 
 log = logging.getLogger("prorsa.engine_agent")
 
@@ -73,7 +74,7 @@ class EngineState:
 
 
 
-class EngineAgent:
+class EngineAgent(BusWatchers):
     """Run with ``await EngineAgent(config).run(stack, stop)`` (see :mod:`.service`)."""
 
     def __init__(self, config: AgentConfig):
@@ -93,6 +94,8 @@ class EngineAgent:
         self.dead_letters = DeadLetters("agent", log)
         self.ready = asyncio.Event()
         self.registry_reader: OrderedReader | None = None
+        self.policy_reader: OrderedReader | None = None
+        self.policy: Policy | None = None  # the latest policy.updated read
         self.command_figures = DurableFigures(command_consumer(self.ns, self.settings.server))
 
     # -- events --------------------------------------------------------------------------
@@ -110,11 +113,19 @@ class EngineAgent:
                      switch_modes=i.switch_modes())
 
     # -- instances --------------------------------------------------------------------------
-    async def launch(self, st: EngineState, role: str) -> None:
-        cmd = launch_command(st.inst, role, self.settings.python)
+    def launched_weights(self, st: EngineState) -> Weights:
+        """The weights the engine was launched (or adopted) with."""
+        return self.journal.weights.get(st.inst.engine) or Weights(st.inst.model, st.inst.weight_version)
+
+    async def launch(self, st: EngineState, role: str, weights: Weights | None = None) -> None:
+        """Launch in ``role`` on ``weights`` (default: the weights it was launched with last)."""
+        w = weights or self.journal.weights.get(st.inst.engine) or Weights(
+            st.inst.model, st.inst.weight_version, time.time())
+        cmd = launch_command(st.inst, role, self.settings.python, w)
         st.pid = self.processes.launch(st.inst.engine, cmd, launch_env(st.inst))
         self.journal.pids[st.inst.engine] = st.pid
         self.journal.roles[st.inst.engine] = role
+        self.journal.weights[st.inst.engine] = w
         self.journal.save()
         log.info("launched %s as %s (pid %d): %s", st.inst.engine, role, st.pid, " ".join(cmd))
 
@@ -146,6 +157,11 @@ class EngineAgent:
             return
         st.role = await st.client.role()
         st.kv_capacity = (await st.client.loads()).capacity_tokens
+        if inst.engine not in self.journal.weights:  # adopted: what it serves now
+            info = await st.client.model_info()
+            self.journal.weights[inst.engine] = Weights(
+                str(info.get("model_path") or inst.model), str(info.get("weight_version") or "default"),
+                time.time())
         st.up = True
         log.info("%s up at %s as %s (%s)", inst.engine, inst.url, st.role,
                  "adopted" if ours_alive or not inst.can_restart else "launched")
@@ -192,12 +208,15 @@ class EngineAgent:
 
     # -- switches -------------------------------------------------------------------------------
     async def execute(self, st: EngineState, sw: Switch, announce: bool = True) -> None:
+        """Run the switch; ``engine.switching`` goes out once PRECHECK has passed (a refusal
+        there is only an ``engine.switch_failed``)."""
+        def started(s: Switch) -> None:
+            self.publish(EngineSwitching, event_id(s.cmd, "switching"), run=s.run, engine=s.engine,
+                         cmd=s.cmd, from_role=s.from_role, to_role=s.to_role, mode=s.mode)
+
         async with st.lock:
-            if announce:
-                self.publish(EngineSwitching, event_id(sw.cmd, "switching"), run=sw.run, engine=sw.engine,
-                             cmd=sw.cmd, from_role=sw.from_role, to_role=sw.to_role, mode=sw.mode)
             try:
-                sw = await run_switch(self, st, sw)
+                sw = await run_switch(self, st, sw, started if announce else None)
             except Exception as exc:  # a bug must not leave the command without an outcome
                 log.exception("switch %s crashed", sw.cmd)
                 from dataclasses import replace
@@ -206,15 +225,18 @@ class EngineAgent:
             self.finish(st, sw)
 
     def finish(self, st: EngineState, sw: Switch) -> None:
+        # aborted_reqs (optional, docs/events.md): requests the switch aborted, for the
+        # framework to retry; absent when it aborted none.
+        extra = {"aborted_reqs": sw.aborted} if sw.aborted else {}
         if sw.phase is Phase.DONE:
             self.publish(EngineSwitched, event_id(sw.cmd, "switched"), run=sw.run, engine=sw.engine,
                          cmd=sw.cmd, from_role=sw.from_role, to_role=sw.to_role,
-                         seconds=max(0.0, time.time() - sw.started), mode=sw.mode)
+                         seconds=max(0.0, time.time() - sw.started), mode=sw.mode, **extra)
             outcome = "switched"
         else:
             role = st.role or sw.from_role
             self.publish(EngineSwitchFailed, event_id(sw.cmd, "failed"), run=sw.run, engine=sw.engine,
-                         cmd=sw.cmd, role=role, error=(sw.error or "failed")[:4096])
+                         cmd=sw.cmd, role=role, error=(sw.error or "failed")[:4096], **extra)
             outcome = "failed"
             if sw.phase is Phase.DOWN:
                 st.up = False
@@ -360,50 +382,6 @@ class EngineAgent:
             except EngineHTTPError as exc:
                 log.error("recovering %s failed: %s", st.inst.engine, exc)
 
-    async def _watch_registrations(self, js) -> OrderedReader:
-        def on_msg(msg, seq: int) -> None:
-            reader.release()
-            try:
-                ev = decode_message(msg.data, msg.subject, self.ns)
-            except EventError:
-                return  # the tracker records it; here it only must not count as a registration
-            if isinstance(ev, EngineRegistered) and ev.server != self.settings.server:
-                self.elsewhere[ev.engine] = ev.server
-
-        reader = OrderedReader(js, self.ns, registry_consumer(self.ns, self.settings.server),
-                               [self.ns.subject_for_type("engine.registered")], on_msg, max_pending=1000)
-        return await reader.start()
-
-    async def _command_subscription(self, js):
-        """The durable pull consumer of this agent's commands (created if missing, else bound)."""
-        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-
-        return await js.pull_subscribe(
-            self.ns.commands(), durable=self.command_figures.name, stream=self.ns.stream,
-            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.NEW,
-                                  ack_wait=30.0, max_ack_pending=1000),
-        )
-
-    async def _command_lost(self, js) -> bool:
-        """True when the command consumer no longer exists (deleted, or lost with a server)."""
-        from nats.js.errors import NotFoundError
-
-        try:
-            await js.consumer_info(self.ns.stream, self.command_figures.name, timeout=2.0)
-        except NotFoundError:
-            return True
-        except Exception as exc:  # noqa: BLE001 - the bus is away: fetch again later
-            log.debug("command consumer info: %r", exc)
-        return False
-
-    async def _read_command_backlog(self, js, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            await self.command_figures.read(js, self.ns.stream)
-            try:
-                await asyncio.wait_for(stop.wait(), BACKLOG_EVERY_S)
-            except asyncio.TimeoutError:
-                pass
-
     async def run(self, stack: AsyncExitStack, stop: asyncio.Event) -> None:
         """Bring the instances up, resume journaled switches, then serve commands until ``stop``."""
         from nats.errors import TimeoutError as NatsTimeout
@@ -419,6 +397,8 @@ class EngineAgent:
         await open_stream(js, self.ns, s.nats_url, creds)
         self.registry_reader = await self._watch_registrations(js)
         stack.push_async_callback(self.registry_reader.stop)
+        self.policy_reader = await self._watch_policy(js)
+        stack.push_async_callback(self.policy_reader.stop)
         # The durable consumer exists before any engine.registered goes out, so a command
         # sent in reaction to a registration waits for us instead of being missed.
         sub = await self._command_subscription(js)
@@ -510,25 +490,3 @@ class EngineAgent:
                                for st in self.engines.values() if st.inst.can_restart))
         self.journal.pids.clear()
         self.journal.save()
-
-
-def _stream_seq(msg) -> int | None:
-    try:
-        return msg.metadata.sequence.stream
-    except Exception:  # noqa: BLE001 - not a JetStream delivery
-        return None
-
-
-def _token(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:64]
-
-
-def command_consumer(ns: Namespace, server: str) -> str:
-    """The agent's durable pull consumer of ``engine.command`` (``prorsa-engine-agent-<server>``)."""
-    return ns.durable("engine-agent", _token(server))
-
-
-def registry_consumer(ns: Namespace, server: str) -> str:
-    """The agent's ordered consumer of ``engine.registered`` (``prorsa-agent-registry-<server>``):
-    which engines other agents hold."""
-    return ns.durable("agent-registry", _token(server))

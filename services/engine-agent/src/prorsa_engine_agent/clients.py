@@ -85,6 +85,31 @@ class EngineClient:
             raise EngineHTTPError(f"GET {self.url}/v1/loads: HTTP {r.status_code}: {r.text[:200]}")
         return parse_loads(r.json())
 
+    async def model_info(self) -> dict:
+        r = await self._get("/model_info")
+        if r.status_code != 200:
+            raise EngineHTTPError(f"GET {self.url}/model_info: HTTP {r.status_code}")
+        body = r.json()
+        if not isinstance(body, dict):
+            raise EngineHTTPError(f"{self.url}/model_info: not a JSON object")
+        return body
+
+    async def ready(self) -> bool | None:
+        """``GET /ready``: False while generation is paused (a weight sync); None when the
+        engine has no such endpoint or does not answer."""
+        try:
+            r = await self.http.get(self.url + "/ready", timeout=5.0)
+        except httpx.HTTPError:
+            return None
+        return {200: True, 503: False}.get(r.status_code)
+
+    async def server_info(self) -> dict | None:
+        r = await self._get("/server_info")
+        if r.status_code != 200:
+            return None
+        body = r.json()
+        return body if isinstance(body, dict) else None
+
     async def decode_graph_gb(self) -> float | None:
         r = await self._get("/server_info")
         if r.status_code != 200:

@@ -6,9 +6,10 @@ agent that was killed mid-switch resume from its journal.
 
 Happy path::
 
-    DEREGISTER -> DRAIN -> (ABORT) -> SWITCH | RESTART -> HEALTH -> REGISTER -> DONE
+    PRECHECK -> DEREGISTER -> DRAIN -> (ABORT) -> SWITCH | RESTART -> HEALTH -> REGISTER -> DONE
 
-On failure: RESTORE_REGISTER (the old role is intact: put it back in the router) when it
+PRECHECK touches nothing: when a condition SGLang or the weights need does not hold, the
+switch is refused (FAILED) with the engine as it was. On a later failure: RESTORE_REGISTER (the old role is intact: put it back in the router) when it
 is safe to restore, else RESTORE_RESTART (relaunch in the old role) -> RESTORE_REGISTER
 -> FAILED; DOWN when even that is impossible.
 """
@@ -23,6 +24,7 @@ from prorsa_schemas import EngineCommand
 
 
 class Phase(str, Enum):
+    PRECHECK = "precheck"
     DEREGISTER = "deregister"
     DRAIN = "drain"
     ABORT = "abort"
@@ -53,9 +55,14 @@ class Switch:
     mode: str  # "in_place" | "restart"
     deadline: float
     started: float
-    phase: Phase = Phase.DEREGISTER
+    phase: Phase = Phase.PRECHECK
     role_now: str = ""
     error: str = ""
+    model_path: str = ""
+    """Restart mode: the weights to relaunch with (found by PRECHECK; "" until then)."""
+    weight_version: str = ""
+    aborted: int = 0
+    """Requests the switch aborted (running + waiting when it first sent abort_all)."""
 
     def to_json(self) -> dict:
         d = self.__dict__.copy()
@@ -90,6 +97,8 @@ def advance(sw: Switch, ok: bool, detail: str = "", *, safe_to_restore: bool = T
         return fail(detail, Phase.DOWN)
 
     work = Phase.SWITCH if sw.mode == "in_place" else Phase.RESTART
+    if p is Phase.PRECHECK:
+        return replace(sw, phase=Phase.DEREGISTER) if ok else fail(f"switch refused: {detail}", Phase.FAILED)
     if p is Phase.DEREGISTER:
         return replace(sw, phase=Phase.DRAIN) if ok else fail(f"router removal failed: {detail}", Phase.RESTORE_REGISTER)
     if p is Phase.DRAIN:
@@ -101,6 +110,8 @@ def advance(sw: Switch, ok: bool, detail: str = "", *, safe_to_restore: bool = T
             return replace(sw, phase=Phase.HEALTH, role_now=sw.to_role)
         if p is Phase.SWITCH and safe_to_restore:
             return fail(f"in-place switch refused: {detail}", Phase.RESTORE_REGISTER)
+        if p is Phase.RESTART and safe_to_restore:  # refused before the engine was stopped
+            return fail(f"restart refused: {detail}", Phase.RESTORE_REGISTER)
         detail = f"{p.value} failed: {detail}"
         return restore()
     if p is Phase.HEALTH:
@@ -125,7 +136,8 @@ def resume(sw: Switch) -> Switch:
     """Where a journaled switch continues after an agent restart.
 
     While draining, nothing irreversible has happened: abandon it and put the engine back
-    in the router. Past that point, re-run the phase (phases are idempotent).
+    in the router. Past that point, re-run the phase (phases are idempotent). A PRECHECK
+    is run again (it touches nothing).
     """
     if sw.phase in DRAINING:
         return replace(sw, phase=Phase.RESTORE_REGISTER,

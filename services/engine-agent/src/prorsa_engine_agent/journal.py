@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .core import Switch
+from .weights import Weights
 
 MAX_DONE = 10_000
 
@@ -24,6 +25,7 @@ class Journal:
     roles: dict[str, str] = field(default_factory=dict)
     inflight: dict[str, Switch] = field(default_factory=dict)
     done: dict[str, str] = field(default_factory=dict)  # cmd -> outcome
+    weights: dict[str, Weights] = field(default_factory=dict)  # engine -> weights it was launched with
 
     @classmethod
     def load(cls, path: Path) -> "Journal":
@@ -36,6 +38,7 @@ class Journal:
             j.roles = dict(data.get("roles", {}))
             j.inflight = {k: Switch.from_json(v) for k, v in data.get("inflight", {}).items()}
             j.done = dict(data.get("done", {}))
+            j.weights = {k: Weights.from_json(v) for k, v in data.get("weights", {}).items()}
         except (ValueError, TypeError, KeyError) as exc:
             raise ValueError(f"agent journal {path} is corrupt ({exc}); move it aside to start fresh") from None
         return j
@@ -54,6 +57,7 @@ class Journal:
         data = {
             "pids": self.pids, "roles": self.roles, "done": self.done,
             "inflight": {k: v.to_json() for k, v in self.inflight.items()},
+            "weights": {k: v.to_json() for k, v in self.weights.items()},
         }
         tmp = self.path.with_suffix(".tmp")
         with open(tmp, "w") as fh:

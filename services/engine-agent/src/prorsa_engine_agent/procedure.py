@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .clients import EngineHTTPError
 from .core import FINAL, Phase, Switch, advance
+from .inplace import graph_memory_refusal, server_blockers
+from .weights import Reported, Weights, resolve, update_in_progress
 
 if TYPE_CHECKING:
     from .agent import EngineAgent, EngineState
@@ -24,20 +27,25 @@ class PhaseFailed(Exception):
         self.safe_to_restore = safe_to_restore
 
 
-async def run_switch(agent: "EngineAgent", st: "EngineState", sw: Switch) -> Switch:
-    """Drive ``sw`` to a final phase; every phase is journaled before it runs."""
+async def run_switch(agent: "EngineAgent", st: "EngineState", sw: Switch, on_start=None) -> Switch:
+    """Drive ``sw`` to a final phase; every phase is journaled before it runs. ``on_start(sw)``
+    is called once PRECHECK has passed (the engine is about to be touched)."""
     while sw.phase not in FINAL:
         agent.journal.inflight[sw.cmd] = sw
         agent.journal.save()
         log.info("%s %s: %s", sw.engine, sw.cmd, sw.phase.value)
         try:
-            await _PHASES[sw.phase](agent, st, sw)
+            out = await _PHASES[sw.phase](agent, st, sw)
+            sw = out if isinstance(out, Switch) else sw  # a phase may record what it found
             ok, detail, safe = True, "", True
         except PhaseFailed as exc:
             ok, detail, safe = False, exc.detail, exc.safe_to_restore
         except EngineHTTPError as exc:
-            ok, detail, safe = False, str(exc), sw.phase is not Phase.SWITCH
+            ok, detail, safe = False, str(exc), sw.phase not in (Phase.SWITCH, Phase.RESTART)
+        was = sw.phase
         sw = advance(sw, ok, detail, safe_to_restore=safe, can_restart=st.inst.can_restart)
+        if was is Phase.PRECHECK and sw.phase is Phase.DEREGISTER and on_start is not None:
+            on_start(sw)
         if sw.role_now:
             st.role = sw.role_now
     return sw
@@ -56,6 +64,59 @@ async def _until(agent: "EngineAgent", cond, timeout: float, what: str) -> None:
         if loop.time() > deadline:
             raise PhaseFailed(f"{what} not reached within {timeout:.1f}s{last}")
         await asyncio.sleep(agent.settings.poll_s)
+
+
+async def _reported(st: "EngineState") -> Reported | None:
+    try:
+        info = await st.client.model_info()
+    except EngineHTTPError:
+        return None
+    path, version = info.get("model_path"), info.get("weight_version")
+    if not isinstance(path, str) or not path:
+        return None
+    return Reported(path, str(version) if version is not None else "default")
+
+
+async def _no_update(agent: "EngineAgent", st: "EngineState", sw: Switch) -> Reported | None:
+    """Wait while a weight update is in progress on the engine (up to ``update_wait_s``, and
+    not past the command's deadline); PhaseFailed if it still is. Returns what the engine
+    reports about its weights."""
+    loop = asyncio.get_running_loop()
+    wait = max(0.0, min(agent.settings.update_wait_s, sw.deadline - time.time()))
+    until = loop.time() + wait
+    while True:
+        reported = await _reported(st)
+        why = update_in_progress(reported, await st.client.ready(), agent.policy)
+        if not why:
+            return reported
+        if loop.time() >= until:
+            raise PhaseFailed(f"weight update in progress on {st.inst.engine}: {why} (waited {wait:.1f}s; "
+                              "no switch overlaps a weight update)")
+        await asyncio.sleep(agent.settings.poll_s)
+
+
+def _weights(agent: "EngineAgent", st: "EngineState", reported: Reported | None) -> Weights:
+    launched = agent.launched_weights(st)
+    got = resolve(launched, reported, agent.policy, st.inst.weights_path, time.time())
+    if got.weights is None:
+        raise PhaseFailed(f"cannot relaunch {st.inst.engine} on its current weights: {got.reason}")
+    return got.weights
+
+
+async def precheck(agent: "EngineAgent", st: "EngineState", sw: Switch) -> Switch:
+    """What SGLang and the weights need, checked before the engine is touched."""
+    reported = await _no_update(agent, st, sw)
+    if sw.mode == "restart":
+        w = _weights(agent, st, reported)
+        return replace(sw, model_path=w.model_path, weight_version=w.weight_version)
+    info = await st.client.server_info()
+    blockers = server_blockers(info or {})
+    if blockers:
+        raise PhaseFailed(f"SGLang refuses an in-place switch of this engine: {', '.join(blockers)}")
+    refusal = graph_memory_refusal(sw.to_role, await agent.decode_graph_gb(st), info)
+    if refusal:
+        raise PhaseFailed(refusal)
+    return sw
 
 
 async def deregister(agent: "EngineAgent", st: "EngineState", sw: Switch) -> None:
@@ -81,8 +142,14 @@ async def drain(agent: "EngineAgent", st: "EngineState", sw: Switch) -> None:
     await _until(agent, idle, max(0.0, budget), "idle")
 
 
-async def abort(agent: "EngineAgent", st: "EngineState", sw: Switch) -> None:
-    # Like slime: abort everything, repeatedly, until the scheduler reports idle.
+async def abort(agent: "EngineAgent", st: "EngineState", sw: Switch) -> Switch:
+    # Like slime: abort everything, repeatedly, until the scheduler reports idle. What was
+    # running or waiting at the first abort_all is reported with the outcome (aborted_reqs),
+    # so the framework knows to retry (SGLang answers each with finish_reason abort).
+    first = await st.client.loads()
+    sw = replace(sw, aborted=sw.aborted or first.running + first.waiting + first.pd_queued)
+    agent.journal.inflight[sw.cmd] = sw
+
     async def idle_after_abort() -> bool:
         load = await st.client.loads()
         if load.idle:
@@ -96,6 +163,7 @@ async def abort(agent: "EngineAgent", st: "EngineState", sw: Switch) -> None:
         load = await st.client.loads()
         raise PhaseFailed(f"{load.running} running, {load.waiting} waiting, {load.pd_queued} in PD "
                           f"queues {agent.settings.abort_grace_s:.1f}s after abort_all") from None
+    return sw
 
 
 async def switch_in_place(agent: "EngineAgent", st: "EngineState", sw: Switch) -> None:
@@ -114,9 +182,9 @@ async def switch_in_place(agent: "EngineAgent", st: "EngineState", sw: Switch) -
         raise PhaseFailed(msg or "no message", bool(out.get("safe_to_restore", False)))
 
 
-async def _relaunch(agent: "EngineAgent", st: "EngineState", role: str) -> None:
+async def _relaunch(agent: "EngineAgent", st: "EngineState", role: str, weights: Weights | None = None) -> None:
     await agent.processes.stop(st.inst.engine, st.pid)
-    await agent.launch(st, role)
+    await agent.launch(st, role, weights)
 
     async def up() -> bool:
         if agent.processes.exited(st.inst.engine, st.pid):
@@ -126,8 +194,22 @@ async def _relaunch(agent: "EngineAgent", st: "EngineState", role: str) -> None:
     await _until(agent, up, agent.settings.restart_timeout_s, f"healthy after relaunch as {role}")
 
 
-async def restart(agent: "EngineAgent", st: "EngineState", sw: Switch) -> None:
-    await _relaunch(agent, st, sw.to_role)
+async def restart(agent: "EngineAgent", st: "EngineState", sw: Switch) -> Switch:
+    # Checked again just before the stop: an update may have begun or finished on the
+    # drained engine since PRECHECK. A refusal here leaves the engine running (safe).
+    if not agent.processes.exited(st.inst.engine, st.pid) and await st.client.healthy():
+        w = _weights(agent, st, await _no_update(agent, st, sw))
+        sw = replace(sw, model_path=w.model_path, weight_version=w.weight_version)
+    elif sw.model_path:  # resumed with the engine already stopped: what PRECHECK found
+        w = Weights(sw.model_path, sw.weight_version or "default", time.time())
+    else:
+        w = _weights(agent, st, None)
+    agent.journal.inflight[sw.cmd] = sw
+    try:
+        await _relaunch(agent, st, sw.to_role, w)
+    except PhaseFailed as exc:  # the engine was stopped: not safe to just re-register
+        raise PhaseFailed(exc.detail, safe_to_restore=False) from None
+    return sw
 
 
 async def health(agent: "EngineAgent", st: "EngineState", sw: Switch) -> None:
@@ -142,7 +224,9 @@ async def register(agent: "EngineAgent", st: "EngineState", sw: Switch) -> None:
 
 
 async def restore_restart(agent: "EngineAgent", st: "EngineState", sw: Switch) -> None:
-    await _relaunch(agent, st, sw.from_role)
+    # The last weights known: what PRECHECK found for a restart, else what it was launched with.
+    w = Weights(sw.model_path, sw.weight_version or "default", time.time()) if sw.model_path else None
+    await _relaunch(agent, st, sw.from_role, w)
 
 
 async def restore_register(agent: "EngineAgent", st: "EngineState", sw: Switch) -> None:
@@ -156,6 +240,7 @@ async def restore_register(agent: "EngineAgent", st: "EngineState", sw: Switch) 
 
 
 _PHASES = {
+    Phase.PRECHECK: precheck,
     Phase.DEREGISTER: deregister,
     Phase.DRAIN: drain,
     Phase.ABORT: abort,
