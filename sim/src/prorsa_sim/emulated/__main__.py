@@ -14,6 +14,7 @@ from .profiles import DEFAULT_MODEL, EMULATED_PROFILES
 def engine_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m prorsa_sim.emulated engine")
     p.add_argument("--model-path", default="emulated/model")
+    p.add_argument("--weight-version", default="default")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--disaggregation-mode", choices=["null", "prefill", "decode"], default="null")

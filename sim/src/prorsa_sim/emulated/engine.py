@@ -44,6 +44,8 @@ class EngineOptions:
     """Launch options, named like SGLang's flags."""
 
     model_path: str = "emulated/model"
+    weight_version: str = "default"
+    """--weight-version; moved by /update_weights_from_disk (weights.py)."""
     host: str = "127.0.0.1"
     port: int = 30000
     disaggregation_mode: Mode = "null"

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from .engine import EmulatedEngine, EngineOptions, NotAccepted
 from .pd import PdLink
+from .weights import add_weight_routes
 from .prefix_cache import page_keys, synthetic_keys
 
 VERSION = "0.5.23"
@@ -91,7 +92,7 @@ def create_engine_app(options: EngineOptions, engine: EmulatedEngine | None = No
             "tokenizer_path": options.model_path,
             "is_generation": True,
             "preferred_sampling_params": None,
-            "weight_version": "default",
+            "weight_version": options.weight_version,
             "load_format": "auto",
             "reasoning_parser": None,
             "tool_call_parser": None,
@@ -181,6 +182,8 @@ def create_engine_app(options: EngineOptions, engine: EmulatedEngine | None = No
                                       pinned=bool(extra.get("emulated_pinned", False)), pd=pd)
         except NotAccepted as exc:
             return JSONResponse({"error": {"message": str(exc)}}, 503)
+
+    add_weight_routes(app, options, eng)  # /update_weights_from_disk, /ready, pause (weights.py)
 
     @app.post("/abort_request")
     async def abort_request(obj: AbortReq = Body(...)) -> Response:
