@@ -32,6 +32,7 @@ PLUGINS = [
     "prorsa_engine_agent.cli",
     "prorsa_sim.cli",
     "prorsa_cli.up",
+    "prorsa_cli.schema_cmd",
 ]
 
 
