@@ -12,9 +12,10 @@ from prorsa_sim.emulated import EmulatedCluster
 from prorsa_sim.emulated.cluster import EmulatedProcess, engine_command, free_port
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    c = EmulatedCluster(["prefill", "decode"], speed=1.0).start(register=True)
+@pytest.fixture(scope="module", params=["sglang", "emulated"])
+def cluster(request):
+    # The real router (sglang-router 0.3.2) and the emulated one answer alike.
+    c = EmulatedCluster(["prefill", "decode"], speed=1.0, router_kind=request.param).start(register=True)
     yield c
     c.stop()
 
@@ -61,13 +62,47 @@ def test_router_worker_api_shapes(cluster):
         r = c.delete(f"{cluster.router.url}/workers/{w['id']}")
         assert r.status_code == 202 and r.json()["status"] == "accepted"
         _wait(lambda: all(x["url"] != url for x in c.get(f"{cluster.router.url}/workers").json()["workers"]))
-        r = c.post(f"{cluster.router.url}/workers", json={"url": url, "worker_type": "prefill"})
+        cmd = cluster.engines[0].cmd
+        bport = int(cmd[cmd.index("--disaggregation-bootstrap-port") + 1])
+        r = c.post(f"{cluster.router.url}/workers", json={"url": url, "worker_type": "prefill", "bootstrap_port": bport})
         assert r.status_code == 202 and r.headers["location"] == f"/workers/{r.json()['worker_id']}"
-        assert c.post(f"{cluster.router.url}/workers", json={"worker_type": "prefill"}).status_code == 400
-        assert c.post(f"{cluster.router.url}/workers", json={"url": url, "worker_type": "x"}).status_code == 400
+        assert c.post(f"{cluster.router.url}/workers", json={"worker_type": "prefill"}).status_code == 422
+        if cluster.router_kind == "emulated":  # (the real router queues it and its job fails)
+            assert c.post(f"{cluster.router.url}/workers", json={"url": url, "worker_type": "x"}).status_code == 400
         _wait(lambda: any(x["url"] == url for x in c.get(f"{cluster.router.url}/workers").json()["workers"]))
         out = c.post(f"{cluster.router.url}/generate", json={"text": "a b", "sampling_params": {"max_new_tokens": 3}})
         assert out.status_code == 200 and out.json()["meta_info"]["completion_tokens"] == 3
+
+
+def test_pd_pair_meets_at_the_prefill_bootstrap_port(cluster):
+    """The router sends a request to a prefill and a decode engine with bootstrap_host/port/
+    room; the decode engine waits for that room's prefill at the prefill's bootstrap port and
+    reports the prefill's cached tokens. The second turn of a conversation hits the cache."""
+    from prorsa_sim.emulated.prefix_cache import emulated_prompt_text
+
+    with httpx.Client(timeout=30) as c:
+        _wait(lambda: c.get(f"{cluster.router.url}/workers").json()["stats"]["prefill_count"] == 1)
+        metas = []
+        p = cluster.engines[0].url
+        for n in (4000, 4400):
+            # The router answers with the decode side; the prefill side caches the prompt
+            # when its KV transfer ends, a moment later: wait for it to be idle.
+            _wait(lambda: c.get(f"{p}/v1/loads").json()["loads"][0]["disaggregation"]["prefill_inflight_queue_reqs"] == 0)
+            body = {"rid": f"pd-{n}-{cluster.router_kind}", "sampling_params": {"max_new_tokens": 5},
+                    "text": emulated_prompt_text(f"conv-{cluster.router_kind}", n)}
+            r = c.post(f"{cluster.router.url}/generate", json=body)
+            assert r.status_code == 200, r.text
+            metas.append(r.json()["meta_info"])
+        assert [m["prompt_tokens"] for m in metas] == [4000, 4400]
+        assert metas[0]["cached_tokens"] == 0 and metas[1]["cached_tokens"] >= 4000 - 16
+        assert [m["completion_tokens"] for m in metas] == [5, 5]
+        # A decode engine asked directly with a room nobody prefills gives up as an abort
+        # when the bootstrap server it names refuses the connection.
+        d = cluster.engines[1].url
+        r = c.post(f"{d}/generate", json={"text": "a b c", "sampling_params": {"max_new_tokens": 2},
+                                           "bootstrap_host": "127.0.0.1", "bootstrap_port": free_port(),
+                                           "bootstrap_room": 7})
+        assert r.status_code == 200 and r.json()["meta_info"]["finish_reason"]["type"] == "abort"
 
 
 def test_health_is_503_while_starting_and_failed_switch_needs_restart():

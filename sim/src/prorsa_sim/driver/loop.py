@@ -29,6 +29,7 @@ import aiohttp
 from prorsa_schemas import Namespace
 from prorsa_sdk import Emitter
 
+from ..emulated.prefix_cache import emulated_prompt_text
 from ..emulated.timing import default_timing
 from ..workloads import TrajectoryPlan, WorkloadSpec, get_workload, plan_trajectory
 from .config import DriverConfig
@@ -126,9 +127,10 @@ class Driver:
             req = f"{traj}-r{turn}-{uuid.uuid4().hex[:6]}"
             await em.request_queued(traj, req, turn, context)
             self.result.requests += 1
-            # Every turn of a trajectory extends the same token sequence: one prefix id, so the
-            # engines' prefix cache (and the router's cache-aware routing) see the shared prefix.
-            body = {"rid": req, "prompt_tokens": context, "emulated_prefix_id": traj,
+            # Every turn of a trajectory extends the same token sequence: one conversation, so
+            # the engines' prefix cache (and the router's cache-aware routing) see the shared
+            # prefix. Only SGLang's own fields: sglang-router drops any other.
+            body = {"rid": req, "text": emulated_prompt_text(f"{self.cfg.run}/{traj}", context),
                     "sampling_params": {"max_new_tokens": output}}
             announced: list[bool] = []
             announce: asyncio.Task | None = None

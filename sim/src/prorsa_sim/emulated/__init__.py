@@ -1,7 +1,8 @@
 """An emulated SGLang server and router, served over real HTTP, for testing the engine
 agent and the whole stack without GPUs. See docs/engine-agent.md."""
 
-from .cluster import EmulatedCluster, EmulatedProcess, engine_command, router_command
+from .cluster import (ROUTER_KINDS, EmulatedCluster, EmulatedProcess, engine_command, router_command,
+                      router_version, sglang_router_command)
 from .engine import EmulatedEngine, EngineOptions
 from .profiles import DEFAULT_MODEL, EMULATED_PROFILES, emulated_profile
 from .timing import ProfileTiming, Timing, default_timing
@@ -19,4 +20,7 @@ __all__ = [
     "emulated_profile",
     "engine_command",
     "router_command",
+    "router_version",
+    "sglang_router_command",
+    "ROUTER_KINDS",
 ]

@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> None:
         from .server import create_engine_app
 
         opts = engine_options(rest)
+        opts.serve_bootstrap = True  # a server process listens on its bootstrap port
         app = create_engine_app(opts)
         host, port = opts.host, opts.port
     else:

@@ -14,6 +14,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import httpx
 
@@ -28,11 +29,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 def engine_command(port: int, role: str = "prefill", *, host: str = "127.0.0.1",
                    bootstrap_port: int | None = None, switch: bool = True, speed: float = 1.0,
                    extra: list[str] | None = None) -> list[str]:
-    """The command line of one emulated engine."""
+    """The command line of one emulated engine (a free bootstrap port unless one is given:
+    a prefill engine listens on it)."""
     cmd = [sys.executable, "-m", "prorsa_sim.emulated", "engine", "--host", host,
-           "--port", str(port), "--disaggregation-mode", role, "--speed", str(speed)]
-    if bootstrap_port is not None:
-        cmd += ["--disaggregation-bootstrap-port", str(bootstrap_port)]
+           "--port", str(port), "--disaggregation-mode", role, "--speed", str(speed),
+           "--disaggregation-bootstrap-port", str(bootstrap_port or free_port(host))]
     if switch:
         cmd.append("--enable-pd-role-switch")
     return cmd + list(extra or [])
@@ -42,6 +43,33 @@ def router_command(port: int, host: str = "127.0.0.1", health_interval: float = 
     """The command line of the emulated router."""
     return [sys.executable, "-m", "prorsa_sim.emulated", "router", "--host", host,
             "--port", str(port), "--health-interval", str(health_interval)]
+
+
+SGLANG_ROUTER_VERSION = "0.3.2"
+RouterKind = Literal["sglang", "emulated"]
+ROUTER_KINDS: tuple[str, ...] = ("sglang", "emulated")
+
+
+def sglang_router_command(port: int, host: str = "127.0.0.1", *, pd: bool = True,
+                          prometheus_port: int | None = None, extra: list[str] | None = None) -> list[str]:
+    """The command line of the real router (sglang-router, a Rust binary behind a Python
+    launcher), with no workers: the engine agents add them through ``POST /workers``.
+
+    ``pd``: PD mode (prefill and decode workers); otherwise regular workers (colocation).
+    ``prometheus_port``: its metrics listener (default 29000: two routers on one host need
+    two). Workers are checked for startup every second, not every 30 s, so one added right
+    after it came up is routable at once."""
+    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", host, "--port", str(port),
+           "--prometheus-host", host, "--prometheus-port", str(prometheus_port or free_port(host)),
+           "--worker-startup-check-interval", "1", "--log-level", "warn"]
+    if pd:
+        cmd.append("--pd-disaggregation")
+    return cmd + list(extra or [])
+
+
+def router_version(kind: str) -> str:
+    """What a run's summary says it ran on."""
+    return f"sglang-router {SGLANG_ROUTER_VERSION}" if kind == "sglang" else "emulated router (prorsa_sim)"
 
 
 @dataclass
@@ -106,6 +134,8 @@ class EmulatedCluster:
     host: str = "127.0.0.1"
     log_dir: Path | None = None
     engine_extra: list[str] = field(default_factory=list)
+    router_kind: RouterKind = "sglang"
+    """``sglang``: the real router (sglang-router); ``emulated``: prorsa_sim's own (router.py)."""
     router: EmulatedProcess | None = None
     engines: list[EmulatedProcess] = field(default_factory=list)
 
@@ -113,9 +143,14 @@ class EmulatedCluster:
         if self.log_dir:
             self.log_dir.mkdir(parents=True, exist_ok=True)
         rport = free_port(self.host)
-        self.router = EmulatedProcess(
-            "router", router_command(rport, self.host, health_interval=0.5),
-            f"http://{self.host}:{rport}", self._log("router")).start()
+        if self.router_kind == "sglang":
+            pd = any(r in ("prefill", "decode") for r in self.roles)
+            cmd = sglang_router_command(rport, self.host, pd=pd)
+        elif self.router_kind == "emulated":
+            cmd = router_command(rport, self.host, health_interval=0.5)
+        else:
+            raise ValueError(f"router_kind {self.router_kind!r}: choose one of {', '.join(ROUTER_KINDS)}")
+        self.router = EmulatedProcess("router", cmd, f"http://{self.host}:{rport}", self._log("router")).start()
         for i, role in enumerate(self.roles):
             port, bport = free_port(self.host), free_port(self.host)
             self.engines.append(EmulatedProcess(

@@ -26,7 +26,7 @@ from typing import Literal
 
 import aiohttp
 
-from .pd import PdLink, RoomBoard
+from .pd import BootstrapServer, PdLink, RoomBoard
 from .prefix_cache import PAGE
 from .profiles import DEFAULT_MODEL, emulated_profile, prefill_seconds
 from .scheduler import EngineStep, Rank, Req, plan_step, steps_done
@@ -74,6 +74,9 @@ class EngineOptions:
     """In-place switch time; default: the profile's ``in_place_switch_s``."""
     decode_cuda_graph_memory_gb: float = 1.5
     fail_switch: bool = False
+    serve_bootstrap: bool = False
+    """Listen on ``disaggregation_bootstrap_port`` while in the prefill role (pd.py); the
+    server process sets it, an engine built inside a test process does not."""
 
 
 log = logging.getLogger("prorsa.emulated")
@@ -117,6 +120,7 @@ class EmulatedEngine:
         """Emulated seconds the loop fell behind the cost model (a starved CPU) and dropped:
         the engine ran that much slower than its profile says."""
         self.rooms = RoomBoard()
+        self.bootstrap = BootstrapServer(self.rooms, options.host, options.disaggregation_bootstrap_port)
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
         self._client: aiohttp.ClientSession | None = None
@@ -143,8 +147,15 @@ class EmulatedEngine:
     def is_fully_idle(self) -> bool:
         return all(r.idle() for r in self.ranks)
 
+    async def serve_bootstrap(self) -> None:
+        """Start the bootstrap server if this instance is (now) a prefill one; it keeps
+        answering for its rooms after a switch to decode."""
+        if self.opt.serve_bootstrap and self.mode == "prefill":
+            await self.bootstrap.start()
+
     async def aclose(self) -> None:
-        """Close the PD long-poll session (server shutdown)."""
+        """Close the bootstrap server and the PD long-poll session (server shutdown)."""
+        await self.bootstrap.stop()
         if self._client is not None:
             await self._client.close()
             self._client = None
@@ -158,6 +169,8 @@ class EmulatedEngine:
         """Serve one request in the current role; returns SGLang's non-streaming shape.
         ``keys``/``out_keys``: page keys of the prompt, and of prompt + n outputs."""
         if not self.healthy() or self.switch_in_progress:
+            if pd is not None and self.mode == "prefill":  # its decode peer must not wait
+                self.rooms.done(pd.room, {"ok": False, "message": "prefill refused the request"})
             raise NotAccepted("server is not ready" if self.starting else "server is unavailable")
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.create_task(self._loop())
@@ -324,14 +337,14 @@ class EmulatedEngine:
         """Decode side: wait for the peer's prefill, then the transfer, then decode."""
         link: PdLink | None = req.pd  # type: ignore[assignment]
         try:
-            if link is not None and link.prefill_url:
+            if link is not None and link.kv_url:
                 if self._client is None:
                     # No pool limit: every request in transfer holds one long poll. aiohttp,
                     # not httpx, whose pool slows down with hundreds of requests in flight.
                     self._client = aiohttp.ClientSession(
                         connector=aiohttp.TCPConnector(limit=0),
                         timeout=aiohttp.ClientTimeout(total=None, connect=5.0))
-                async with self._client.get(f"{link.prefill_url}/_emu/kv/{link.room}") as r:
+                async with self._client.get(link.kv_url) as r:
                     got = await r.json(content_type=None) if r.status == 200 else {"ok": False}
             else:  # no peer to ask: assume its prefill ran alone
                 await self.sleep(prefill_seconds(self.profile, req.prompt_tokens))
@@ -429,6 +442,10 @@ class EmulatedEngine:
             for r in self.ranks:  # the KV pool is rebuilt for the new role
                 r.cache.clear()
             self.switches += 1
+            try:
+                await self.serve_bootstrap()
+            except OSError as exc:  # its decode peers' transfers fail (abort) until fixed
+                log.error("bootstrap port %s: %s", self.opt.disaggregation_bootstrap_port, exc)
             return out(True, "ok")
         finally:
             self.switch_in_progress = False

@@ -1,31 +1,46 @@
-"""PD pairing between emulated engines: a decode engine learns when its peer's prefill of
-a request is done.
+"""PD pairing between emulated engines, keyed as SGLang keys it: a decode engine learns when
+the prefill of its request is done from the prefill instance's bootstrap server.
 
-In SGLang the decode instance reserves KV, registers with the prefill instance's bootstrap
-server (``bootstrap_host:bootstrap_port``, ``bootstrap_room``) and receives the KV when the
-prefill is done. The emulation keeps the timing and drops the bytes: the emulated router adds
-``emulated_prefill_url`` (the prefill instance's HTTP address) to the request it sends the
-pair, and the decode engine long-polls ``GET {emulated_prefill_url}/_emu/kv/{room}``, which
-answers when that room's prefill is done (``ok``, ``cached_tokens``) or aborted. Without it
-(a client that calls the decode engine itself) the decode engine assumes the prefill ran
-alone on an idle peer.
+In SGLang a PD router (sglang-router, or the emulated one) sends the same request to one
+prefill and one decode instance, with ``bootstrap_host`` (the prefill's host),
+``bootstrap_port`` (its ``--disaggregation-bootstrap-port``) and a random ``bootstrap_room``
+added. The decode instance reserves KV, registers with the bootstrap server at
+``bootstrap_host:bootstrap_port`` for that room and receives the KV when the prefill is
+done. The emulation keeps the timing and drops the bytes: the prefill engine serves
+``GET /_emu/kv/{room}`` on its bootstrap port, which answers when that room's prefill is
+done (``ok``, ``cached_tokens``) or aborted, and the decode engine long-polls it. Without
+bootstrap fields (a client that calls the decode engine itself) the decode engine assumes
+the prefill ran alone on an idle peer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from aiohttp import web
+
 MAX_ROOMS = 10_000
+log = logging.getLogger("prorsa.emulated")
 
 
 @dataclass(frozen=True)
 class PdLink:
-    """Where a decode-side request's KV comes from."""
+    """Where a decode-side request's KV comes from: the prefill's bootstrap server and room."""
 
     room: int
-    prefill_url: str | None = None
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = None
+
+    @property
+    def kv_url(self) -> str | None:
+        """The prefill's answer for this room, or None when the request names no peer."""
+        if not self.bootstrap_host or not self.bootstrap_port:
+            return None
+        host = f"[{self.bootstrap_host}]" if ":" in self.bootstrap_host else self.bootstrap_host
+        return f"http://{host}:{self.bootstrap_port}/_emu/kv/{self.room}"
 
 
 class RoomBoard:
@@ -60,3 +75,47 @@ class RoomBoard:
             return {"ok": False, "message": "no prefill for this room"}
         self._rooms.pop(room, None)
         return result
+
+
+class BootstrapServer:
+    """The emulated bootstrap server of a prefill instance: ``GET /_emu/kv/{room}`` on
+    ``--disaggregation-bootstrap-port`` (SGLang's prefill listens there for its decode peers)."""
+
+    def __init__(self, rooms: RoomBoard, host: str, port: int):
+        self.rooms, self.host, self.port = rooms, host, port
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._runner is not None
+
+    async def start(self) -> None:
+        """Listen; raises OSError when the port is taken (as SGLang's prefill fails to start)."""
+        if self._runner is not None:
+            return
+        app = web.Application()
+        app.router.add_get("/_emu/kv/{room}", self._kv)
+        app.router.add_get("/health", lambda _r: web.Response(text="OK"))
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.host, self.port).start()
+        except OSError:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _kv(self, request: web.Request) -> web.Response:
+        try:
+            room = int(request.match_info["room"])
+            timeout = float(request.query.get("timeout", "600"))
+        except ValueError:
+            return web.json_response({"ok": False, "message": "room and timeout must be numbers"}, status=400)
+        if not timeout > 0:
+            return web.json_response({"ok": False, "message": "timeout must be > 0"}, status=400)
+        return web.json_response(await self.rooms.wait(room, timeout))

@@ -10,8 +10,10 @@ the same way later: loosely a radix tree, honestly accounted in tokens.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import itertools
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -36,6 +38,25 @@ def synthetic_keys(prefix_id: str, n_tokens: int) -> list[int]:
         h = hash((h, prefix_id, i))
         keys.append(h)
     return keys
+
+
+_EMULATED_PROMPT = re.compile(r"^([0-9a-f]{16}) <([0-9]{1,9}) emulated tokens>$")
+
+
+def emulated_prompt_text(prefix_id: str, n_tokens: int) -> str:
+    """The ``text`` of a request for a prompt known only by length and conversation: routers
+    forward ``text`` untouched (sglang-router drops fields SGLang does not define), and the
+    emulated engines read it back with :func:`parse_emulated_prompt`. The conversation's
+    digest comes first, so a cache-aware router's text-prefix match sends a conversation's
+    turns to one worker and spreads different conversations."""
+    digest = hashlib.blake2b(prefix_id.encode(), digest_size=8).hexdigest()
+    return f"{digest} <{int(n_tokens)} emulated tokens>"
+
+
+def parse_emulated_prompt(text: object) -> tuple[str, int] | None:
+    """(conversation digest, tokens) of an :func:`emulated_prompt_text`, else None."""
+    m = _EMULATED_PROMPT.match(text) if isinstance(text, str) else None
+    return (m.group(1), int(m.group(2))) if m and int(m.group(2)) >= 1 else None
 
 
 @dataclass

@@ -23,6 +23,8 @@ import aiohttp
 from fastapi import Body, FastAPI
 from fastapi.responses import JSONResponse, Response
 
+from .prefix_cache import parse_emulated_prompt
+
 WORKER_TYPES = ("regular", "prefill", "decode")
 
 
@@ -138,7 +140,9 @@ def create_router_app(health_timeout_s: float = 30.0, health_interval_s: float =
     @app.post("/workers")
     async def create_worker(body: Any = Body(...)) -> JSONResponse:
         if not isinstance(body, dict) or not isinstance(body.get("url"), str):
-            return _error(400, "Invalid request: missing field `url`", "BAD_REQUEST")
+            # As sglang-router 0.3.2: a body that does not deserialise is a plain-text 422.
+            return Response("Failed to deserialize the JSON body into the target type: missing field `url`",
+                            422, media_type="text/plain")
         url = body["url"].rstrip("/")
         if urlparse(url).scheme not in ("http", "https") or not urlparse(url).netloc:
             return _error(400, f"Invalid worker URL: {url}", "BAD_REQUEST")
@@ -191,7 +195,8 @@ def create_router_app(health_timeout_s: float = 30.0, health_interval_s: float =
     # 0.3, balance thresholds 64 requests absolute and 1.5x relative): when the loads are
     # balanced, a request goes to the worker that holds its prefix; otherwise, or with no
     # such worker, to the least loaded. SMG matches a radix tree of the text; here the
-    # prefix is named by ``emulated_prefix_id`` (the emulated engines' synthetic tokens), so
+    # prefix is named by the conversation of an emulated prompt (``emulated_prompt_text``,
+    # or ``emulated_prefix_id``: the emulated engines' synthetic tokens), so
     # a match is all or nothing. Dropped when the worker leaves (its cache is gone).
     BALANCE_ABS, BALANCE_REL = 64, 1.5
     affinity: dict[str, str] = {}  # prefix id -> worker id
@@ -228,15 +233,15 @@ def create_router_app(health_timeout_s: float = 30.0, health_interval_s: float =
         if not isinstance(body, dict):
             return _error(400, "request body must be a JSON object", "BAD_REQUEST")
         prefix = body.get("emulated_prefix_id")
-        prefix = prefix if isinstance(prefix, str) else None
+        parsed = parse_emulated_prompt(body.get("text"))
+        prefix = prefix if isinstance(prefix, str) else parsed[0] if parsed else None
         prefill, decode = pick("prefill", prefix), pick("decode")
         try:
             if prefill is not None and decode is not None:
                 host = urlparse(prefill.url).hostname
-                # emulated_prefill_url lets the emulated decode engine wait for this
-                # prefill (SGLang's decode side learns it through the bootstrap server).
+                # The decode engine waits for this prefill at bootstrap_host:bootstrap_port.
                 pd_body = dict(body, bootstrap_host=host, bootstrap_port=prefill.bootstrap_port,
-                               bootstrap_room=random.getrandbits(63), emulated_prefill_url=prefill.url)
+                               bootstrap_room=random.getrandbits(63))
                 (p_status, p_body), (d_status, d_body) = await asyncio.gather(
                     forward(prefill, pd_body), forward(decode, pd_body))
                 if p_status != 200:

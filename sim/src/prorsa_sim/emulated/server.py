@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from .engine import EmulatedEngine, EngineOptions, NotAccepted
 from .pd import PdLink
 from .weights import add_weight_routes
-from .prefix_cache import page_keys, synthetic_keys
+from .prefix_cache import page_keys, parse_emulated_prompt, synthetic_keys
 
 VERSION = "0.5.23"
 VALID_SECTIONS = {"core", "memory", "spec", "lora", "disagg", "queues", "all"}
@@ -52,10 +52,15 @@ class AbortReq(BaseModel):
 def _prompt(req: GenerateReq) -> tuple[int, list[int], object]:
     """(prompt tokens, page keys, keys of prompt + n outputs) of a generate request.
 
-    Tokens are ``input_ids``, or the words of ``text``; a request that gives only
-    ``prompt_tokens`` (emulation convenience) has synthetic tokens named by
-    ``emulated_prefix_id`` (turns of one conversation share it; without it, by ``rid``)."""
+    Tokens are ``input_ids``, or the words of ``text``; a prompt known only by length has
+    synthetic tokens named by its conversation (turns of one conversation share them): a
+    ``text`` made by ``emulated_prompt_text`` (what the driver sends; it passes any router),
+    or the fields ``prompt_tokens`` and ``emulated_prefix_id`` (without it, by ``rid``)."""
     extra = req.model_extra or {}
+    emulated = parse_emulated_prompt(req.text)
+    if emulated is not None:
+        pid, n = emulated
+        return n, synthetic_keys(pid, n), lambda k: synthetic_keys(pid, n + k)
     if req.input_ids is not None or isinstance(req.text, str):
         tokens: list = list(req.input_ids) if req.input_ids is not None else req.text.split()
         if not tokens:
@@ -75,6 +80,10 @@ def create_engine_app(options: EngineOptions, engine: EmulatedEngine | None = No
     app = FastAPI(title="emulated sglang", version=VERSION)
     app.state.engine = eng
 
+    @app.on_event("startup")
+    async def _bootstrap() -> None:
+        await eng.serve_bootstrap()  # a taken bootstrap port fails the start, as in SGLang
+
     @app.on_event("shutdown")
     async def _close() -> None:
         await eng.aclose()
@@ -85,6 +94,7 @@ def create_engine_app(options: EngineOptions, engine: EmulatedEngine | None = No
         return Response(status_code=200 if eng.healthy() else 503)
 
     @app.get("/model_info")
+    @app.get("/get_model_info")
     async def model_info() -> dict:
         return {
             "model_path": options.model_path,
@@ -104,6 +114,7 @@ def create_engine_app(options: EngineOptions, engine: EmulatedEngine | None = No
         }
 
     @app.get("/server_info")
+    @app.get("/get_server_info")
     async def server_info() -> dict:
         graph = {"decode": options.decode_cuda_graph_memory_gb if eng.mode == "decode" else 0.0}
         return {
@@ -175,8 +186,7 @@ def create_engine_app(options: EngineOptions, engine: EmulatedEngine | None = No
         extra = req.model_extra or {}
         pd = None
         if req.bootstrap_room is not None:
-            url = extra.get("emulated_prefill_url")
-            pd = PdLink(req.bootstrap_room, url if isinstance(url, str) else None)
+            pd = PdLink(req.bootstrap_room, req.bootstrap_host, req.bootstrap_port)
         try:
             return await eng.generate(req.rid, keys, out_keys, n_prompt, max_new,
                                       pinned=bool(extra.get("emulated_pinned", False)), pd=pd)
