@@ -63,3 +63,17 @@ def test_envelope_and_type_are_required(kind: str) -> None:
         obj.pop(name)
         assert not v.is_valid(obj), name
     assert not v.is_valid(event(kind, type="policy.exploded"))
+
+
+def test_contract_doc_names_every_field_of_every_model() -> None:
+    # docs/contract.md is the contract plus the optional fields Prorsa adds: a field the
+    # models declare must appear in its type's row of a table there.
+    rows: dict[str, str] = {}
+    for line in (DOCS / "contract.md").read_text(encoding="utf-8").splitlines():
+        if line.startswith("| `"):
+            name = line.split("`")[1]
+            rows[name] = rows.get(name, "") + line
+    envelope = {"v", "id", "type", "ts", "run", "traj"}
+    missing = [f"{t}.{f}" for t, model in EVENT_TYPES.items() for f in model.model_fields
+               if f not in envelope and f"`{f}`" not in rows.get(t, "") and f" {f}" not in rows.get(t, "")]
+    assert not missing, f"docs/contract.md does not list {missing} (add each to 'Optional fields Prorsa adds')"

@@ -1,4 +1,4 @@
-"""Prorsa event contract v1 (shared/EVENTS.md): models, subjects and codec. No I/O."""
+"""Prorsa event contract v1 (docs/contract.md): models, subjects and codec. No I/O."""
 
 from .codec import (
     DEFAULT_MAX_LINE_BYTES,

@@ -8,9 +8,11 @@ Layout (for the default prefix ``prorsa``)::
     prorsa.rollout.<type>          rollout events     e.g. prorsa.rollout.request.queued
     prorsa.engine.<type>           engine events      e.g. prorsa.engine.engine.stats
     prorsa.control.<type>          control events     e.g. prorsa.control.engine.command
-    prorsa.tracker.transitions     canonical state transitions (tracker -> forecaster)
-    prorsa.tracker.watermark       event-time watermark / heartbeat
-    prorsa.tracker.anomalies       anomaly notices
+    prorsa.tracker.transitions     canonical state transitions (tracker output)
+    prorsa.tracker.watermark       event-time watermark / heartbeat (tracker -> forecaster, allocator)
+    prorsa.tracker.anomalies       anomaly notices (tracker output)
+
+docs/asyncapi.yaml describes every subject (``prorsa schema --asyncapi``).
 
 Run and engine ids are deliberately NOT subject tokens: the contract allows characters in
 them (``.``, ``*``, ``>``, spaces) that are special in NATS subjects.
@@ -107,7 +109,8 @@ class Namespace:
         return f"{self.prefix}.tracker.anomalies"
 
     def invalid(self) -> str:
-        """Where publishers of raw, unvalidated bytes land (``prorsa publish --raw``)."""
+        """A rollout subject of no event type: tests publish bytes that are no event here
+        (every consumer of ``rollout_all()`` dead-letters them)."""
         return f"{self.prefix}.rollout.invalid"
 
     # -- durable consumers ------------------------------------------------------------
