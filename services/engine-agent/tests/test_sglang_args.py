@@ -120,6 +120,8 @@ INSTANCES = [
     dict(speculative_algorithm="EAGLE", allow_in_place=False),
     dict(extra_args=["--mem-fraction-static", "0.85", "--chunked-prefill-size", "4096",
                      "--context-length", "131072", "--trust-remote-code"]),
+    dict(dcp=2, attn_dp=2, tp=2, dp_attention_local_control_broadcast=True, weight_version="7",
+         host="0.0.0.0", extra_args=["--disaggregation-ib-device", "mlx5_0"]),
 ]
 
 
