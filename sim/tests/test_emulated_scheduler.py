@@ -11,6 +11,7 @@ import pytest
 
 from prorsa_sim.emulated import EmulatedCluster, emulated_profile
 from prorsa_sim.emulated.cluster import EmulatedProcess, engine_command, free_port
+from prorsa_sim.emulated.prefix_cache import emulated_prompt_text
 from prorsa_sim.emulated.profiles import prefill_seconds
 
 SMALL = emulated_profile("qwen3-8b")
@@ -122,8 +123,9 @@ def test_pd_decode_waits_for_the_peers_real_prefill_and_the_transfer():
         while httpx.get(f"{router}/workers").json()["total"] < 2:
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        long = dict(prompt_tokens=40_000, sampling_params={"max_new_tokens": 2})
-        short = dict(prompt_tokens=100, sampling_params={"max_new_tokens": 2})
+        # Through the real router: prompts known by length travel as text (it drops other fields).
+        long = dict(text=emulated_prompt_text("long", 40_000), sampling_params={"max_new_tokens": 2})
+        short = dict(text=emulated_prompt_text("short", 100), sampling_params={"max_new_tokens": 2})
         with cf.ThreadPoolExecutor(2) as ex:
             f_long = ex.submit(_gen, router, **long)
             # wait (by polling, not by sleeping) until the long prompt occupies the prefill engine
@@ -140,8 +142,14 @@ def test_pd_decode_waits_for_the_peers_real_prefill_and_the_transfer():
         # The short request queued behind the long prefill on the prefill engine; a decode
         # engine that only estimated its own prefill would have answered in ~50 ms.
         assert m_short["e2e_latency"] > 0.5
-        turn2 = _gen(router, prompt_tokens=200, emulated_prefix_id="t", sampling_params={"max_new_tokens": 1})
-        turn2b = _gen(router, prompt_tokens=300, emulated_prefix_id="t", sampling_params={"max_new_tokens": 1})
+        turn2 = _gen(router, text=emulated_prompt_text("t", 200), sampling_params={"max_new_tokens": 1})
+        # The router answers with the decode side; the prefill side caches the prompt when
+        # its KV transfer ends, a moment later.
+        deadline = time.monotonic() + 20
+        while _load(prefill_url)["disaggregation"]["prefill_inflight_queue_reqs"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        turn2b = _gen(router, text=emulated_prompt_text("t", 300), sampling_params={"max_new_tokens": 1})
         assert turn2["cached_tokens"] == 0 and turn2b["cached_tokens"] == 192  # prefill side caches the prompt
         d = httpx.get(f"{c.engines[1].url}/v1/loads").json()["loads"][0]["disaggregation"]
         assert d["mode"] == "decode" and d["decode_transfer_queue_reqs"] == 0
