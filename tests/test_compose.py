@@ -124,7 +124,8 @@ def test_service_commands_exist_in_the_cli():
 @pytest.mark.parametrize("path", dockerfiles(), ids=lambda p: p.name)
 def test_dockerfile_is_well_formed_and_copies_existing_paths(path: Path):
     steps = parse_dockerfile(path)
-    assert steps[0][0] == "FROM", "a Dockerfile starts with FROM"
+    first = next(k for k, _ in steps if k != "ARG")  # build arguments of FROM may come first
+    assert first == "FROM", "a Dockerfile starts with FROM"
     assert steps[-1][0] in ("CMD", "ENTRYPOINT")
     assert any(k == "USER" for k, _ in steps), "services must not run as root"
     for kind, args in steps:
@@ -223,3 +224,23 @@ def test_each_cluster_config_is_accepted_by_nats_server(node: int):
     r = subprocess.run([str(find_nats_server()), "-t", "-c", str(CLUSTER / f"nats-{node}.conf")],
                        capture_output=True, text=True, env=env, timeout=30)
     assert r.returncode == 0 and "is valid" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_the_gpu_profile_could_run_sglang_engines():
+    """The agent in the SGLang image its flags are checked against, on the host's network with
+    the GPUs, shared memory and the config the agent's loader accepts; the router beside it."""
+    from prorsa_engine_agent.sglang_flags import SGLANG_VERSION
+
+    agent, router = SERVICES["engine-agent"], SERVICES["router-gpu"]
+    assert agent["profiles"] == ["gpu"] and router["profiles"] == ["gpu"]
+    image = f"lmsysorg/sglang:v{SGLANG_VERSION}"
+    assert agent["build"]["args"]["BASE"] == image and router["image"] == image
+    assert agent["network_mode"] == "host" and router["network_mode"] == "host"
+    assert agent["ipc"] == "host" and agent["shm_size"]
+    gpus = agent["deploy"]["resources"]["reservations"]["devices"]
+    assert gpus[0]["driver"] == "nvidia" and gpus[0]["capabilities"] == ["gpu"]
+    assert "./deploy/agent.toml:/etc/prorsa/agent.toml:ro" in agent["volumes"]
+    assert agent["command"][-2:] == ["--config", "/etc/prorsa/agent.toml"]
+    assert "--pd-disaggregation" in router["command"] and "30080" in router["command"]
+    dockerfile = (ROOT / agent["build"]["dockerfile"]).read_text()
+    assert "ARG BASE=" in dockerfile and "FROM ${BASE}" in dockerfile
