@@ -136,7 +136,8 @@ def encode_event(event: Event) -> bytes:
     return event.model_dump_json(exclude_none=True).encode()
 
 
-_MISSING_V = Violation("v", _MISSING, "is required but missing (the contract version, 1, is an envelope field of every event)")
+_MISSING_V = Violation(
+    "v", _MISSING, "is required but missing (the contract version, 1, is an envelope field of every event)")
 """The models default ``v`` to 1 for events built in Python; on the wire (bytes, parsed
 JSON) it is a required envelope field (EVENTS.md), checked here."""
 
