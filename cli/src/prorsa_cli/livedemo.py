@@ -46,7 +46,7 @@ def _endpoints(plan: StackPlan) -> Table:
     for name, url in plan.metrics.items():
         t.add_row(f"{name} metrics / health", f"{url}/metrics  {url}/health")
     if plan.router_url:
-        t.add_row("router (emulated)", plan.router_url)
+        t.add_row(f"router ({router_name(plan.router_kind)})", plan.router_url)
     return t
 
 
@@ -193,6 +193,7 @@ def _finish(opts: UpOptions, plan: StackPlan, driver: dict, stop: threading.Even
     summary.update(policy=opts.policy, workdir=str(opts.workdir.resolve()), tracker_events=stored[0], anomalies=stored[1], durable_log=mask_url(plan.db_url),
                    **scenario(opts))
     summary["emulated_engines"] = emu
+    summary["router"] = router_name(plan.router_kind)
     steps = summary["rollout_step_times_s"]
     summary["rollout_mean_s"] = round(sum(steps) / len(steps), 3) if steps else None
     if opts.compare_with is not None:
@@ -207,6 +208,19 @@ def _finish(opts: UpOptions, plan: StackPlan, driver: dict, stop: threading.Even
     if not ok:
         console.print(f"[bold red]the tracker holds {stored[0]} of {want} events, {stored[1]} anomalies[/]")
     return 0 if ok else 1
+
+
+def router_name(kind: str | None) -> str:
+    """What the run's router was: ``sglang-router 0.3.2`` (the installed version) or the
+    emulated one."""
+    if kind == "sglang":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return f"sglang-router {version('sglang-router')}"
+        except PackageNotFoundError:
+            return "sglang-router"
+    return "emulated router (prorsa_sim)" if kind == "emulated" else "none"
 
 
 def engine_stats(urls: list[str]) -> dict:
@@ -273,6 +287,7 @@ def _print_summary(s: dict, plan: StackPlan, opts: UpOptions) -> None:
     steps = ", ".join(f"{w:.1f} s" for w in s["rollout_step_times_s"])
     sim = ", ".join(f"{w:.0f} s" for w in s["rollout_step_times_simulated_s"])
     t.add_row("engines (emulated model)", f"{opts.engines} x {opts.emulated_model}")
+    t.add_row("router", s["router"])
     t.add_row("rollout time per step (wall)", steps or "-")
     t.add_row(f"rollout time per step (simulated, x{opts.speed:g})", sim or "-")
     t.add_row("trajectories", str(s["trajectories"]))

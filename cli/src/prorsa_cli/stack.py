@@ -21,6 +21,8 @@ import httpx
 from .supervisor import ProcSpec
 
 Policy = Literal["prorsa", "static", "colocation"]
+RouterKind = Literal["sglang", "emulated"]
+ROUTERS = ("sglang", "emulated")
 PY = sys.executable
 
 NATS_USERS = {
@@ -64,6 +66,12 @@ class UpOptions:
     nats_config: Path | None = None  # nats-server -c file (accounts) for the embedded server
     db: str | None = None  # default: SQLite in the workdir
     emulated_cluster: bool = False
+    router: RouterKind = "sglang"
+    """With --emulated-cluster: the real router (sglang-router) or the emulated one."""
+    with_router: bool = False
+    """Without --emulated-cluster: also run sglang-router (PD mode) for a real cluster's agents."""
+    router_host: str | None = None  # where that router listens (default: ``host``)
+    router_args: list[str] = field(default_factory=list)  # more sglang-router flags
     engines: int = 6
     prefill: int | None = None  # engines that start as prefill (default: a third)
     agents: int = 2  # engine agents ("servers") the engines are spread over
@@ -88,6 +96,7 @@ class UpOptions:
 class Ports:
     nats: int
     router: int
+    router_metrics: int  # sglang-router's Prometheus listener (--prometheus-port)
     tracker_api: int
     tracker_metrics: int
     forecaster_metrics: int
@@ -97,7 +106,8 @@ class Ports:
     nats_monitor: int = 8222  # with --nats-config: the server's monitoring port, on loopback
 
     def named(self) -> list[tuple[str, int]]:
-        out = [("nats", self.nats), ("nats monitoring", self.nats_monitor), ("router", self.router), ("tracker API", self.tracker_api),
+        out = [("nats", self.nats), ("nats monitoring", self.nats_monitor), ("router", self.router),
+               ("router metrics", self.router_metrics), ("tracker API", self.tracker_api),
                ("tracker metrics", self.tracker_metrics), ("forecaster metrics", self.forecaster_metrics),
                ("allocator metrics", self.allocator_metrics)]
         out += [(f"engine agent {i} metrics", p) for i, p in enumerate(self.agent_metrics)]
@@ -118,9 +128,9 @@ def plan_ports(opts: UpOptions) -> Ports:
 
     def layout(b: int | None) -> Ports:
         if b is None:
-            return Ports(4222, 30080, 8470, 9101, 9102, 9103, [9111 + i for i in range(k)],
+            return Ports(4222, 30080, 29000, 8470, 9101, 9102, 9103, [9111 + i for i in range(k)],
                          [(30001 + i, 31001 + i) for i in range(n)], 8222)
-        return Ports(b, b + 1, b + 2, b + 3, b + 4, b + 5, [b + 10 + i for i in range(k)],
+        return Ports(b, b + 1, b + 7, b + 2, b + 3, b + 4, b + 5, [b + 10 + i for i in range(k)],
                      [(b + 40 + 2 * i, b + 41 + 2 * i) for i in range(n)], b + 6)
 
     if opts.port_base == 0:
@@ -157,8 +167,13 @@ def check_ports(ports: Ports, opts: UpOptions) -> None:
     if opts.nats_config is None:
         needed = [x for x in needed if x[0] != "nats monitoring"]
     if not opts.emulated_cluster:
-        needed = [x for x in needed if not x[0].startswith(("engine ", "router"))]
-    taken = [f"{p} ({what})" for what, p in needed if not port_free(p, opts.host)]
+        needed = [x for x in needed if not x[0].startswith("engine ")]
+    if not (opts.emulated_cluster or opts.with_router):
+        needed = [x for x in needed if not x[0].startswith("router")]
+    elif opts.emulated_cluster and opts.router == "emulated":
+        needed = [x for x in needed if x[0] != "router metrics"]
+    rhost = opts.router_host or opts.host
+    taken = [f"{p} ({what})" for what, p in needed if not port_free(p, rhost if what.startswith("router") else opts.host)]
     if taken:
         raise UpError(f"port(s) already in use on {opts.host}: {', '.join(taken)}. Stop what holds them "
                       "(another `prorsa up`?) or choose other ports with --port-base N (0: any free block).")
@@ -210,6 +225,7 @@ class StackPlan:
     progress: Path
     metrics: dict[str, str]
     colocated_engines: list[str] = field(default_factory=list)
+    router_kind: str | None = None  # "sglang", "emulated" or None (no router started)
     setup: Callable[[], str] | None = None
     """The admin step after the nats-server is up: sets up the stream, says what it did."""
 
@@ -302,15 +318,17 @@ def plan_stack(opts: UpOptions) -> StackPlan:
         m.pop("allocator")
     router_url = None
     colocated: list[str] = []
+    kind = opts.router if opts.emulated_cluster else "sglang" if opts.with_router else None
     if opts.emulated_cluster:
         try:
             import prorsa_sim.emulated  # noqa: F401
         except ImportError:
             raise UpError("--emulated-cluster needs the prorsa-sim package, which is not installed here") from None
-        router_url = f"http://{h}:{ports.router}"
-        specs.append(ProcSpec("router", [PY, "-m", "prorsa_sim.emulated", "router", "--host", h, "--port",
-                                         str(ports.router), "--health-interval", "0.5"],
-                              ready=lambda: _http_ok(router_url + "/health")))
+    if kind is not None:
+        router_url, spec = router_spec(opts, ports, kind)
+        specs.append(spec)
+    if opts.emulated_cluster:
+        assert router_url is not None
         emu = ["--speed", str(opts.speed), "--switch-seconds", "2", "--emulated-model", opts.emulated_model]
         if opts.policy == "colocation":
             for i, (port, _b) in enumerate(ports.engines):
@@ -355,7 +373,36 @@ def plan_stack(opts: UpOptions) -> StackPlan:
             env={**base_env, **_nats_login("PRORSA_", "rollout", passwords)}, restart=False))
     for s in specs:
         s.env = {**base_env, **s.env}
-    return StackPlan(specs, ports, nats_url, db_url, router_url, token, driver_out, progress, m, colocated, setup)
+    return StackPlan(specs, ports, nats_url, db_url, router_url, token, driver_out, progress, m, colocated, kind, setup)
+
+
+def router_spec(opts: UpOptions, ports: Ports, kind: str) -> tuple[str, ProcSpec]:
+    """(router URL, process) of the router ``prorsa up`` starts.
+
+    ``sglang``: the real router, sglang-router 0.3.2 (``python -m sglang_router.launch_router``),
+    in PD mode (regular workers under colocation), with no worker: the engine agents add and
+    remove theirs through ``POST``/``DELETE /workers``. ``emulated``: prorsa_sim's router,
+    kept for the faults the real one cannot be made to produce (see docs/engine-agent.md)."""
+    if kind not in ROUTERS:
+        raise UpError(f"--router must be one of {', '.join(ROUTERS)}, got {kind!r}")
+    host = opts.router_host or opts.host
+    # The URL the agents and the driver use: a wildcard address is reached on loopback here.
+    reach = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    url = f"http://[{reach}]:{ports.router}" if ":" in reach else f"http://{reach}:{ports.router}"
+    if kind == "emulated":
+        cmd = [PY, "-m", "prorsa_sim.emulated", "router", "--host", host, "--port", str(ports.router),
+               "--health-interval", "0.5"]
+    else:
+        try:
+            import sglang_router  # noqa: F401
+        except ImportError:
+            raise UpError("the real router needs sglang-router==0.3.2 (a dependency of prorsa-sim; "
+                          "`scripts/bootstrap` installs it), or pass --router emulated") from None
+        from prorsa_sim.emulated.cluster import sglang_router_command
+
+        cmd = sglang_router_command(ports.router, host, pd=opts.policy != "colocation",
+                                    prometheus_port=ports.router_metrics, extra=opts.router_args)
+    return url, ProcSpec("router", cmd, ready=lambda: _http_ok(url + "/health"), ready_timeout_s=60.0)
 
 
 def _setup_stream(nats_url: str, login: dict[str, str]) -> str:

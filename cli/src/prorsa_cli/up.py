@@ -2,8 +2,9 @@
 
 `prorsa up` supervises each service as its own process: a nats-server with JetStream (from
 the wheel; or `--nats URL`), the tracker (SQLite by default, `--db URL`), the forecaster, the
-allocator and, with `--emulated-cluster`, an emulated SGLang router, engine agents that
-launch emulated engines, and the rollout driver. Logs go to `<workdir>/logs/`; crashed
+allocator and, with `--emulated-cluster`, the router (sglang-router 0.3.2 by default, or
+`--router emulated`), engine agents that launch emulated engines, and the rollout driver.
+Without it, `--with-router` runs sglang-router for a real cluster's engine agents. Logs go to `<workdir>/logs/`; crashed
 services are restarted with back-off, and one that keeps crashing stops everything with exit
 code 1; Ctrl-C stops everything (SIGTERM, then SIGKILL).
 """
@@ -32,6 +33,13 @@ def register(app: typer.Typer) -> None:
         nats_config: Annotated[Optional[Path], typer.Option(help="nats-server config file (e.g. deploy/nats/accounts.conf).")] = None,
         db: Annotated[Optional[str], typer.Option("--db", help="Tracker database URL (default: SQLite in the workdir).")] = None,
         emulated_cluster: Annotated[bool, typer.Option("--emulated-cluster", help="Also run emulated engines, router and the rollout driver.")] = False,
+        router: Annotated[str, typer.Option(help="With --emulated-cluster: sglang (the real sglang-router 0.3.2) or emulated.")] = "sglang",
+        with_router: Annotated[bool, typer.Option("--with-router", help="Without --emulated-cluster: also run sglang-router "
+                                                                      "(PD mode, no workers; the engine agents add theirs).")] = False,
+        router_host: Annotated[Optional[str], typer.Option(help="Address the router listens on (default 127.0.0.1; "
+                                                                "a real cluster's engines and agents must reach it).")] = None,
+        router_arg: Annotated[Optional[list[str]], typer.Option("--router-arg", help="One more sglang-router flag, "
+                                                                "e.g. --router-arg=--policy --router-arg=round_robin (repeatable).")] = None,
         engines: Annotated[int, typer.Option(help="Emulated engines.")] = 6,
         prefill: Annotated[Optional[int], typer.Option(help="Engines that start as prefill (default: a third).")] = None,
         agents: Annotated[int, typer.Option(help="Engine agents the engines are spread over.")] = 2,
@@ -55,7 +63,15 @@ def register(app: typer.Typer) -> None:
         from .livedemo import run_up
         from .stack import UpOptions
 
-        opts = _options(UpOptions, locals())
+        given = dict(locals())
+        given["router_args"] = list(router_arg or [])
+        if with_router and emulated_cluster:
+            fail("--with-router is for a real cluster; --emulated-cluster starts its own router (see --router)")
+        if (router_host or router_arg) and not (with_router or emulated_cluster):
+            fail("--router-host and --router-arg need --with-router (or --emulated-cluster)")
+        if router_arg and emulated_cluster and router != "sglang":
+            fail("--router-arg is for sglang-router (--router sglang)")
+        opts = _options(UpOptions, given)
         raise typer.Exit(run_up(opts, keep_running=keep_running, fresh=fresh))
 
     @app.command("demo")
@@ -71,6 +87,7 @@ def register(app: typer.Typer) -> None:
         seed: Annotated[int, typer.Option(help="Workload seed (the same seed gives the same trajectories under every policy).")] = 0,
         emulated_model: Annotated[str, typer.Option(help="Cost-model profile of the emulated engines.")] = "deepseek-v3.2",
         port_base: Annotated[Optional[int], typer.Option(help="Put every port in a block from N (0: any free block).")] = 0,
+        router: Annotated[str, typer.Option(help="sglang (the real sglang-router 0.3.2) or emulated.")] = "sglang",
         compare: Annotated[bool, typer.Option("--compare", help="Run colocation first, then --policy, and print the PD speedup.")] = False,
     ) -> None:
         """The live demo: `prorsa up --emulated-cluster` on a small scenario, then a summary and a PNG.
@@ -99,6 +116,8 @@ def _options(cls, given: dict):
     for name in ("speed", "horizon"):
         if name in given and given[name] <= 0:
             fail(f"--{name} must be > 0")
+    if given.get("router", "sglang") not in ("sglang", "emulated"):
+        fail(f"--router must be sglang or emulated, got {given['router']!r}")
     if given.get("max_restarts", 0) < 0:
         fail("--max-restarts must be >= 0")
     for name in ("engines", "agents", "batch_size", "steps", "max_turns"):

@@ -2,7 +2,7 @@
 agent and the whole stack without GPUs. See docs/engine-agent.md."""
 
 from .cluster import (ROUTER_KINDS, EmulatedCluster, EmulatedProcess, engine_command, router_command,
-                      router_version, sglang_router_command)
+                      sglang_router_command)
 from .engine import EmulatedEngine, EngineOptions
 from .profiles import DEFAULT_MODEL, EMULATED_PROFILES, emulated_profile
 from .timing import ProfileTiming, Timing, default_timing
@@ -20,7 +20,6 @@ __all__ = [
     "emulated_profile",
     "engine_command",
     "router_command",
-    "router_version",
     "sglang_router_command",
     "ROUTER_KINDS",
 ]

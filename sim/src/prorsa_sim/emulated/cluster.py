@@ -67,11 +67,6 @@ def sglang_router_command(port: int, host: str = "127.0.0.1", *, pd: bool = True
     return cmd + list(extra or [])
 
 
-def router_version(kind: str) -> str:
-    """What a run's summary says it ran on."""
-    return f"sglang-router {SGLANG_ROUTER_VERSION}" if kind == "sglang" else "emulated router (prorsa_sim)"
-
-
 @dataclass
 class EmulatedProcess:
     """One emulated server process."""
