@@ -82,7 +82,8 @@ async def test_restart_switch_and_back(agent_factory, events, ns, router):
 
 async def test_drain_aborts_at_deadline_then_switches(agent_factory, events, ns, router):
     # A long request keeps the engine busy past the command's deadline: the agent aborts it.
-    e0 = emulated_instance("d0", "prefill", speed=1.0, switch_seconds=0.2)
+    # The figure a flip to decode needs (no decode peer to read it from).
+    e0 = emulated_instance("d0", "prefill", speed=1.0, switch_seconds=0.2, decode_cuda_graph_memory_gb=1.5)
     agent = agent_factory([e0]).start()
     url = f"http://127.0.0.1:{e0['port']}"
     try:
@@ -103,7 +104,7 @@ async def test_drain_aborts_at_deadline_then_switches(agent_factory, events, ns,
 
 
 async def test_stuck_request_fails_the_switch_and_restores_the_role(agent_factory, events, ns, router):
-    e0 = emulated_instance("s0", "prefill", speed=1.0)
+    e0 = emulated_instance("s0", "prefill", speed=1.0, decode_cuda_graph_memory_gb=1.5)
     agent = agent_factory([e0], abort_grace_s=0.5).start()
     url = f"http://127.0.0.1:{e0['port']}"
     try:
@@ -123,7 +124,8 @@ async def test_stuck_request_fails_the_switch_and_restores_the_role(agent_factor
 
 
 async def test_engine_dies_mid_switch_is_relaunched_in_its_old_role(agent_factory, events, ns, router):
-    e0 = emulated_instance("k0", "prefill", switch_seconds=300.0)  # 6 s wall at speed 50
+    e0 = emulated_instance("k0", "prefill", switch_seconds=300.0,  # 6 s wall at speed 50
+                           decode_cuda_graph_memory_gb=1.5)
     agent = agent_factory([e0]).start()
     url = f"http://127.0.0.1:{e0['port']}"
     try:
@@ -167,7 +169,7 @@ async def test_agent_killed_mid_switch_resumes_and_loses_nothing(agent_factory, 
 
 
 async def test_duplicates_malformed_unknown_and_late_commands(agent_factory, events, ns, router):
-    e0 = emulated_instance("u0", "prefill")
+    e0 = emulated_instance("u0", "prefill", decode_cuda_graph_memory_gb=1.5)
     agent = agent_factory([e0]).start()
     try:
         await events.wait("engine.registered", engine="u0", timeout=60)
