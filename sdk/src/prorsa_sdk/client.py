@@ -63,16 +63,17 @@ class RolloutClient:
     ``http``: your own ``httpx.AsyncClient`` (else one is made and closed by :meth:`aclose`).
     """
 
-    def __init__(self, emitter: Any, base_url: str, *, http: httpx.AsyncClient | None = None,
+    def __init__(self, emitter: Any, base_url: str | None = None, *, http: httpx.AsyncClient | None = None,
                  headers: dict[str, str] | None = None, count_tokens: TokenCounter | None = None,
                  clock: Callable[[], float] = time.time):
         self.emitter = emitter
-        self.base_url = base_url.rstrip("/")
+        self.base_url = base_url.rstrip("/") if base_url else None
         self.count_tokens = count_tokens
         self.clock = clock
-        self._own = http is None
-        self.http = http or httpx.AsyncClient(timeout=DEFAULT_TIMEOUT, headers=headers,
-                                              limits=httpx.Limits(max_connections=None))
+        self._own = http is None and base_url is not None
+        self.http = http
+        if self._own:
+            self.http = httpx.AsyncClient(timeout=DEFAULT_TIMEOUT, headers=headers, limits=httpx.Limits(max_connections=None))
         self._live: dict[str, Trajectory] = {}
 
     def trajectory(self, traj: str, prompt_tokens: int, *, group: str | None = None,
@@ -223,6 +224,8 @@ class Trajectory:
 
     async def _call(self, path: str, api: Api, body: dict[str, Any], prompt_tokens: int | None, stream: bool,
                     tool_call: bool | None) -> Generation:
+        if self.client.http is None or self.client.base_url is None:
+            raise RuntimeError("this client has no base_url: use trajectory.request() around your own engine calls")
         n = prompt_length(body, prompt_tokens, self.client.count_tokens)
         req, turn, calls = self.core.queue(n, self._now())
         await self.client.emit(calls)
@@ -247,7 +250,8 @@ class Trajectory:
 
     async def _send(self, path: str, api: Api, body: dict, req: str, turn: int, sent: float,
                     stream: bool) -> Generation:
-        http, url = self.client.http, self.client.base_url + path
+        http, url = self.client.http, f"{self.client.base_url}{path}"
+        assert http is not None
         if not stream:
             resp = await http.post(url, json=body)
             if resp.status_code >= 400:
