@@ -2,7 +2,7 @@
 explanations were read from).
 
     .venv/bin/python benchmarks/allocator_trace.py WORKLOAD STALENESS [--policy prorsa]
-        [--model deepseek-v3.2] [--steps 2] [--from 0] [--to inf] [--quiet-band]
+        [--model deepseek-v3.2] [--steps 2] [--start P:D] [--from 0] [--to inf] [--quiet-band]
 
 One line per window: the prefill engines now, the demands in instances (aᴾ, aᴰ), the
 target P:D, the forecast (Ŵᴾ, Kᴰ, Âᴰ), the decode engines' sequences, θᴾ, the engines
@@ -16,6 +16,7 @@ import argparse
 import math
 
 from prorsa_sim.policy import make_policy
+from prorsa_sim.runner import StartAt
 from prorsa_sim.simulator import Simulator, build_config
 
 
@@ -30,6 +31,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=512)
     ap.add_argument("--from", dest="t_from", type=float, default=0.0)
     ap.add_argument("--to", dest="t_to", type=float, default=math.inf)
+    ap.add_argument("--start", default=None, help="P:D split to start from (default: the policy's own)")
     ap.add_argument("--quiet-band", action="store_true", help="leave out windows already in the target band")
     args = ap.parse_args()
     if not args.policy.split(":")[0] in ("prorsa", "oracle"):
@@ -39,6 +41,9 @@ def main() -> None:
                        seed=args.seed, batch_size=args.batch_size)
     policy = make_policy(args.policy)
     driver = policy.driver
+    if args.start:
+        p, d = (int(x) for x in args.start.split(":"))
+        policy = StartAt(policy, p, d)
     decide = driver.decide
 
     def traced(obs, fc):

@@ -201,14 +201,36 @@ def test_a_count_that_served_less_is_not_gone_back_to() -> None:
             if isinstance(e, EngineCommand)]
 
 
+def test_no_count_past_one_that_served_less_is_moved_to() -> None:
+    # 5:3 and the forecast asks for 7:1. 6:2 was held and served 10% less than 5:3; 7:1 was
+    # never held. The served rate is unimodal in the prefill count, so 7:1 is vetoed too.
+    alloc = _cluster(5, 3)
+    alloc.served = {5: (100_000.0, 5, 50.0), 6: (90_000.0, 5, 50.0)}
+    out = alloc.handle(forecast(t=60.0, prefill_engines=7.0, decode_engines=1.0))
+    assert [e for e in out if isinstance(e, EngineCommand)] == []
+    assert "served less" in alloc.last_decision.selection.reason
+    # 6:2 never held: the forecast's move goes ahead.
+    alloc = _cluster(5, 3)
+    alloc.served = {5: (100_000.0, 5, 50.0)}
+    out = alloc.handle(forecast(t=60.0, prefill_engines=7.0, decode_engines=1.0))
+    assert [c.to_role for c in out if isinstance(c, EngineCommand)][:1] == ["prefill"]
+
+
 def test_served_rate_is_measured_on_saturated_whole_windows() -> None:
-    alloc = _cluster(2, 2, hysteresis=10.0)  # no switch: only the measurement is checked
-    # The run's cold first step is measured, and forgotten at the first weight update.
+    # served_ramp_s = None: the run's cold first step is measured, and forgotten at the
+    # first weight update.
+    cold = _cluster(2, 2, hysteresis=10.0, served_ramp_s=None)
+    cold.handle(stats("p0", "prefill", ts=5.0, running=2, queued=3, prefill_tokens_per_s=20_000.0))
+    cold.handle(forecast(t=10.0, prefill_engines=2.0, decode_engines=2.0))
+    assert cold.served == {2: (pytest.approx(20_000.0), 1, 10.0)}
+    cold.handle(PolicyUpdated(id="pu-0", ts=20.0, run=RUN, version=1))
+    assert cold.served == {}
+    # With a ramp (30 s here), the windows within it of the first forecast are not measured.
+    alloc = _cluster(2, 2, hysteresis=10.0, served_ramp_s=30.0)  # no switch: only the measurement is checked
     alloc.handle(stats("p0", "prefill", ts=5.0, running=2, queued=3, prefill_tokens_per_s=20_000.0))
     alloc.handle(forecast(t=10.0, prefill_engines=2.0, decode_engines=2.0))
-    assert alloc.served == {2: (pytest.approx(20_000.0), 1, 10.0)}
-    alloc.handle(PolicyUpdated(id="pu-0", ts=20.0, run=RUN, version=1))
     assert alloc.served == {}
+    alloc.handle(PolicyUpdated(id="pu-0", ts=20.0, run=RUN, version=1))
     alloc.handle(stats("p0", "prefill", ts=45.0, running=2, queued=0, prefill_tokens_per_s=20_000.0, cache_hit_rate=0.5))
     # Prefill engines: 20k computed tokens/s at hit 0.5 (40k full-prompt) and 30k at hit 0
     # (30k): 70k tokens/s served at 2 prefill engines. Nothing queues: no sample.

@@ -129,6 +129,14 @@ class AllocatorConfig(BaseModel):
         "fixed 6:2, more than the hysteresis; with 0.2 the veto let a 7:1 that served 5% less "
         "through whenever 6:2 had a slow minute.",
     )
+    served_ramp_s: float | None = Field(
+        default=120.0,
+        ge=0,
+        description="'priced' rule: windows that start within this many seconds of the run's "
+        "first forecast are not measured (an empty cluster ramps up with the demand: its rates "
+        "compare with nothing later). None: every rate measured before the first weight update "
+        "is dropped at it.",
+    )
     served_min_samples: int = Field(
         default=3,
         ge=1,

@@ -135,6 +135,7 @@ class Allocator:
         # 'priced' rule: the full-prompt prefill rate the cluster served at each prefill
         # count, measured over whole windows with no switch under way: (EMA, windows).
         self.served: dict[int, tuple[float, int, float]] = {}  # count -> (EMA, windows, last t)
+        self._first_t: float | None = None  # the first forecast's window start (the run's ramp)
 
     # -- the one entry point -----------------------------------------------------------------
     def handle(self, event: Event, act: bool = True) -> list[Event]:
@@ -167,12 +168,13 @@ class Allocator:
 
     def on_update(self, ts: float) -> None:
         """A weight update at event time ``ts``: the pause starts, and the opening phase of
-        the step that ends here becomes the previous step's plan. At the first update the
-        served rates measured so far are dropped: the first step starts from an empty
-        cluster, its rates ramp up with the demand and compare with nothing later
-        (DeepSeek coding/2: 7:1 measured at 138k tokens/s in the first 40 s vetoed 7:1, the
-        best static ratio, for the whole run)."""
-        if self.last_update_ts is None:
+        the step that ends here becomes the previous step's plan. With ``served_ramp_s``
+        None, the served rates measured so far are dropped at the first update; by default
+        only the ramp's windows were left unmeasured (``_measure_served``): the first step
+        starts from an empty cluster, its rates ramp up with the demand and compare with
+        nothing later (DeepSeek coding/2: 7:1 measured at 138k tokens/s in the first 40 s
+        vetoed 7:1, the best static ratio, for the whole run)."""
+        if self.last_update_ts is None and self.config.served_ramp_s is None:
             self.served.clear()
         if self._phase:
             n = len(self._phase)
@@ -233,6 +235,8 @@ class Allocator:
             log.info("forecast %s ignored: %s", fc.id, reason)
             return None
         self.last_forecast_t = fc.t
+        if self._first_t is None:
+            self._first_t = fc.t
         prefill_rate, decode_kv = self._smooth(fc)
         if not act:
             return None
@@ -364,6 +368,8 @@ class Allocator:
         if any(v.since_ts > fc.t - fc.horizon for v in engines if v.switched):
             return
         if self.last_update_ts is not None and fc.t - self.last_update_ts < fc.horizon + cfg.weight_sync_s:
+            return
+        if cfg.served_ramp_s is not None and self._first_t is not None and fc.t - self._first_t < cfg.served_ramp_s:
             return
         rate, p = 0.0, 0
         for v in engines:

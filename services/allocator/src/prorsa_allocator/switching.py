@@ -386,9 +386,13 @@ def select_priced(
     vetoed = 0
     if here is not None:
         sign = 1 if to_role == "prefill" else -1
+        blocked = False
         for i in range(len(f_new)):
             there = ctx.served.get(p + sign * (i + 1))
-            if there is not None and there < here * (1.0 + cfg.hysteresis):
+            # The served rate is unimodal in the prefill count (prefill-bound below its
+            # peak, decode-bound above it): past a count that served less, none serves more.
+            blocked = blocked or (there is not None and there < here * (1.0 + cfg.hysteresis))
+            if blocked:
                 f_new[i] = -np.inf
                 vetoed += 1
     if vetoed == len(f_new):
