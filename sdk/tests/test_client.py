@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from prorsa_runtime.testing import async_wait_until
+from prorsa_schemas import EventError
 from prorsa_sdk import (
     EngineAborted, EngineError, Emitter, RolloutClient, SyncEmitter, SyncRolloutClient,
 )
@@ -105,6 +106,11 @@ async def test_engine_failures_are_reported_as_the_contract_allows_and_re_raised
             await traj.generate(input_ids=[1, 2, 0, 1], tool_call=True)  # the re-prefill: a new request
             with pytest.raises(ValueError, match="prompt_tokens"):
                 await traj.chat(messages=[{"role": "user", "content": "?"}])
+            with pytest.raises(ValueError, match="prompt_tokens must be an int"):
+                await traj.chat(messages=[], prompt_tokens=-1)
+            with pytest.raises(EventError, match="tool"):  # refused by the contract: nothing changes
+                async with traj.tool("x" * 500):
+                    pass
             await traj.drop("stale")
         with pytest.raises(RuntimeError, match="sandbox down"):
             async with llm.trajectory("f2", prompt_tokens=2) as traj2:

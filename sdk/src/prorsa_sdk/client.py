@@ -128,11 +128,24 @@ class Trajectory:
     def _now(self) -> float:
         return self.client.clock()
 
+    async def _do(self, step: Callable[[], list[Call]]) -> None:
+        snap = self.core.snapshot()
+        await self._publish(step(), snap)
+
+    async def _publish(self, calls: list[Call], snap: dict[str, Any]) -> None:
+        for i, c in enumerate(calls):
+            try:
+                await self.client.emit([c])
+            except BaseException:
+                if i == 0:  # refused before anything was published: the step did not happen
+                    self.core.restore(snap)
+                raise
+
     async def start(self) -> "Trajectory":
         """Publish ``trajectory.dispatched``."""
         d = self._dispatch
         kw = {k: v for k, v in (("group", d["group"]), ("policy_version", d["policy_version"])) if v is not None}
-        await self.client.emit(self.core.dispatched(d["prompt_tokens"], self._now(), **kw))
+        await self._do(lambda: self.core.dispatched(d["prompt_tokens"], self._now(), **kw))
         return self
 
     async def __aenter__(self) -> "Trajectory":
@@ -140,10 +153,10 @@ class Trajectory:
 
     async def __aexit__(self, et: type | None, exc: BaseException | None, tb: object) -> None:
         if exc is None:
-            await self.client.emit(self.core.ended())
+            await self._do(lambda: self.core.ended())
         else:
             reason = "aborted" if isinstance(exc, asyncio.CancelledError) else "error"
-            await self.client.emit(self.core.dropped(reason, self._now()))
+            await self._do(lambda: self.core.dropped(reason, self._now()))
         if not self.core.live:
             self.client._live.pop(self.traj, None)
 
@@ -151,39 +164,39 @@ class Trajectory:
     @asynccontextmanager
     async def sandbox(self, mode: str = "cold") -> AsyncIterator[None]:
         """``sandbox.started`` (``prewarm`` or ``cold``) on entry, ``sandbox.ready`` on a normal exit."""
-        await self.client.emit(self.core.sandbox_started(mode, self._now()))
+        await self._do(lambda: self.core.sandbox_started(mode, self._now()))
         yield
-        await self.client.emit(self.core.sandbox_ready(self._now()))
+        await self._do(lambda: self.core.sandbox_ready(self._now()))
 
     @asynccontextmanager
     async def tool(self, name: str | None = None, calls: int | None = None) -> AsyncIterator[ToolSpan]:
         """``tool.started`` on entry, ``tool.finished`` on exit (``ok=False`` on an exception,
         which is re-raised)."""
-        await self.client.emit(self.core.tool_started(self._now(), tool=name, calls=calls))
+        await self._do(lambda: self.core.tool_started(self._now(), tool=name, calls=calls))
         span = ToolSpan()
         try:
             yield span
         except BaseException:
-            await self.client.emit(self.core.tool_finished(span.result_tokens, self._now(), ok=False))
+            await self._do(lambda: self.core.tool_finished(span.result_tokens, self._now(), ok=False))
             raise
-        await self.client.emit(self.core.tool_finished(span.result_tokens, self._now(), ok=span.ok))
+        await self._do(lambda: self.core.tool_finished(span.result_tokens, self._now(), ok=span.ok))
 
     @asynccontextmanager
     async def reward(self) -> AsyncIterator[RewardSpan]:
         """``reward.started`` on entry, ``reward.finished`` on a normal exit."""
-        await self.client.emit(self.core.reward_started(self._now()))
+        await self._do(lambda: self.core.reward_started(self._now()))
         span = RewardSpan()
         yield span
-        await self.client.emit(self.core.reward_finished(span.admitted, self._now(), reward=span.reward))
+        await self._do(lambda: self.core.reward_finished(span.admitted, self._now(), reward=span.reward))
 
     async def rewarded(self, admitted: bool, reward: float | None = None) -> None:
         """``reward.finished`` for a reward computed elsewhere; the trajectory is done."""
-        await self.client.emit(self.core.reward_finished(admitted, self._now(), reward=reward))
+        await self._do(lambda: self.core.reward_finished(admitted, self._now(), reward=reward))
         self.client._live.pop(self.traj, None)
 
     async def drop(self, reason: str = "error") -> None:
         """``trajectory.dropped`` (``stale``, ``error`` or ``aborted``)."""
-        await self.client.emit(self.core.dropped(reason, self._now()))
+        await self._do(lambda: self.core.dropped(reason, self._now()))
         self.client._live.pop(self.traj, None)
 
     # -- model requests ----------------------------------------------------------------------
@@ -211,13 +224,14 @@ class Trajectory:
         ``request.queued`` on entry; call ``span.first_token()`` when it comes (if you can
         see it) and ``span.done(...)`` with the answer. An exception in the block is an
         engine failure: the request stays queued (a retry re-sends it) and it is re-raised."""
+        snap = self.core.snapshot()
         req, turn, calls = self.core.queue(prompt_tokens, self._now(), engine=engine)
-        await self.client.emit(calls)
+        await self._publish(calls, snap)
         span = RequestSpan(self, req, turn, self._now())
         try:
             yield span
         except BaseException:
-            await self.client.emit(self.core.failed(req, self._now()))
+            await self._do(lambda: self.core.failed(req, self._now()))
             raise
         if not span.answered:
             raise RuntimeError(f"request {req}: the block ended without span.done(...)")
@@ -227,8 +241,9 @@ class Trajectory:
         if self.client.http is None or self.client.base_url is None:
             raise RuntimeError("this client has no base_url: use trajectory.request() around your own engine calls")
         n = prompt_length(body, prompt_tokens, self.client.count_tokens)
+        snap = self.core.snapshot()
         req, turn, calls = self.core.queue(n, self._now())
-        await self.client.emit(calls)
+        await self._publish(calls, snap)
         if api == "sglang":
             body.setdefault("rid", req)
         if stream:
@@ -237,12 +252,12 @@ class Trajectory:
         try:
             result = await self._send(path, api, body, req, turn, sent, stream)
         except (EngineError, ResponseError, httpx.HTTPError) as exc:
-            await self.client.emit(self.core.failed(req, self._now()))
+            await self._do(lambda: self.core.failed(req, self._now()))
             if isinstance(exc, EngineError):
                 raise
             raise EngineError(f"request {req} to {path} failed: {exc!r}") from exc
         received = self._now()
-        await self.client.emit(self.core.answered(req, result.outcome, received, tool_call))
+        await self._do(lambda: self.core.answered(req, result.outcome, received, tool_call))
         if result.outcome.finish == "abort":
             raise EngineAborted(f"request {req} aborted by the engine: {result.outcome.message or ''}",
                                 result.outcome, result)
@@ -275,7 +290,7 @@ class Trajectory:
                     first = self._now()
                     meta = chunk.get("meta_info") or {}
                     cached = meta.get("cached_tokens") if isinstance(meta.get("cached_tokens"), int) else None
-                    await self.client.emit(self.core.first_token(req, first, cached_tokens=cached))
+                    await self._do(lambda: self.core.first_token(req, first, cached_tokens=cached))
         return _streamed(api, req, turn, chunks, sent, self._now(), first)
 
 
@@ -289,7 +304,7 @@ class RequestSpan:
     async def first_token(self, ts: float | None = None, *, cached_tokens: int | None = None) -> None:
         """The first output token came out (now, or at ``ts``): ``prefill.finished``."""
         t = self.traj
-        await t.client.emit(t.core.first_token(self.req, t._now() if ts is None else ts, cached_tokens=cached_tokens))
+        await t._do(lambda: t.core.first_token(self.req, t._now() if ts is None else ts, cached_tokens=cached_tokens))
 
     async def done(self, output_tokens: int, finish: str = "stop", *, cached_tokens: int | None = None,
                    ttft: float | None = None, tool_call: bool | None = None) -> None:
@@ -302,7 +317,7 @@ class RequestSpan:
         out = Outcome(output_tokens=output_tokens, finish=kind, cached_tokens=cached_tokens,  # type: ignore[arg-type]
                       first_token_ts=first)
         self.answered = True
-        await t.client.emit(t.core.answered(self.req, out, now, tool_call))
+        await t._do(lambda: t.core.answered(self.req, out, now, tool_call))
 
 
 def _json(resp: httpx.Response) -> object:

@@ -17,6 +17,7 @@ method name and its arguments); the async and sync handles run them. The core ke
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -37,6 +38,16 @@ class LifecycleError(RuntimeError):
 
 
 Phase = Literal["new", "ready", "queued", "decode", "answered", "tool", "reward", "done", "dropped"]
+
+
+MAX_TOKENS = 10_000_000  # the contract's bound on a token count
+
+
+def _tokens(n: object, name: str) -> int:
+    """A token count the contract accepts, checked before any state changes."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_TOKENS:
+        raise ValueError(f"{name} must be an int in [0, {MAX_TOKENS}], got {n!r}")
+    return n
 
 
 @dataclass
@@ -60,6 +71,14 @@ class TrajectoryCore:
         self._held: _Held | None = None
 
     # -- helpers ----------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """The state before a step; :meth:`restore` it when the step's first event is refused
+        (a value the contract forbids), so nothing the bus never saw is assumed."""
+        return dict(self.__dict__)
+
+    def restore(self, snap: dict[str, Any]) -> None:
+        self.__dict__.update(snap)
+
     @property
     def live(self) -> bool:
         return self.phase not in ("done", "dropped")
@@ -83,6 +102,7 @@ class TrajectoryCore:
     def dispatched(self, prompt_tokens: int, ts: float, **kw: Any) -> list[Call]:
         if self.phase != "new":
             raise LifecycleError(f"trajectory {self.traj} was dispatched already")
+        _tokens(prompt_tokens, "prompt_tokens")
         self.phase = "ready"
         self.prompt_tokens = prompt_tokens
         return [Call("dispatched", (self.traj, prompt_tokens), {"ts": ts, **kw})]
@@ -100,6 +120,7 @@ class TrajectoryCore:
         """A model request is about to be sent: ``(req, turn, calls)``. A request still queued
         (its last send failed) is re-sent under its id, with no new event."""
         self._need_live("send a model request")
+        _tokens(prompt_tokens, "prompt_tokens")
         if self.phase == "queued":
             assert self.req is not None
             return self.req, self.turn, []
@@ -178,6 +199,7 @@ class TrajectoryCore:
     def tool_finished(self, result_tokens: int, ts: float, ok: bool | None = None) -> list[Call]:
         if self.phase != "tool":
             raise LifecycleError(f"trajectory {self.traj} is {self.phase}: no tool is running")
+        _tokens(result_tokens, "result_tokens")
         self.phase = "ready"
         kw: dict[str, Any] = {"ts": ts}
         if ok is not None:
@@ -193,6 +215,8 @@ class TrajectoryCore:
 
     def reward_finished(self, admitted: bool, ts: float, reward: float | None = None) -> list[Call]:
         self._need_live("finish a reward")
+        if not isinstance(admitted, bool) or (reward is not None and not math.isfinite(reward)):
+            raise ValueError(f"admitted must be a bool and reward finite, got {admitted!r}, {reward!r}")
         out = self._release(as_tool=False)
         if self.phase != "reward":
             raise LifecycleError(f"trajectory {self.traj} is {self.phase}: a reward follows the last answer")

@@ -97,7 +97,17 @@ class SyncTrajectory:
 
     def _do(self, step: Callable[[], list[Call]]) -> None:
         with self._lock:
-            self.client.emit(step())
+            snap = self.core.snapshot()
+            self._publish(step(), snap)
+
+    def _publish(self, calls: list[Call], snap: dict[str, Any]) -> None:
+        for i, c in enumerate(calls):
+            try:
+                self.client.emit([c])
+            except BaseException:
+                if i == 0:  # refused before anything was published: the step did not happen
+                    self.core.restore(snap)
+                raise
 
     def start(self) -> "SyncTrajectory":
         d = self._dispatch
@@ -164,8 +174,9 @@ class SyncTrajectory:
     @contextmanager
     def request(self, prompt_tokens: int, *, engine: str | None = None) -> Iterator["SyncRequestSpan"]:
         with self._lock:
+            snap = self.core.snapshot()
             req, turn, calls = self.core.queue(prompt_tokens, self._now(), engine=engine)
-            self.client.emit(calls)
+            self._publish(calls, snap)
         span = SyncRequestSpan(self, req, turn, self._now())
         try:
             yield span
@@ -181,8 +192,9 @@ class SyncTrajectory:
             raise RuntimeError("this client has no base_url: use trajectory.request() around your own engine calls")
         n = prompt_length(body, prompt_tokens, self.client.count_tokens)
         with self._lock:
+            snap = self.core.snapshot()
             req, turn, calls = self.core.queue(n, self._now())
-            self.client.emit(calls)
+            self._publish(calls, snap)
         if api == "sglang":
             body.setdefault("rid", req)
         if stream:
