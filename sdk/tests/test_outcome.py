@@ -102,6 +102,8 @@ def test_core_failures_keep_the_request_queued_and_aborts_re_prefill():
     core = TrajectoryCore("t")
     core.dispatched(10, 0.0)
     req, _, _ = core.queue(10, 1.0)
+    with pytest.raises(LifecycleError, match="still being answered"):
+        core.queue(10, 1.2)  # one request at a time per trajectory
     assert core.failed(req, 1.5) == []  # HTTP 5xx: nothing to publish, still queued
     again, _, calls = core.queue(10, 2.0)
     assert again == req and calls == []  # the retry re-sends the same request

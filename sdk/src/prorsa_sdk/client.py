@@ -256,6 +256,9 @@ class Trajectory:
             if isinstance(exc, EngineError):
                 raise
             raise EngineError(f"request {req} to {path} failed: {exc!r}") from exc
+        except BaseException:  # cancelled, interrupted: the request is no longer out
+            await self._do(lambda: self.core.failed(req, self._now()))
+            raise
         received = self._now()
         await self._do(lambda: self.core.answered(req, result.outcome, received, tool_call))
         if result.outcome.finish == "abort":

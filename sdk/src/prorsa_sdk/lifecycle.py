@@ -69,6 +69,7 @@ class TrajectoryCore:
         self.req: str | None = None  # the request in flight or held
         self.prompt_tokens = 0
         self._held: _Held | None = None
+        self.sending = False  # a request is out and not yet answered or failed
 
     # -- helpers ----------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
@@ -121,6 +122,9 @@ class TrajectoryCore:
         (its last send failed) is re-sent under its id, with no new event."""
         self._need_live("send a model request")
         _tokens(prompt_tokens, "prompt_tokens")
+        if self.sending:
+            raise LifecycleError(f"trajectory {self.traj}: request {self.req} is still being answered")
+        self.sending = True
         if self.phase == "queued":
             assert self.req is not None
             return self.req, self.turn, []
@@ -156,6 +160,7 @@ class TrajectoryCore:
         (None: unknown yet, unless the engine said tool_calls)."""
         if req != self.req or self.phase not in ("queued", "decode"):
             raise LifecycleError(f"trajectory {self.traj}: no request {req} waiting for an answer")
+        self.sending = False
         if out.finish == "abort" and self.phase == "queued" and out.output_tokens == 0 and out.first_token_ts is None:
             return []  # aborted while waiting: nothing was served, the request stays queued
         calls = self.first_token(req, out.first_token_ts if out.first_token_ts is not None else ts,
@@ -177,6 +182,7 @@ class TrajectoryCore:
         queued (a retry re-sends it); one whose first token was out is an abort."""
         if req != self.req or self.phase not in ("queued", "decode"):
             return []
+        self.sending = False
         if self.phase == "decode":
             # The first token was out, then the connection broke: the request is lost
             # mid-decode, which the contract calls an abort.

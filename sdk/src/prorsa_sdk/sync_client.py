@@ -207,6 +207,9 @@ class SyncTrajectory:
             if isinstance(exc, EngineError):
                 raise
             raise EngineError(f"request {req} to {path} failed: {exc!r}") from exc
+        except BaseException:  # cancelled, interrupted: the request is no longer out
+            self._do(lambda: self.core.failed(req, self._now()))
+            raise
         received = self._now()
         self._do(lambda: self.core.answered(req, result.outcome, received, tool_call))
         if result.outcome.finish == "abort":
