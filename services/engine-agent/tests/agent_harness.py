@@ -1,4 +1,4 @@
-"""Fixtures: an emulated router (real process), an engine agent (real process) whose
+"""Fixtures: a router (sglang-router, a real process), an engine agent (real process) whose
 emulated engines it launches itself, and a collector of the namespace's engine events."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 from prorsa_runtime.bus import connect, ensure_stream, publish_event
 from prorsa_runtime.testing import async_wait_until
 from prorsa_schemas import EngineCommand, Namespace, decode_event
-from prorsa_sim.emulated.cluster import EmulatedProcess, free_port, router_command
+from prorsa_sim.emulated.cluster import EmulatedProcess, free_port, router_command, sglang_router_command
 
 
 class Events:
@@ -38,8 +38,14 @@ class Events:
 
 @pytest.fixture
 def router() -> Iterator[EmulatedProcess]:
+    """The real router, sglang-router 0.3.2 in PD mode (PRORSA_TEST_ROUTER=emulated: the
+    emulated one)."""
     port = free_port()
-    p = EmulatedProcess("router", router_command(port, health_interval=0.2), f"http://127.0.0.1:{port}").start()
+    if os.environ.get("PRORSA_TEST_ROUTER", "sglang") == "emulated":
+        cmd = router_command(port, health_interval=0.2)
+    else:
+        cmd = sglang_router_command(port)
+    p = EmulatedProcess("router", cmd, f"http://127.0.0.1:{port}").start()
     p.wait_healthy(30)
     yield p
     p.stop()
