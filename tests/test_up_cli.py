@@ -47,10 +47,30 @@ def test_a_missing_nats_server_is_explained(tmp_path: Path):
     (["--engines", "1"], "at least 2 engines"),
     (["--nats", "http://x"], "nats:// URL"),
     (["--workload", "chess"], "unknown workload"),
+    (["--emulated-cluster", "--router", "nginx"], "--router must be sglang or emulated"),
+    (["--emulated-cluster", "--with-router"], "--with-router is for a real cluster"),
+    (["--router-host", "10.0.0.10"], "need --with-router"),
 ])
 def test_bad_options_are_refused(tmp_path: Path, args: list[str], needle: str):
     r = _run(["up", "--workdir", str(tmp_path / "w"), *args], tmp_path)
     assert r.returncode == 2 and needle in r.stderr, r.stderr
+
+
+def test_with_router_plans_sglang_router_for_a_real_cluster(tmp_path: Path):
+    from prorsa_cli.stack import UpOptions, plan_stack
+
+    plan = plan_stack(UpOptions(workdir=tmp_path, port_base=0, with_router=True,
+                                router_args=["--policy", "round_robin"]))
+    spec = next(s for s in plan.specs if s.name == "router")
+    assert spec.cmd[1:3] == ["-m", "sglang_router.launch_router"]
+    assert "--pd-disaggregation" in spec.cmd and spec.cmd[-2:] == ["--policy", "round_robin"]
+    assert spec.cmd[spec.cmd.index("--port") + 1] == str(plan.ports.router)
+    assert spec.cmd[spec.cmd.index("--prometheus-port") + 1] == str(plan.ports.router_metrics)
+    assert plan.router_kind == "sglang" and plan.router_url == f"http://127.0.0.1:{plan.ports.router}"
+    assert not any(s.name.startswith(("agent-", "driver")) for s in plan.specs)
+    # Colocation: the same router, regular workers (no PD mode).
+    colo = plan_stack(UpOptions(workdir=tmp_path / "c", port_base=0, emulated_cluster=True, policy="colocation"))
+    assert "--pd-disaggregation" not in next(s for s in colo.specs if s.name == "router").cmd
 
 
 def test_supervisor_restarts_a_crashed_process_with_backoff(tmp_path: Path):

@@ -25,6 +25,7 @@ from rich.table import Table
 from prorsa_runtime.redact import mask_url
 
 from .common import console, is_tty, out
+from .routerproc import router_name
 from .stack import StackPlan, UpError, UpOptions, plan_stack, register_colocated
 from .supervisor import StartError, Supervisor
 
@@ -208,19 +209,6 @@ def _finish(opts: UpOptions, plan: StackPlan, driver: dict, stop: threading.Even
     if not ok:
         console.print(f"[bold red]the tracker holds {stored[0]} of {want} events, {stored[1]} anomalies[/]")
     return 0 if ok else 1
-
-
-def router_name(kind: str | None) -> str:
-    """What the run's router was: ``sglang-router 0.3.2`` (the installed version) or the
-    emulated one."""
-    if kind == "sglang":
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            return f"sglang-router {version('sglang-router')}"
-        except PackageNotFoundError:
-            return "sglang-router"
-    return "emulated router (prorsa_sim)" if kind == "emulated" else "none"
 
 
 def engine_stats(urls: list[str]) -> dict:

@@ -18,11 +18,11 @@ from typing import Literal
 
 import httpx
 
+from .routerproc import check_router_host, router_spec
 from .supervisor import ProcSpec
 
 Policy = Literal["prorsa", "static", "colocation"]
 RouterKind = Literal["sglang", "emulated"]
-ROUTERS = ("sglang", "emulated")
 PY = sys.executable
 
 NATS_USERS = {
@@ -173,7 +173,10 @@ def check_ports(ports: Ports, opts: UpOptions) -> None:
     elif opts.emulated_cluster and opts.router == "emulated":
         needed = [x for x in needed if x[0] != "router metrics"]
     rhost = opts.router_host or opts.host
-    taken = [f"{p} ({what})" for what, p in needed if not port_free(p, rhost if what.startswith("router") else opts.host)]
+    if rhost != opts.host and any(what.startswith("router") for what, _ in needed):
+        check_router_host(rhost)
+    taken = [f"{p} ({what}{' on ' + rhost if rhost != opts.host and what.startswith('router') else ''})"
+             for what, p in needed if not port_free(p, rhost if what.startswith("router") else opts.host)]
     if taken:
         raise UpError(f"port(s) already in use on {opts.host}: {', '.join(taken)}. Stop what holds them "
                       "(another `prorsa up`?) or choose other ports with --port-base N (0: any free block).")
@@ -374,35 +377,6 @@ def plan_stack(opts: UpOptions) -> StackPlan:
     for s in specs:
         s.env = {**base_env, **s.env}
     return StackPlan(specs, ports, nats_url, db_url, router_url, token, driver_out, progress, m, colocated, kind, setup)
-
-
-def router_spec(opts: UpOptions, ports: Ports, kind: str) -> tuple[str, ProcSpec]:
-    """(router URL, process) of the router ``prorsa up`` starts.
-
-    ``sglang``: the real router, sglang-router 0.3.2 (``python -m sglang_router.launch_router``),
-    in PD mode (regular workers under colocation), with no worker: the engine agents add and
-    remove theirs through ``POST``/``DELETE /workers``. ``emulated``: prorsa_sim's router,
-    kept for the faults the real one cannot be made to produce (see docs/engine-agent.md)."""
-    if kind not in ROUTERS:
-        raise UpError(f"--router must be one of {', '.join(ROUTERS)}, got {kind!r}")
-    host = opts.router_host or opts.host
-    # The URL the agents and the driver use: a wildcard address is reached on loopback here.
-    reach = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    url = f"http://[{reach}]:{ports.router}" if ":" in reach else f"http://{reach}:{ports.router}"
-    if kind == "emulated":
-        cmd = [PY, "-m", "prorsa_sim.emulated", "router", "--host", host, "--port", str(ports.router),
-               "--health-interval", "0.5"]
-    else:
-        try:
-            import sglang_router  # noqa: F401
-        except ImportError:
-            raise UpError("the real router needs sglang-router==0.3.2 (a dependency of prorsa-sim; "
-                          "`scripts/bootstrap` installs it), or pass --router emulated") from None
-        from prorsa_sim.emulated.cluster import sglang_router_command
-
-        cmd = sglang_router_command(ports.router, host, pd=opts.policy != "colocation",
-                                    prometheus_port=ports.router_metrics, extra=opts.router_args)
-    return url, ProcSpec("router", cmd, ready=lambda: _http_ok(url + "/health"), ready_timeout_s=60.0)
 
 
 def _setup_stream(nats_url: str, login: dict[str, str]) -> str:
