@@ -236,7 +236,7 @@ def engine_stats(urls: list[str]) -> dict:
             "behind_share": round(behind / (busy + behind), 4) if busy + behind > 0 else None}
 
 
-SCENARIO_KEYS = ("workload", "engines", "speed", "batch_size", "steps", "max_turns", "seed", "emulated_model")
+SCENARIO_KEYS = ("workload", "engines", "speed", "batch_size", "steps", "max_turns", "seed", "emulated_model", "router")
 """What two runs must share for their rollout times to be compared."""
 
 
