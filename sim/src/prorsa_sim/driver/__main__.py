@@ -34,11 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as exc:
         print(f"error: invalid driver settings: {exc}", file=sys.stderr)
         return 2
-    from .loop import run_driver
+    from .loop import RouterRefused, run_driver
 
     try:
         result = asyncio.run(run_driver(cfg))
-    except (TimeoutError, ConnectionError) as exc:
+    except (TimeoutError, ConnectionError, RouterRefused) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(result.to_json())

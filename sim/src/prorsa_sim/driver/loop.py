@@ -61,6 +61,10 @@ class DriverResult:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
 
 
+class RouterRefused(RuntimeError):
+    """The router answered a request with a client error (4xx other than 408/429)."""
+
+
 class _Counted:
     """The SDK emitter, counting every event it accepted (the count the tracker must match)."""
 
@@ -141,9 +145,14 @@ class Driver:
                     announce = asyncio.create_task(self._announce_prefill(em, traj, req, prefill_at, announced))
                 try:
                     async with client.post(f"{self.cfg.router_url}/generate", json=body) as resp:
+                        if 400 <= resp.status < 500 and resp.status not in (408, 429):
+                            # A refusal of the request itself (sglang-router wraps the
+                            # engine's: {"error": {"code", "message"}}): re-sending it cannot help.
+                            raise RouterRefused(f"router {self.cfg.router_url} refused request {req}: "
+                                                f"HTTP {resp.status}: {(await resp.text())[:300]}")
                         meta = (await resp.json(content_type=None))["meta_info"] if resp.status == 200 else None
                 except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError):
-                    meta = None
+                    meta = None  # unreachable, 5xx (no worker, engine switching), a malformed answer
                 if meta is None:
                     if not announced:
                         announce.cancel()
