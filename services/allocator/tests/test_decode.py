@@ -118,10 +118,11 @@ def test_latency_balance_is_off_without_decode_work_and_rejects_bad_input() -> N
             decode_instances_for_latency(bad, 1e6, 1e6, 1000, 1e6, 1, step)
 
 
-def _latency_cluster(a_p: float) -> tuple[int, int]:
+def _latency_cluster(a_p: float, room_cap: bool = True) -> tuple[int, int]:
     step = DecodeStep(fixed_s=0.03, per_seq_s=1e-4, per_kv_token_s=2e-8)
     cfg = AllocatorConfig(prefill_tokens_per_s=THETA, decode_step_fixed_s=step.fixed_s,
-                          decode_step_per_seq_s=step.per_seq_s, decode_step_per_kv_token_s=step.per_kv_token_s)
+                          decode_step_per_seq_s=step.per_seq_s, decode_step_per_kv_token_s=step.per_kv_token_s,
+                          decode_latency_room_cap=room_cap)
     alloc = Allocator(cfg)
     for i in range(7):
         alloc.handle(registered(f"p{i}", "prefill"))
@@ -147,6 +148,9 @@ def test_planner_never_takes_saturated_prefill_engines_for_decode_latency() -> N
     # aᴾ = 7.5 > 7: prefill is the bottleneck of the closed loop, so the latency term gets
     # no room and decode is sized by KV alone: 7:1, as the KV-only formula gives.
     assert _latency_cluster(7.5) == (7, 1)
+    # Without the cap (the default) the term is the square-root rule's whatever prefill
+    # needs: aᴰ = sqrt(2*7.5*2*0.0512/0.0812) = 4.35 against aᴾ = 7.5 over 8 engines.
+    assert _latency_cluster(7.5, room_cap=False) == (5, 3)
 
 
 def test_theta_ignores_a_queue_that_just_formed_and_is_a_high_quantile() -> None:

@@ -1,6 +1,7 @@
 """The 'priced' gain test: each switch's price (dead time, re-prefill of what its drain
 aborts, prefix cache lost) and the horizon it must pay back over, on hand-computed cases;
-the weight-update pause (free switches) and the step started from the previous step's plan."""
+the weight-update pause (free switches, planned for the last step's steady demand) and the
+hold through a step's opening."""
 
 from __future__ import annotations
 
@@ -119,36 +120,56 @@ def test_the_pause_makes_a_marginal_switch_pay() -> None:
     assert cmds[0].deadline == 100.0 + 30.0
 
 
-def test_a_step_opens_with_the_previous_steps_plan() -> None:
+def test_a_step_is_planned_for_the_steady_demand_and_holds_through_its_opening() -> None:
     # No switch is ever made here (hysteresis 10x): only the plan is checked.
     alloc = Allocator(AllocatorConfig(prefill_tokens_per_s=THETA, hysteresis=10.0))
     for i in range(4):
         alloc.handle(registered(f"p{i}", "prefill"))
         alloc.handle(registered(f"d{i}", "decode"))
     alloc.handle(PolicyUpdated(id="pu-1", ts=0.0, run=RUN, version=1))
-    # The step's opening phase (after the pause, within horizon_s = 120 s): prefill-heavy.
+    # The step's opening (after the pause, within opening_hold_s = 120 s): a prefill burst.
     for t in range(10, 130, 10):
         alloc.handle(forecast(t=float(t), prefill_engines=6.0, decode_engines=1.0))
-    phase = alloc.last_decision.allocation
-    # Later in the step the demand turns to decode; it does not enter the phase.
+        assert "holding through the step's opening" in alloc.last_decision.selection.reason
+    burst = alloc.last_decision.allocation
+    # The rest of the step: decode-heavy, steady; the opening does not enter the steady demand.
     for t in range(130, 500, 10):
-        alloc.handle(forecast(t=float(t), prefill_engines=1.0, decode_engines=6.0))
-    assert alloc.last_decision.allocation.n_prefill < phase.n_prefill
-    # In the next pause the window sees the decode-heavy tail; the plan is the phase's.
+        alloc.handle(forecast(t=float(t), prefill_engines=2.0, decode_engines=5.0))
+    steady = alloc.last_decision.allocation
+    assert steady.n_prefill < burst.n_prefill
+    # In the next pause the window sees only the aborted requests, re-queued (prefill-heavy
+    # again); the plan is the steady one.
     alloc.handle(PolicyUpdated(id="pu-2", ts=500.0, run=RUN, version=2))
-    alloc.handle(forecast(t=500.0, prefill_engines=1.0, decode_engines=6.0))
+    alloc.handle(forecast(t=500.0, prefill_engines=6.0, decode_engines=0.5))
     got = alloc.last_decision.allocation
-    assert (got.n_prefill, got.n_decode) == (phase.n_prefill, phase.n_decode)
-    # The paper rule plans every window from its forecast alone.
+    assert (got.n_prefill, got.n_decode) == (steady.n_prefill, steady.n_decode)
+    assert got.prefill_demand == pytest.approx(2.0) and got.decode_demand == pytest.approx(5.0, rel=0.05)
+    # The paper rule plans every window from its forecast alone and never holds.
     paper = Allocator(AllocatorConfig(prefill_tokens_per_s=THETA, hysteresis=10.0, rule="paper"))
     for i in range(4):
         paper.handle(registered(f"p{i}", "prefill"))
         paper.handle(registered(f"d{i}", "decode"))
     paper.handle(PolicyUpdated(id="pu-1", ts=0.0, run=RUN, version=1))
     paper.handle(forecast(t=10.0, prefill_engines=6.0, decode_engines=1.0))
-    paper.handle(PolicyUpdated(id="pu-2", ts=500.0, run=RUN, version=2))
-    paper.handle(forecast(t=500.0, prefill_engines=1.0, decode_engines=6.0))
-    assert paper.last_decision.allocation.n_prefill < phase.n_prefill
+    assert paper.last_decision.allocation.n_prefill == burst.n_prefill
+    assert "holding" not in paper.last_decision.selection.reason
+
+
+def test_no_switch_in_a_steps_opening() -> None:
+    # 4:4 idle engines, a forecast that wants 6:2 (idle engines: each move costs only its
+    # switch, well past the hysteresis): held within opening_hold_s of the update, made after.
+    def cmds(t: float, hold: float = 120.0) -> list:
+        alloc = Allocator(AllocatorConfig(prefill_tokens_per_s=THETA, opening_hold_s=hold))
+        for i in range(4):
+            alloc.handle(registered(f"p{i}", "prefill"))
+            alloc.handle(registered(f"d{i}", "decode"))
+        alloc.handle(PolicyUpdated(id="pu-1", ts=0.0, run=RUN, version=1))
+        return [e for e in alloc.handle(forecast(t=t, prefill_engines=6.0, decode_engines=1.5))
+                if isinstance(e, EngineCommand)]
+
+    assert cmds(60.0) == []
+    assert [c.to_role for c in cmds(130.0)][:1] == ["prefill"]
+    assert [c.to_role for c in cmds(60.0, hold=0.0)][:1] == ["prefill"]
 
 
 def test_learned_switch_cost_is_net_of_the_deadline_drain() -> None:

@@ -63,6 +63,15 @@ class AllocatorConfig(BaseModel):
         "step model (the priors below, or learned from engine.stats decode_tokens_per_s); "
         "without one the term is off. False: the paper's KV-only decode sizing.",
     )
+    decode_latency_room_cap: bool = Field(
+        default=False,
+        description="Cap the latency-balance term at the decode instances the budget leaves "
+        "once prefill has ceil(prefill demand) instances (a saturated prefill role taken as "
+        "the closed loop's only bottleneck). Off by default: on MiMo-V2.5-Pro general/2 the "
+        "cap held the decode demand at 3 engines where 4:4 is the best fixed ratio, so the "
+        "allocator sat at 5:3 (2.6% slower held fixed); the served-rate veto now keeps a "
+        "decode-hungry term from taking a prefill engine the closed loop needs.",
+    )
     decode_tpot_slack: float | None = Field(
         default=None,
         gt=0,
@@ -99,6 +108,14 @@ class AllocatorConfig(BaseModel):
         "CHOICE: about five drain-and-switch times of an in-place switch (10 s drain deadline "
         "+ 15 s switch on the simulated models), so a switch is bought for a demand that "
         "lasts several times what it takes, not for one window's.",
+    )
+    opening_hold_s: float = Field(
+        default=120.0,
+        ge=0,
+        description="'priced' rule: no switch within this many seconds of a weight update, "
+        "after its pause (a step's opening). CHOICE: the re-prefill burst after an update "
+        "lasts 60-90 s on the simulated agentic settings (benchmarks/allocator_trace.py), "
+        "shorter than a switch and the switch back; 0: off.",
     )
     horizon_switch_multiple: float = Field(
         default=4.0,

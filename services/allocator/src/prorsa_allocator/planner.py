@@ -130,8 +130,9 @@ class Allocator:
         # Weight updates ('priced' rule): the last policy.updated's event time, and the
         # demand of each step's opening phase (the horizon after its pause), by step.
         self.last_update_ts: float | None = None
-        self._phase: list[tuple[float, float, float, float]] = []
-        self._prev_phase: tuple[float, float, float, float] | None = None
+        # The steady demand in instances (aᴾ, aᴰ): an EMA (forecast_alpha) over the windows
+        # outside a step's opening, planned for in the next pause.
+        self._steady: tuple[float, float] | None = None
         # 'priced' rule: the full-prompt prefill rate the cluster served at each prefill
         # count, measured over whole windows with no switch under way: (EMA, windows).
         self.served: dict[int, tuple[float, int, float]] = {}  # count -> (EMA, windows, last t)
@@ -176,10 +177,6 @@ class Allocator:
         vetoed 7:1, the best static ratio, for the whole run)."""
         if self.last_update_ts is None and self.config.served_ramp_s is None:
             self.served.clear()
-        if self._phase:
-            n = len(self._phase)
-            self._prev_phase = tuple(sum(x[i] for x in self._phase) / n for i in range(4))  # type: ignore[assignment]
-        self._phase = []
         self.last_update_ts = ts
 
     def pause_left(self) -> float:
@@ -258,17 +255,24 @@ class Allocator:
             extra = self._decode_step_demand(load, kv_total, a_p, fc.decode_kv_now, fc.decode_admit_tokens, room)
             demand = Demand(fc.prefill_tokens, fc.horizon, kv_total, extra)
             pause_left = self.pause_left() if cfg.rule == "priced" else 0.0
-            phase = self._phase_demand(fc, demand, pause_left)
-            if phase is not None:
-                demand = phase
+            opening = self._opening(fc.t, pause_left)
+            if pause_left > 0 and self._steady is not None:
+                # The pause's own window sees only the requests the update aborted: the step
+                # is planned for the steady demand of the last one.
+                s_p, s_d = self._steady
+                demand = Demand(s_p * fc.horizon * cap.prefill_tokens_per_s, fc.horizon, s_d * kv_cap)
         except ValueError as exc:  # e.g. a forecast of non-finite numbers that slipped through
             decision.skipped = f"cannot plan: {exc}"
             return decision
         alloc = solve(demand, cap, cfg.max_delta)
         decision.allocation = alloc
+        if cfg.rule == "priced" and pause_left <= 0 and not opening:
+            a = cfg.forecast_alpha
+            now_pd = (alloc.prefill_demand, alloc.decode_demand)
+            self._steady = now_pd if self._steady is None else tuple(  # type: ignore[assignment]
+                (1 - a) * old + a * new for old, new in zip(self._steady, now_pd))
         a_p_later = prefill_rate / cap.prefill_tokens_per_s
-        if phase is not None:
-            # The step opens as the previous one did: its plan is the demand for the horizon.
+        if pause_left > 0 and self._steady is not None:
             dv = DemandView(alloc.prefill_demand, alloc.decode_demand, alloc.prefill_demand, alloc.decode_demand,
                             fc.horizon)
         else:
@@ -287,8 +291,14 @@ class Allocator:
             served = {p: r for p, (r, n, t) in self.served.items()
                       if n >= cfg.served_min_samples and fc.t - t <= cfg.served_memory_s}
             ctx = PricedContext(self.theta.value, self._pool_hit(engines), self.decode_turn_s, pause_left, served)
-            sel = select_priced(alloc, engines, dv, self.now, cfg, self.switch_cost, ctx, self.last_direction,
-                                self.last_switch_ts, imbalance, initial=self.counters.commands == 0)
+            if opening:
+                since, what = ((fc.t - self.last_update_ts, "the weight update") if self.last_update_ts is not None
+                               else (fc.t - (self._first_t or fc.t), "the run's first forecast"))
+                sel = Selection(reason=f"holding through the step's opening ({since:.0f}s of "
+                                       f"{cfg.opening_hold_s:.0f}s after {what})")
+            else:
+                sel = select_priced(alloc, engines, dv, self.now, cfg, self.switch_cost, ctx, self.last_direction,
+                                    self.last_switch_ts, imbalance, initial=self.counters.commands == 0)
         else:
             sel = select_switches(
                 alloc, engines, dv, self.now, cfg, self.switch_cost, self.last_direction, self.last_switch_ts,
@@ -334,23 +344,19 @@ class Allocator:
             self.last_direction, self.last_switch_ts = sel.moves[0].to_role, ts
         return decision
 
-    def _phase_demand(self, fc: ForecastWindow, demand: Demand, pause_left: float) -> Demand | None:
-        """'priced' rule. After a weight update's pause and within ``horizon_s`` of it, the
-        window's demand is recorded as this step's opening phase. In the pause, the
-        previous step's opening phase (mean over its windows) is returned: the demand the
-        step is planned for, since the pause's own window sees only the aborted requests
-        re-queued by the update. None: use the forecast."""
-        if self.config.rule != "priced" or self.last_update_ts is None:
-            return None
-        if pause_left > 0:
-            if self._prev_phase is None:
-                return None
-            w, h, kv, extra = self._prev_phase
-            return Demand(w, h, kv, extra)
-        if fc.t - self.last_update_ts <= self.config.horizon_s:
-            self._phase.append((demand.prefill_tokens, demand.horizon_s, demand.decode_kv_tokens,
-                                demand.decode_instances))
-        return None
+    def _opening(self, t: float, pause_left: float) -> bool:
+        """'priced' rule: whether window ``t`` is in a step's opening, after the weight-update
+        pause and within ``opening_hold_s`` of the update, when no switch is made. The
+        re-prefill burst after an update (the carried-over trajectories and the new batch's
+        prompts) lasts less than a switch and the switch back: the forecast sees it as
+        prefill demand of two to three times the steady one, and on every setting measured
+        a split moved for it served the rest of the step worse than the one it left."""
+        cfg = self.config
+        if cfg.rule != "priced" or pause_left > 0:
+            return False
+        if self.last_update_ts is None:  # the run's own opening: an empty cluster ramps up
+            return self._first_t is not None and t - self._first_t <= cfg.opening_hold_s
+        return t - self.last_update_ts <= cfg.opening_hold_s
 
     def _measure_served(self, engines: list, fc: ForecastWindow) -> None:
         """Fold the last window's served prefill rate into the rate of the prefill count
@@ -391,12 +397,13 @@ class Allocator:
         hits = [v.cache_hit_rate for v in engines if v.role == "prefill" and v.cache_hit_rate is not None]
         return sum(hits) / len(hits) if hits else 0.0
 
-    @staticmethod
-    def _decode_room(prefill_instances: float, cap: Capacity) -> float:
+    def _decode_room(self, prefill_instances: float, cap: Capacity) -> float:
         """Decode instances the budget leaves once prefill has the whole instances its
         demand needs: the latency-balance term may only take engines prefill can spare.
         In a closed rollout loop a saturated prefill role is THE throughput bottleneck, and
         a faster decode step then only moves turns into the prefill queue sooner."""
+        if not self.config.decode_latency_room_cap:
+            return math.inf
         need = max(1, math.ceil(prefill_instances - 1e-9)) if prefill_instances > 0 else 1
         return max(0.0, (cap.gpu_budget - cap.gpus_prefill * need) / cap.gpus_decode)
 
