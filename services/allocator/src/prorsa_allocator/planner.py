@@ -292,10 +292,8 @@ class Allocator:
                       if n >= cfg.served_min_samples and fc.t - t <= cfg.served_memory_s}
             ctx = PricedContext(self.theta.value, self._pool_hit(engines), self.decode_turn_s, pause_left, served)
             if opening:
-                since, what = ((fc.t - self.last_update_ts, "the weight update") if self.last_update_ts is not None
-                               else (fc.t - (self._first_t or fc.t), "the run's first forecast"))
-                sel = Selection(reason=f"holding through the step's opening ({since:.0f}s of "
-                                       f"{cfg.opening_hold_s:.0f}s after {what})")
+                sel = Selection(reason=f"holding through the step's opening ({fc.t - self.last_update_ts:.0f}s "
+                                       f"of {cfg.opening_hold_s:.0f}s after the weight update)")
             else:
                 sel = select_priced(alloc, engines, dv, self.now, cfg, self.switch_cost, ctx, self.last_direction,
                                     self.last_switch_ts, imbalance, initial=self.counters.commands == 0)
@@ -352,10 +350,8 @@ class Allocator:
         prefill demand of two to three times the steady one, and on every setting measured
         a split moved for it served the rest of the step worse than the one it left."""
         cfg = self.config
-        if cfg.rule != "priced" or pause_left > 0:
+        if cfg.rule != "priced" or self.last_update_ts is None or pause_left > 0:
             return False
-        if self.last_update_ts is None:  # the run's own opening: an empty cluster ramps up
-            return self._first_t is not None and t - self._first_t <= cfg.opening_hold_s
         return t - self.last_update_ts <= cfg.opening_hold_s
 
     def _measure_served(self, engines: list, fc: ForecastWindow) -> None:
