@@ -25,7 +25,10 @@ def _metric(port: int, name: str) -> float:
 
 async def test_poison_commands_are_dead_lettered_and_a_restart_carries_on(agent_factory, events, ns, router):
     port = free_port()
-    agent = agent_factory([emulated_instance("x0", "prefill")], metrics_port=port).start()
+    agent = agent_factory(
+        # A flip to decode needs the decode CUDA-graph memory figure (PRECHECK refuses it
+        # otherwise, as SGLang does); this agent has no decode engine to read it from.
+        [emulated_instance("x0", "prefill", decode_cuda_graph_memory_gb=1.5)], metrics_port=port).start()
     try:
         await events.wait("engine.registered", engine="x0", timeout=60)
         stats = EventFactory("t")("engine.stats", 1.0, engine="x0", role="prefill", running_reqs=0, queued_reqs=0,
