@@ -96,7 +96,8 @@ class AllocatorConfig(BaseModel):
         default="priced",
         description="The gain test. 'priced': every switch priced (dead time, re-prefill of "
         "what its drain aborts, prefix cache lost) over ``horizon_s``, free in the weight-update "
-        "pause, a step started from the previous step's plan (switching.py, docs/allocator.md). "
+        "pause and planned there for the last step's steady demand, no switch in a step's opening "
+        "(switching.py, planner.py, docs/allocator.md). "
         "'paper': the window's capacity ratio over ``lookahead_windows`` with drain x "
         "``drain_weight`` + switch time as the only cost (paper §4.2 with this allocator's "
         "switch execution; kept to compare).",

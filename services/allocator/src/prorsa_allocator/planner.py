@@ -127,8 +127,7 @@ class Allocator:
         # Since when (forecast time) the engines have been off target in one direction.
         self._imbalance_dir: str | None = None
         self._imbalance_since = 0.0
-        # Weight updates ('priced' rule): the last policy.updated's event time, and the
-        # demand of each step's opening phase (the horizon after its pause), by step.
+        # Weight updates ('priced' rule): the last policy.updated's event time.
         self.last_update_ts: float | None = None
         # The steady demand in instances (aᴾ, aᴰ): an EMA (forecast_alpha) over the windows
         # outside a step's opening, planned for in the next pause.
@@ -168,10 +167,10 @@ class Allocator:
         return self.expire(self.now)
 
     def on_update(self, ts: float) -> None:
-        """A weight update at event time ``ts``: the pause starts, and the opening phase of
-        the step that ends here becomes the previous step's plan. With ``served_ramp_s``
-        None, the served rates measured so far are dropped at the first update; by default
-        only the ramp's windows were left unmeasured (``_measure_served``): the first step
+        """A weight update at event time ``ts``: the pause starts, then the step's opening
+        (``_opening``). With ``served_ramp_s`` None, the served rates measured so far are
+        dropped at the first update; by default only the ramp's windows were left
+        unmeasured (``_measure_served``): the first step
         starts from an empty cluster, its rates ramp up with the demand and compare with
         nothing later (DeepSeek coding/2: 7:1 measured at 138k tokens/s in the first 40 s
         vetoed 7:1, the best static ratio, for the whole run)."""
