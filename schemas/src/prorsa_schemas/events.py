@@ -186,6 +186,12 @@ class PolicyUpdated(Event):
 
     type: Literal["policy.updated"] = "policy.updated"
     version: int
+    # Added (optional, not in EVENTS.md v1): where the weights of ``version`` were loaded
+    # from; the engine agent relaunches an engine on them in a restart-mode switch.
+    model_path: str | None = Field(default=None, min_length=1, max_length=4096, description=(
+        "added optional field: where the weights of version were loaded from (a path or model id, as "
+        "SGLang's --model-path takes it); the engine agent relaunches an engine on these weights in a "
+        "restart-mode switch"))
 
 
 # --- engine events (published by engine agents) --------------------------------------
@@ -248,6 +254,13 @@ class EngineSwitched(Event):
     to_role: Role
     seconds: float = Field(ge=0.0)
     mode: SwitchMode | None = None
+    # Added (optional, not in EVENTS.md v1): the requests the switch aborted to reach idle
+    # (running or waiting at the first abort_all), for the framework to re-queue. Absent
+    # when none was aborted.
+    aborted_reqs: int | None = Field(default=None, ge=1, description=(
+        "added optional field: the requests the switch aborted to reach idle (running or waiting when "
+        "the agent first sent abort_all); SGLang answers each with finish_reason abort and the framework "
+        "re-queues them. Absent when none was aborted"))
 
 
 class EngineSwitchFailed(Event):
@@ -258,6 +271,13 @@ class EngineSwitchFailed(Event):
     cmd: Id
     role: Role
     error: str = Field(min_length=1, max_length=4096)
+    # Added (optional, not in EVENTS.md v1): the requests the switch aborted to reach idle
+    # (running or waiting at the first abort_all), for the framework to re-queue. Absent
+    # when none was aborted.
+    aborted_reqs: int | None = Field(default=None, ge=1, description=(
+        "added optional field: the requests the switch aborted to reach idle (running or waiting when "
+        "the agent first sent abort_all); SGLang answers each with finish_reason abort and the framework "
+        "re-queues them. Absent when none was aborted"))
 
 
 class EngineDeregistered(Event):

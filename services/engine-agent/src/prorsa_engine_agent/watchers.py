@@ -72,8 +72,8 @@ class BusWatchers:
             except EventError:
                 return  # the tracker records it
             if isinstance(ev, PolicyUpdated) and (self.policy is None or ev.ts >= self.policy.ts):
-                path = (ev.model_extra or {}).get("model_path")
-                self.policy = Policy(ev.version, ev.ts, path if isinstance(path, str) and path else None)
+                path = ev.model_path
+                self.policy = Policy(ev.version, ev.ts, path or None)
                 log.info("policy version %d (ts %.3f%s)", ev.version, ev.ts,
                          f", model_path {path}" if self.policy.model_path else "")
 
