@@ -12,6 +12,27 @@ from rich.console import Console
 console = Console(stderr=True)
 out = Console()
 
+def check_nats_url(value: str) -> str:
+    """``value`` if it is a NATS URL (one server, or several separated by commas); a clear
+    error at once otherwise, instead of retrying a connection that cannot work."""
+    from urllib.parse import urlsplit
+
+    servers = [s.strip() for s in value.split(",")]
+    for s in servers:
+        try:
+            u = urlsplit(s)
+            port = u.port  # raises on a port that is no number or out of range
+        except ValueError as exc:
+            raise typer.BadParameter(f"{s!r} is not a NATS URL ({exc})") from None
+        if u.scheme not in ("nats", "tls", "ws", "wss") or not u.hostname or u.path not in ("", "/"):
+            from prorsa_runtime.redact import mask_url
+
+            raise typer.BadParameter(f"{mask_url(s)!r} is not a NATS URL: expected nats://host:port (or tls://, ws://, "
+                                     "wss://), several separated by commas")
+        del port
+    return value
+
+
 NatsOpt = Annotated[
     str,
     typer.Option(
@@ -19,6 +40,7 @@ NatsOpt = Annotated[
         envvar="PRORSA_NATS_URL",
         help="NATS server URL (env PRORSA_NATS_URL).",
         show_default=True,
+        callback=check_nats_url,
     ),
 ]
 PrefixOpt = Annotated[
@@ -30,6 +52,27 @@ StreamOpt = Annotated[
 ]
 
 DEFAULT_NATS = "nats://127.0.0.1:4222"
+
+CONNECT_TIMEOUT_S = 3.0
+"""How long a one-shot command (publish, replay) waits for the bus by default: a server
+that is not there fails in seconds; --connect-timeout waits longer for one starting."""
+
+
+def _flags_show_no_type() -> None:
+    """typer 0.29 prints a type beside every flag in help (``--json <bool>``), although a
+    flag takes no value: show none, as click does."""
+    from typer.core import TyperOption
+
+    shown = TyperOption.display_type_rich
+    if getattr(shown, "_prorsa_flags", False):
+        return
+
+    def display_type_rich(self, ctx):  # noqa: ANN001, ANN202 - typer's signature
+        return None if self.is_flag else shown(self, ctx)
+
+    display_type_rich._prorsa_flags = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

@@ -14,7 +14,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import DEFAULT_NATS, NatsOpt, PrefixOpt, StreamOpt, console, fail, namespace, out
+from .common import (CONNECT_TIMEOUT_S, DEFAULT_NATS, NatsOpt, PrefixOpt, StreamOpt, _flags_show_no_type, console,
+                     fail, namespace, out)
 
 app = typer.Typer(
     name="prorsa",
@@ -23,6 +24,33 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+_flags_show_no_type()
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        names = ["prorsa", "prorsa-schemas", "prorsa-runtime", "prorsa-tracker", "prorsa-forecaster",
+                 "prorsa-allocator", "prorsa-engine-agent"]
+        found = []
+        for name in names:
+            try:
+                found.append((name, version(name)))
+            except PackageNotFoundError:
+                continue  # not installed on this host (e.g. an agent-only image)
+        out.print(f"prorsa {dict(found).get('prorsa', 'unknown')}", highlight=False)
+        for name, v in found[1:]:
+            out.print(f"  {name} {v}", highlight=False)
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version of prorsa and its installed packages, and exit.")] = False,
+) -> None:
+    """Prorsa: forecast-driven prefill/decode role switching for agentic RL rollout."""
 
 # Sub-commands contributed by the service packages (each module defines register(app)).
 PLUGINS = [
@@ -174,7 +202,7 @@ def publish_cmd(
     prefix: PrefixOpt = "prorsa",
     stream: StreamOpt = "PRORSA",
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the last acks.")] = 120.0,
-    connect_timeout: Annotated[float, typer.Option(help="Seconds to wait for the bus.")] = 30.0,
+    connect_timeout: Annotated[float, typer.Option(help="Seconds to wait for the bus (a server that is starting).")] = CONNECT_TIMEOUT_S,
 ) -> None:
     """Publish a log's events to the bus, byte for byte, with de-duplication by event id.
 
@@ -213,7 +241,7 @@ def replay_cmd(
     prefix: PrefixOpt = "prorsa",
     stream: StreamOpt = "PRORSA",
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the last acks.")] = 120.0,
-    connect_timeout: Annotated[float, typer.Option(help="Seconds to wait for the bus.")] = 30.0,
+    connect_timeout: Annotated[float, typer.Option(help="Seconds to wait for the bus (a server that is starting).")] = CONNECT_TIMEOUT_S,
 ) -> None:
     """Re-publish a log at its recorded pace so live services can be debugged against it.
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -53,20 +52,24 @@ def count_run(db_url: str, run: str) -> tuple[int, int]:
     return int(n), int(a)
 
 
-_METRIC = re.compile(r'^(\w+)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)$')
-
-
 def scrape(url: str) -> dict[str, float]:
-    """A Prometheus text page as {'name{labels}': value} (empty if unreachable)."""
+    """A Prometheus text page as {'name{labels}': value} (empty if unreachable or not a
+    Prometheus page), read with prometheus-client's parser; labels as the page writes them
+    (``prorsa_forecaster_wape{series="prefill"}``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     try:
         text = httpx.get(url.rstrip("/") + "/metrics", timeout=2.0).text
     except httpx.HTTPError:
         return {}
-    out = {}
-    for line in text.splitlines():
-        mm = _METRIC.match(line.strip())
-        if mm:
-            out[mm.group(1) + (mm.group(2) or "")] = float(mm.group(3))
+    out: dict[str, float] = {}
+    try:
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                labels = ",".join(f'{k}="{v}"' for k, v in s.labels.items())
+                out[s.name + (f"{{{labels}}}" if labels else "")] = float(s.value)
+    except ValueError:  # not the Prometheus text format: nothing to read
+        return {}
     return out
 
 

@@ -1,64 +1,16 @@
-"""`prorsa tracker run|load|api`, `prorsa export`, `prorsa history`, `prorsa trajectories`,
-`prorsa runs`. Heavy imports stay inside the commands so `prorsa --help` stays fast."""
+"""`prorsa tracker run|load|api`; the query commands (`prorsa export`, `history`,
+`trajectories`, `runs`) are in :mod:`.cli_query`. Heavy imports stay inside the commands so
+`prorsa --help` stays fast."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-DbOpt = Annotated[str, typer.Option("--db", envvar="PRORSA_TRACKER_DB_URL", help="Database URL (sqlite:///f.db or postgresql://...).")]
-RunOpt = Annotated[str, typer.Option("--run", help="Run id.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-
-
-def _fail(msg: str, code: int = 2):
-    from prorsa_cli.common import fail
-
-    fail(msg, code)
-
-
-def _shown(db: str) -> str:
-    from .db import shown_url
-
-    return shown_url(db)
-
-
-def _engine(db: str, must_exist: bool = True):
-    from sqlalchemy import inspect
-
-    from .db import DatabaseUrlError, error_line, make_engine
-
-    try:
-        eng = make_engine(db)
-    except DatabaseUrlError as exc:
-        _fail(str(exc))
-    if must_exist:
-        try:
-            if not inspect(eng).has_table("events"):
-                _fail(f"{_shown(db)} is not a tracker database (no 'events' table): run `prorsa tracker load` or the tracker first")
-        except Exception as exc:  # unreachable server, bad file
-            _fail(f"cannot open {_shown(db)}: {error_line(exc)}")
-    return eng
-
-
-def _print_table(rows: list[dict], columns: list[str], title: str) -> None:
-    from rich.table import Table
-
-    from prorsa_cli.common import out
-
-    t = Table(title=title)
-    for c in columns:
-        t.add_column(c)
-    for r in rows:
-        t.add_row(*["" if r.get(c) is None else str(r.get(c)) for c in columns])
-    out.print(t)
-
-
-def _dump(obj) -> None:
-    typer.echo(json.dumps(obj, indent=2, default=str))
+from .cli_query import DbOpt, engine as _engine, fail as _fail, shown as _shown
+from .cli_query import register as register_queries
 
 
 def register(app: typer.Typer) -> None:
@@ -171,79 +123,4 @@ def register(app: typer.Typer) -> None:
         _engine(db)
         uvicorn.run(create_app(db, token), host=host, port=port, log_level="warning")
 
-    @app.command("export")
-    def export_cmd(run: RunOpt, db: DbOpt, output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Log to write (.jsonl or .jsonl.gz); default stdout.")] = None) -> None:
-        """Write a run's events back as a contract log (exact bytes, ordered by ts), with the
-        engine events of other runs that its engine events need (their registrations), so
-        that the export loads without anomalies."""
-        import sys
-
-        from .queries import count_events
-        from .tools import engine_context, export, export_events
-
-        eng = _engine(db)
-        if count_events(eng, run) == 0:
-            _fail(f"run {run!r} has no events in {_shown(db)}")
-        if output is None:
-            ctx = engine_context(eng, run)
-            for raw in export_events(eng, run, ctx):
-                sys.stdout.buffer.write(raw + b"\n")
-            n_ctx = len(ctx)
-        else:
-            n, n_ctx = export(eng, run, output)
-            typer.echo(f"exported {n} events of run {run} to {output}", err=True)
-        if n_ctx:
-            typer.echo(f"({n_ctx} of them engine events of other runs that the run's engine events need)", err=True)
-
-    @app.command("history")
-    def history_cmd(traj: Annotated[str, typer.Argument(help="Trajectory id.")], run: RunOpt, db: DbOpt, as_json: JsonOpt = False) -> None:
-        """A trajectory's full timeline: states, requests (tokens, latencies), tool and reward spans."""
-        from .queries import QueryError, history
-
-        try:
-            h = history(_engine(db), run, traj)
-        except QueryError as exc:
-            _fail(str(exc), 1)
-        if as_json:
-            _dump(h)
-            return
-        tr = h["trajectory"]
-        typer.echo(f"trajectory {traj} (run {run}): {tr['state']}, {tr['turns']} turns, {tr['context_tokens']} context tokens")
-        _print_table(h["timeline"], ["ts", "event", "from", "to", "context_tokens", "req"], "states")
-        _print_table(h["requests"], ["req", "turn", "prompt_tokens", "cached_tokens", "output_tokens", "queued_ts", "queue_s", "ttft_s", "decode_s", "finish", "engine", "decode_engine"], "requests")
-        _print_table(h["spans"], ["kind", "start_ts", "end_ts", "mode", "ok", "tokens", "reward"], "spans")
-        if h["anomalies"]:
-            _print_table(h["anomalies"], ["ts", "type", "reason"], "anomalies")
-
-    @app.command("trajectories")
-    def trajectories_cmd(
-        run: RunOpt, db: DbOpt,
-        state: Annotated[Optional[str], typer.Option(help="State filter (or 'live').")] = None,
-        since: Annotated[Optional[float], typer.Option(help="Alive at or after this ts.")] = None,
-        until: Annotated[Optional[float], typer.Option(help="Dispatched at or before this ts.")] = None,
-        limit: Annotated[int, typer.Option(help="Rows per page.")] = 100,
-        offset: Annotated[int, typer.Option(help="Rows to skip.")] = 0,
-        as_json: JsonOpt = False,
-    ) -> None:
-        """List a run's trajectories by state and time range."""
-        from .queries import QueryError, trajectories
-
-        try:
-            rows = trajectories(_engine(db), run, state, since, until, limit, offset)
-        except QueryError as exc:
-            _fail(str(exc))
-        if as_json:
-            _dump(rows)
-        else:
-            _print_table(rows, ["traj", "state", "state_ts", "dispatched_ts", "ended_ts", "turns", "context_tokens", "group", "admitted"], f"trajectories of {run}")
-
-    @app.command("runs")
-    def runs_cmd(db: DbOpt, as_json: JsonOpt = False) -> None:
-        """List the runs in the log with their counters."""
-        from .queries import runs
-
-        rows = runs(_engine(db))
-        if as_json:
-            _dump(rows)
-        else:
-            _print_table(rows, ["run", "mode", "injection", "dispatched", "live", "done", "dropped", "admitted", "first_ts", "last_ts"], "runs")
+    register_queries(app)
