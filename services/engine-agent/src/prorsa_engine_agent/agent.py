@@ -52,6 +52,7 @@ from .metrics import AgentMetrics
 from .launch import launch_command, launch_env
 from .process import Processes
 from .procedure import run_switch
+from .reconcile import reconcile_loop
 from .watchers import BusWatchers, _stream_seq, command_consumer
 from .weights import Policy, Weights
 
@@ -96,6 +97,7 @@ class EngineAgent(BusWatchers):
         self.registry_reader: OrderedReader | None = None
         self.policy_reader: OrderedReader | None = None
         self.policy: Policy | None = None  # the latest policy.updated read
+        self.announced: set[str] = set()  # engines this process published engine.registered for
         self.command_figures = DurableFigures(command_consumer(self.ns, self.settings.server))
 
     # -- events --------------------------------------------------------------------------
@@ -111,6 +113,7 @@ class EngineAgent(BusWatchers):
                      gpus=i.gpu_count, kv_capacity_tokens=st.kv_capacity, url=i.url,
                      parallel=Parallel(tp=i.tp, dp=i.dp, ep=i.ep, attn_dp=i.attn_dp),
                      switch_modes=i.switch_modes())
+        self.announced.add(i.engine)
 
     # -- instances --------------------------------------------------------------------------
     def launched_weights(self, st: EngineState) -> Weights:
@@ -166,8 +169,9 @@ class EngineAgent(BusWatchers):
         log.info("%s up at %s as %s (%s)", inst.engine, inst.url, st.role,
                  "adopted" if ours_alive or not inst.can_restart else "launched")
 
-    async def ensure_registered(self, st: EngineState, role: str) -> None:
-        """The router lists this instance with ``worker_type == role`` (idempotent)."""
+    async def ensure_registered(self, st: EngineState, role: str, announce: bool = True) -> None:
+        """The router lists this instance with ``worker_type == role`` (idempotent); then
+        ``engine.registered`` goes out (``announce``)."""
         url = st.inst.url
         w = await self.router.find(url)
         if w is not None and w.get("worker_type") != role:
@@ -181,7 +185,8 @@ class EngineAgent(BusWatchers):
         st.registered = True
         self.journal.roles[st.inst.engine] = role
         st.kv_capacity = (await st.client.loads()).capacity_tokens or st.kv_capacity
-        self._registered_event(st)
+        if announce:
+            self._registered_event(st)
 
     async def _wait_router(self, cond, url: str, what: str) -> None:
         loop = asyncio.get_running_loop()
@@ -225,9 +230,9 @@ class EngineAgent(BusWatchers):
             self.finish(st, sw)
 
     def finish(self, st: EngineState, sw: Switch) -> None:
-        # aborted_reqs (optional, docs/events.md): requests the switch aborted, for the
+        # aborted_reqs (optional, docs/contract.md): requests the switch aborted, for the
         # framework to retry; absent when it aborted none.
-        extra = {"aborted_reqs": sw.aborted} if sw.aborted else {}
+        extra = {"aborted_reqs": sw.aborted or None}
         if sw.phase is Phase.DONE:
             self.publish(EngineSwitched, event_id(sw.cmd, "switched"), run=sw.run, engine=sw.engine,
                          cmd=sw.cmd, from_role=sw.from_role, to_role=sw.to_role,
@@ -425,6 +430,7 @@ class EngineAgent(BusWatchers):
         self.journal.save()
         stats = self.spawn(self._stats_loop(stop))
         backlog = self.spawn(self._read_command_backlog(js, stop))
+        self.spawn(reconcile_loop(self, stop))  # a restarted router gets our engines back
         self.ready.set()
         log.info("engine agent %s ready: %d engines, router %s", s.server, len(self.engines), s.router_url)
         try:

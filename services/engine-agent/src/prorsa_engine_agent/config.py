@@ -164,6 +164,8 @@ class _AgentFields(ServiceSettings):
     restart_timeout_s: float = Field(default=1200.0, gt=0, description="relaunch until healthy")
     health_timeout_s: float = Field(default=60.0, gt=0)
     router_timeout_s: float = Field(default=60.0, gt=0, description="router add/remove to take effect")
+    router_reconcile_s: float = Field(default=5.0, ge=0, description="how often the router's worker "
+                                      "list is checked and missing engines registered again (0: never)")
     unknown_engine_grace_s: float = Field(default=2.0, ge=0)
     poll_s: float = Field(default=0.05, gt=0, description="poll period while waiting on an engine")
     update_wait_s: float = Field(default=120.0, ge=0, description="how long a switch waits for a weight "

@@ -3,7 +3,8 @@
 ``prorsa_agent_engines{role,up}`` (the instances and their roles),
 ``prorsa_agent_switches_in_flight``, ``prorsa_agent_switch_outcomes_total{outcome}``,
 ``prorsa_agent_switch_seconds_sum`` / ``_count`` (durations of completed switches),
-``prorsa_agent_dead_letters_total{kind}`` (command messages acknowledged without being
+``prorsa_agent_router_reregistrations_total`` (engines registered again because the
+router did not list them, :mod:`.reconcile`), ``prorsa_agent_dead_letters_total{kind}`` (command messages acknowledged without being
 carried out: invalid, on the wrong subject, or failed in the agent),
 ``prorsa_agent_consumer_pending{consumer}`` / ``prorsa_agent_backlog_messages{consumer}``
 (commands not yet delivered / not yet acknowledged, and the registrations not yet read,
@@ -26,6 +27,7 @@ class AgentMetrics:
     def __init__(self) -> None:
         self.outcomes: Counter[str] = Counter()
         self.seconds_sum = 0.0
+        self.reregistrations = 0
         self.agent = None
 
     def record(self, outcome: str, seconds: float | None = None) -> None:
@@ -52,6 +54,9 @@ class AgentMetrics:
                                   value=self.seconds_sum)
         yield CounterMetricFamily("prorsa_agent_switch_seconds_count", "completed switches",
                                   value=self.outcomes.get("switched", 0))
+        yield CounterMetricFamily("prorsa_agent_router_reregistrations",
+                                  "engines registered with the router again because it did not list them",
+                                  value=self.reregistrations)
         dead = getattr(agent, "dead_letters", None)
         if dead is not None:
             yield from dead.collect()
