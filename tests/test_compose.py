@@ -172,6 +172,38 @@ def test_emulated_agent_config_is_valid():
     assert all(i.launch == "emulated" for i in cfg.instances)
 
 
+def test_the_emulated_profile_runs_the_real_router():
+    """sglang-router 0.3.2 in PD mode, as `prorsa up --emulated-cluster` runs it: its command
+    is accepted by the router's own argument parser, its package is in the image, and the
+    agent and the driver reach it where it listens."""
+    from sglang_router.launch_router import parse_router_args
+
+    from prorsa_engine_agent.config import load_config
+
+    router = SERVICES["router"]
+    cmd = router["command"]
+    assert cmd[:3] == ["python", "-m", "sglang_router.launch_router"], cmd
+    args = parse_router_args(cmd[3:])  # an unknown flag or a bad value exits here
+    assert args.pd_disaggregation and args.host == "0.0.0.0"
+    assert not args.prefill_urls and not args.decode_urls, "the agent registers the workers"
+    assert router["ports"] == [f"{args.port}:{args.port}"]
+    assert f"127.0.0.1:{args.port}/health" in " ".join(router["healthcheck"]["test"])
+    # The image installs the package whose dependencies pin the router.
+    steps = parse_dockerfile(ROOT / router["build"]["dockerfile"])
+    sync = next(a for k, a in steps if k == "RUN" and "uv sync" in a)
+    package = re.search(r"--package\s+(\S+)", sync).group(1)
+    assert "prorsa-sim" in _deps(package)
+    sim = tomllib.loads((ROOT / "sim" / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert "sglang-router==0.3.2" in sim
+    # The agent registers its engines there once it answers; the driver sends requests there.
+    agent = SERVICES["emulated-agent"]
+    assert agent["depends_on"]["router"] == {"condition": "service_healthy"}
+    cfg = load_config(ROOT / "docker" / "agent-emulated.toml")
+    assert cfg.settings.router_url == f"http://router:{args.port}"
+    driver = SERVICES["driver"]["command"]
+    assert driver[driver.index("--router") + 1] == f"http://router:{args.port}"
+
+
 CLUSTER = ROOT / "deploy" / "nats" / "cluster"
 
 
