@@ -10,8 +10,8 @@ import pytest
 from prorsa_allocator.config import AllocatorConfig
 from prorsa_allocator.engines import EngineView
 from prorsa_allocator.planner import Allocator
-from prorsa_allocator.switching import DemandView, PricedContext, SwitchPrice, price_switch, priced_net
-from prorsa_allocator.testing import RUN, THETA, forecast, registered, stats, switched
+from prorsa_allocator.switching import DemandView, PricedContext, SwitchPrice, price_switch, priced_net, role_pressed
+from prorsa_allocator.testing import KV, RUN, THETA, forecast, registered, stats, switched
 from prorsa_schemas import EngineCommand, PolicyUpdated
 
 CFG = AllocatorConfig(prefill_tokens_per_s=THETA)  # drain deadline 10 s, prefill drain 2 s
@@ -298,3 +298,39 @@ def test_a_move_waits_until_the_imbalance_outlasts_its_dead_time() -> None:
         now.handle(stats(f"e{i}", role, ts=1.0))
     assert [e for e in now.handle(forecast(t=100.0, prefill_engines=6.0, decode_engines=1.0))
             if isinstance(e, EngineCommand)]
+
+
+def test_the_veto_yields_when_the_engines_show_the_need_now() -> None:
+    # 6:2, the forecast asks for 7:1, and 7:1 served 10% less when it was held: vetoed,
+    # unless the prefill engines queue (5 a engine > 4) while decode idles (KV 20% < 50%,
+    # no queue): then the engines' state, not an average over other phases, decides.
+    def cmds(prefill_queue: int, decode_kv: int, yields: bool = True) -> list:
+        alloc = _cluster(6, 2, served_veto_yields_to_state=yields)
+        for i in range(6):
+            alloc.handle(stats(f"p{i}", "prefill", ts=55.0, running=2, queued=prefill_queue))
+        for i in range(2):
+            alloc.handle(stats(f"d{i}", "decode", ts=55.0, running=3, kv_used=decode_kv))
+        alloc.served = {6: (100_000.0, 5, 50.0), 7: (90_000.0, 5, 50.0)}
+        out = alloc.handle(forecast(t=60.0, prefill_engines=7.0, decode_engines=1.0))
+        return [e for e in out if isinstance(e, EngineCommand)]
+
+    kv_cap = KV  # every engine's KV capacity (registered())
+    assert [c.to_role for c in cmds(5, kv_cap // 5)] == ["prefill"]
+    assert cmds(4, kv_cap // 5) == []  # 4 queued a engine is not more than 4
+    assert cmds(5, kv_cap * 6 // 10) == []  # decode at 60% KV is not idle
+    assert cmds(5, kv_cap // 5, yields=False) == []
+
+
+def test_role_pressed_reads_saturated_and_idle_roles() -> None:
+    def v(role: str, queued: int = 0, kv: int = 0) -> EngineView:
+        return EngineView(engine=f"{role}{queued}{kv}", server="s", role=role, gpus=8, kv_capacity_tokens=100,
+                          queued_reqs=queued, kv_used_tokens=kv)
+
+    assert role_pressed([v("prefill", 5), v("decode", 0, 49)], "prefill")
+    assert not role_pressed([v("prefill", 5), v("decode", 1, 10)], "prefill")  # decode queues
+    assert role_pressed([v("prefill", 0), v("decode", 0, 86)], "decode")  # KV over 85%
+    assert role_pressed([v("prefill", 0), v("decode", 5, 10)], "decode")  # decode queue over 4
+    assert not role_pressed([v("prefill", 1), v("decode", 5, 90)], "decode")  # prefill queues too
+    switching = v("decode", 0, 99)
+    switching.switching_to = "prefill"
+    assert not role_pressed([v("prefill", 0), switching], "decode")  # no decode engine serving

@@ -155,6 +155,13 @@ class AllocatorConfig(BaseModel):
         "compare with nothing later). None: every rate measured before the first weight update "
         "is dropped at it.",
     )
+    served_veto_yields_to_state: bool = Field(
+        default=True,
+        description="'priced' rule: the served-rate veto does not apply while the engines show "
+        "the move's need now (the role it feeds saturated, the other idle: switching.role_pressed). "
+        "On MiMo-V2.5-Pro coding/8 (seed 0, 3 steps, from 6:2) the veto held 6:2 through every "
+        "prefill-bound phase: 3079.7 s; yielding, 2973.6 s (6:2 held fixed: 3106.7 s).",
+    )
     served_min_samples: int = Field(
         default=3,
         ge=1,

@@ -382,7 +382,11 @@ def select_priced(
     # depends on the split that served it (a choked decode side lowers the prefill
     # demand, a backlogged prefill side raises it), so a count that was held and served
     # fewer prompts per second than the current one is not gone back to.
-    here = ctx.served.get(p)
+    # The veto stands down when the engines show the move's need now: the role it feeds
+    # saturated while the donor role idles (``role_pressed``). A rate measured at the other
+    # count is an average over phases; in a step that alternates a prefill-bound and a
+    # decode-bound phase (MiMo coding/8) it vetoes the move each phase needs.
+    here = None if cfg.served_veto_yields_to_state and role_pressed(engines, to_role) else ctx.served.get(p)
     vetoed = 0
     if here is not None:
         sign = 1 if to_role == "prefill" else -1
@@ -408,3 +412,30 @@ def select_priced(
             float(f_new[best] - f_old) * horizon,
         )
     return Selection(reason=f"priced gain {gain:+.3f} of switching to {to_role}{where} is below the hysteresis {cfg.hysteresis}")
+
+
+# Saturated and idle, as a load-based autoscaler reads them (the simulator's ``reactive``
+# policy uses the same thresholds). CHOICES: more than 4 queued requests per engine is a
+# backlog of several prefill passes; a decode pool over 85% KV is where SGLang starts to
+# retract; under 0.5 queued per engine and under 50% KV a role has room to give.
+PRESSED_QUEUE = 4.0
+IDLE_QUEUE = 0.5
+PRESSED_KV = 0.85
+IDLE_KV = 0.5
+
+
+def role_pressed(engines: list[EngineView], to_role: str) -> bool:
+    """Whether ``to_role`` is saturated now and the other role idle, from the engines'
+    last stats: prefill queue per engine > PRESSED_QUEUE with decode KV < IDLE_KV and no
+    decode queue (to prefill); decode KV > PRESSED_KV or decode queue > PRESSED_QUEUE with
+    no prefill queue (to decode). Engines mid-switch are left out."""
+    pre = [v for v in engines if v.role == "prefill" and v.switching_to is None]
+    dec = [v for v in engines if v.role == "decode" and v.switching_to is None]
+    if not pre or not dec:
+        return False
+    p_queue = sum(v.queued_reqs for v in pre) / len(pre)
+    d_queue = sum(v.queued_reqs for v in dec) / len(dec)
+    d_kv = sum(v.kv_used_tokens for v in dec) / max(1, sum(v.kv_capacity_tokens for v in dec))
+    if to_role == "prefill":
+        return p_queue > PRESSED_QUEUE and d_kv < IDLE_KV and d_queue < IDLE_QUEUE
+    return (d_kv > PRESSED_KV or d_queue > PRESSED_QUEUE) and p_queue < IDLE_QUEUE
