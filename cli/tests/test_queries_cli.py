@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from prorsa_cli.humane import TimeError, fit_columns, human_ts, parse_time, table_width
+from prorsa_runtime.humane import TimeError, fit_columns, human_ts, parse_time, table_width
 from prorsa_schemas import LogWriter
 from prorsa_tracker.examples import EventFactory, workload
 
@@ -37,7 +37,7 @@ def cli(*args: str, columns: int = 80):
     """`prorsa` in this process (a second each saved), its tables ``columns`` wide."""
     from typer.testing import CliRunner
 
-    from prorsa_cli import common
+    from prorsa_runtime import cli as common
     from prorsa_cli.main import app
 
     widths = common.out.width, common.console.width

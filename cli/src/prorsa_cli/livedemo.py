@@ -24,7 +24,7 @@ from rich.table import Table
 
 from prorsa_runtime.redact import mask_url
 
-from .common import console, is_tty, out
+from prorsa_runtime.cli import console, is_tty, out
 from .routerproc import router_name
 from .stack import StackPlan, UpError, UpOptions, plan_stack, register_colocated
 from .supervisor import StartError, Supervisor

@@ -14,8 +14,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import (CONNECT_TIMEOUT_S, DEFAULT_NATS, NatsOpt, PrefixOpt, StreamOpt, _flags_show_no_type, console,
-                     fail, namespace, out)
+from prorsa_runtime.cli import (CONNECT_TIMEOUT_S, DEFAULT_NATS, NatsOpt, PrefixOpt, StreamOpt, console, fail,
+                                flags_show_no_type, namespace, out)
 
 app = typer.Typer(
     name="prorsa",
@@ -24,7 +24,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-_flags_show_no_type()
+flags_show_no_type()
 
 
 def _version(value: bool) -> None:

@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from prorsa_runtime.publisher import ReliablePublisher
 from prorsa_schemas import Namespace, read_log
 
-from .common import console
+from prorsa_runtime.cli import console
 
 _HIGH_WATER = 50_000
 

@@ -17,7 +17,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import fail
+from prorsa_runtime.cli import fail
 
 REGENERATE = "prorsa schema --out docs/schema && prorsa schema --asyncapi --out docs/asyncapi.yaml"
 """The command that rewrites the checked-in schema files (run from the repository root)."""

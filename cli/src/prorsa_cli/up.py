@@ -18,7 +18,7 @@ import typer
 
 from prorsa_runtime.settings import NATS_SCHEMES
 
-from .common import console, fail, out
+from prorsa_runtime.cli import console, fail, out
 
 WorkdirOpt = Annotated[Path, typer.Option(help="Where the bus store, the SQLite log, process logs and results go.")]
 

@@ -28,7 +28,7 @@ DpRoutingOpt = Annotated[str, typer.Option(
 
 
 def _config(workload, model, staleness, steps, seed, batch_size, gpus, dp_routing="load"):
-    from prorsa_cli.common import fail
+    from prorsa_runtime.cli import fail
 
     from .simulator import build_config
 
@@ -42,7 +42,7 @@ def _config(workload, model, staleness, steps, seed, batch_size, gpus, dp_routin
 
 
 def _check(cfg):
-    from prorsa_cli.common import fail
+    from prorsa_runtime.cli import fail
 
     from .costmodel import get_profile
 
@@ -79,7 +79,7 @@ def register(app: typer.Typer) -> None:
         no_plot: Annotated[bool, typer.Option("--no-plot", help="Skip timeline.png and ideal_split.png.")] = False,
     ) -> None:
         """Simulate one policy; write DIR/events.jsonl.gz, summary.json, timeline.png, ideal_split.png."""
-        from prorsa_cli.common import console, fail, out as stdout
+        from prorsa_runtime.cli import console, fail, out as stdout
         from rich.progress import Progress
 
         from .policy import make_policy
@@ -128,7 +128,7 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON rows.")] = False,
     ) -> None:
         """Run several policies on the same seeded workloads; mean and spread across seeds."""
-        from prorsa_cli.common import console, fail, out as stdout
+        from prorsa_runtime.cli import console, fail, out as stdout
         from rich.table import Table
 
         from .policy import expand_policies, make_policy
@@ -177,7 +177,7 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     ) -> None:
         """The cost model beside the published figures it is built from."""
-        from prorsa_cli.common import fail, out as stdout
+        from prorsa_runtime.cli import fail, out as stdout
 
         from .calibrate import calibrate
         from .costmodel import PROFILES
@@ -210,7 +210,7 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     ) -> None:
         """Run the paper's settings and print each §5 figure beside the simulator's."""
-        from prorsa_cli.common import console, fail, out as stdout
+        from prorsa_runtime.cli import console, fail, out as stdout
 
         from .costmodel import PROFILES
         from .paper import options, report, to_markdown
@@ -254,7 +254,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _ints(text: str, opt: str) -> list[int]:
-    from prorsa_cli.common import fail
+    from prorsa_runtime.cli import fail
 
     try:
         vals = [int(x) for x in text.split(",") if x.strip()]

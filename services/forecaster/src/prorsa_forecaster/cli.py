@@ -11,7 +11,7 @@ import typer
 
 
 def _fail(message: str, code: int = 2):
-    from prorsa_cli.common import fail
+    from prorsa_runtime.cli import fail
 
     fail(message, code)
 
@@ -38,7 +38,7 @@ def forecast_eval(
     EVENTS.md ("What a forecast is measured against"). Baselines (last value, EMA, Kalman)
     predict each window from the actuals of earlier windows.
     """
-    from prorsa_cli.common import console, out
+    from prorsa_runtime.cli import console, out
 
     from .config import ForecastConfig
     from .evaluate import evaluate_log

@@ -79,7 +79,7 @@ def register(app: typer.Typer) -> None:
         """
         from rich.progress import Progress
 
-        from prorsa_cli.common import console
+        from prorsa_runtime.cli import console
 
         from sqlalchemy.exc import DBAPIError
 

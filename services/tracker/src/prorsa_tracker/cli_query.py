@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from prorsa_cli.humane import TIME_HELP
+from prorsa_runtime.humane import TIME_HELP
 
 DbOpt = Annotated[str, typer.Option("--db", envvar="PRORSA_TRACKER_DB_URL", help="Database URL (sqlite:///f.db or postgresql://...).")]
 RunOpt = Annotated[str, typer.Option("--run", help="Run id.")]
@@ -23,7 +23,7 @@ PSEUDO_RUN_HELP = ("the labels of events that belong to no rollout run: the engi
 
 
 def fail(msg: str, code: int = 2):
-    from prorsa_cli.common import fail as _fail
+    from prorsa_runtime.cli import fail as _fail
 
     _fail(msg, code)
 
@@ -103,8 +103,8 @@ def print_table(rows: list[dict], columns: Sequence[str], title: str, *, times: 
     wrapped, ``drop`` (least useful first) left out while the table is too wide."""
     from rich.table import Table
 
-    from prorsa_cli.common import console, out
-    from prorsa_cli.humane import cell, fit_columns, human_ts
+    from prorsa_runtime.cli import console, out
+    from prorsa_runtime.humane import cell, fit_columns, human_ts
 
     text = [{c: (human_ts(r.get(c), ms) if c in times else cell(r.get(c))) for c in columns} for r in rows]
     # One date for every time of the table (a trajectory's timeline): say it once, in the header.
@@ -139,7 +139,7 @@ def dump(obj) -> None:
 def time_option(text: str | None, name: str) -> float | None:
     import time
 
-    from prorsa_cli.humane import TimeError, parse_time
+    from prorsa_runtime.humane import TimeError, parse_time
 
     if text is None:
         return None

@@ -1,4 +1,5 @@
-"""Options and helpers every `prorsa` sub-command shares."""
+"""Options and helpers every `prorsa` sub-command shares: the services' commands and the
+`prorsa` CLI alike (here, below both, so that no service depends on the CLI)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ CONNECT_TIMEOUT_S = 3.0
 that is not there fails in seconds; --connect-timeout waits longer for one starting."""
 
 
-def _flags_show_no_type() -> None:
+def flags_show_no_type() -> None:
     """typer 0.29 prints a type beside every flag in help (``--json <bool>``), although a
     flag takes no value: show none, as click does."""
     from typer.core import TyperOption
