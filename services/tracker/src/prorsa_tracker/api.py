@@ -22,8 +22,9 @@ from .db import make_engine
 _bearer = HTTPBearer(auto_error=False)
 
 
-def create_app(db_url: str, token: str | SecretStr | None) -> FastAPI:
-    """The API app over ``db_url``; ``token`` None disables authentication (local use only)."""
+def create_app(db_url: str, token: str | SecretStr | None, hub=None) -> FastAPI:
+    """The API app over ``db_url``; ``token`` None disables authentication (local use only);
+    ``hub`` (a :class:`~prorsa_tracker.console_live.Hub`) feeds the console's live stream."""
     secret = token.get_secret_value() if isinstance(token, SecretStr) else token
     engine = make_engine(db_url)
     app = FastAPI(title="Prorsa tracker", version="1", description="Read-only trajectory history.")
@@ -38,7 +39,7 @@ def create_app(db_url: str, token: str | SecretStr | None) -> FastAPI:
         try:
             return fn(*args, **kw)
         except queries.QueryError as exc:
-            raise HTTPException(404 if str(exc).startswith("no trajectory") else 400, str(exc)) from None
+            raise HTTPException(404 if str(exc).startswith(("no trajectory", "no run")) else 400, str(exc)) from None
 
     @app.get("/v1/runs", dependencies=[Depends(auth)])
     def list_runs() -> list[dict]:
@@ -74,15 +75,18 @@ def create_app(db_url: str, token: str | SecretStr | None) -> FastAPI:
     def healthz(request: Request) -> dict:
         return {"ok": True}
 
+    from . import console
+
+    console.install(app, engine, auth, guard, hub)
     return app
 
 
 @contextlib.contextmanager
-def serve_api(db_url: str, token, host: str, port: int) -> Iterator["object"]:
+def serve_api(db_url: str, token, host: str, port: int, hub=None) -> Iterator["object"]:
     """Serve the API in a background thread for the duration of the ``with`` block."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(create_app(db_url, token), host=host, port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(db_url, token, hub), host=host, port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="tracker-api", daemon=True)
     thread.start()
     try:

@@ -114,6 +114,7 @@ class Tracker:
         self.state = new_state()
         self.position = 0
         self.written = 0  # messages committed by this process
+        self.hub = None  # the console's live feed (console_live.Hub) while the HTTP API runs
         self.restored = 0  # events replayed at start (after the snapshot, if any)
         self.ready = asyncio.Event()
         self._buf: deque[tuple[int, bytes, str | None, str]] = deque()  # (seq, raw, invalid reason, subject)
@@ -161,7 +162,10 @@ class Tracker:
             if s.http_port is not None:
                 from .api import serve_api
 
-                stack.enter_context(serve_api(s.db_url, s.api_token, s.http_host, s.http_port))
+                from .console_live import Hub
+
+                self.hub = Hub()  # the console's live stream: each committed batch
+                stack.enter_context(serve_api(s.db_url, s.api_token, s.http_host, s.http_port, self.hub))
             self._start_receiver()
             stack.callback(self._stop_receiver)
             await self._until_subscribed(stop)
@@ -363,6 +367,8 @@ class Tracker:
             self._last_snapshot = self.position
         self.written += n
         self.event_rows += len(batch.events)
+        if self.hub is not None:
+            self.hub.publish(batch.events)
         self.anomaly_rows += len(batch.anomalies)
         self.duplicates += batch.duplicates
         for pos, subject, raw, reason, kind in batch.rejected:  # committed: now say so
