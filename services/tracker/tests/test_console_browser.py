@@ -3,12 +3,14 @@ from the API with the token, and ask for a token without one."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 
 from prorsa_tracker import console_browser as cb
 from prorsa_tracker.api import serve_api
+from prorsa_tracker.console_live import Hub
 
 pytestmark = pytest.mark.skipif(not Path(cb.CHROMIUM).exists(),
                                 reason=f"no Chromium at {cb.CHROMIUM}: apt-get install chromium (or set PRORSA_CHROMIUM)")
@@ -39,3 +41,32 @@ def test_console_pages_render_the_demo_run_in_chromium(tmp_path) -> None:
         dom = cb.dump_dom(base, "#/run/demo", "wrong")
         main = dom[dom.index('<main id="main">'):dom.index("</main>")]
         assert '<form id="login-form"' in main and "the token was refused" in main and "Run demo" not in dom
+
+
+def test_console_page_shows_live_notices_from_the_stream(tmp_path) -> None:
+    # The hub is fed here directly (test_console.py feeds it from a tracker through NATS):
+    # this checks the page's side, reading the stream with the token and showing notices.
+    db = cb.build_demo_db(tmp_path, until=57.0)
+    hub, stop, port = Hub(), threading.Event(), cb.free_port()
+
+    def feed() -> None:
+        seq = 0
+        while not stop.wait(0.1):
+            seq += 1
+            hub.publish([(seq, f"x{seq}", "demo", "t200", "request.queued", 1_796_100_060.0 + seq, b"{}"),
+                         (seq, f"y{seq}", "other", "t1", "request.queued", 1.0, b"{}")])
+
+    with serve_api(db, "s3cret", "127.0.0.1", port, hub):
+        base = f"http://127.0.0.1:{port}"
+        cb.wait_http(f"{base}/healthz")
+        feeder = threading.Thread(target=feed, daemon=True)
+        feeder.start()
+        try:
+            dom = cb.dump_dom(base, "#/run/demo", "s3cret")
+        finally:
+            stop.set()
+            feeder.join(5)
+    feed_html = dom[dom.index('id="feed"'):]
+    feed_html = feed_html[:feed_html.index("</section>")]
+    assert "demo  request.queued×1" in feed_html and "other" not in feed_html
+    assert 'class="live on"' in dom and ">live: " in dom
