@@ -21,7 +21,8 @@ from prorsa_tracker.db import make_engine, migrate
 from prorsa_tracker.queries import QueryError
 from prorsa_tracker.service import Tracker
 from prorsa_tracker.settings import TrackerSettings
-from prorsa_tracker.testing import _free_port, publish
+from prorsa_tracker.console_browser import free_port
+from prorsa_tracker.testing import publish
 from prorsa_tracker.tools import load
 
 H = {"Authorization": "Bearer s3cret"}
@@ -189,7 +190,7 @@ async def _sse(lines, want):
 
 async def test_stream_carries_committed_events_from_the_bus(nats_url, ns, tmp_path) -> None:
     events = demo_events(n_traj=10)
-    port = _free_port()
+    port = free_port()
     s = TrackerSettings(nats_url=nats_url, subject_prefix=ns.prefix, stream=ns.stream, db_url=f"sqlite:///{tmp_path}/t.db",
                         clock="event", http_port=port, api_token="s3cret", publish_transitions=False)
     tracker, stop = Tracker(s), asyncio.Event()
