@@ -1,49 +1,61 @@
-"""Prometheus metrics and a health endpoint on one small HTTP port per service."""
+"""Prometheus metrics and a health endpoint on one small HTTP port per service.
+
+``/metrics`` is prometheus-client's own WSGI app (:func:`prometheus_client.make_wsgi_app`:
+content negotiation, OpenMetrics, gzip); ``/health`` is a small WSGI route beside it; both are
+served by prometheus-client's thread-per-request ``wsgiref`` server in a daemon thread.
+"""
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Iterable
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 HealthFn = Callable[[], tuple[bool, dict]]
+
+_NOT_FOUND = b'{"error": "not found: try /metrics or /health"}'
+
+
+class _Quiet(WSGIRequestHandler):
+    """No access log on stderr: Prometheus scrapes every few seconds."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def metrics_app(registry: CollectorRegistry, health: HealthFn) -> Callable:
+    """The WSGI app: ``/metrics`` from ``registry``, ``/health`` from ``health()`` (JSON; 503
+    when unhealthy), 404 with a hint elsewhere."""
+    prometheus = make_wsgi_app(registry)
+
+    def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics":
+            return prometheus(environ, start_response)
+        if path == "/health":
+            ok, detail = health()
+            status, body = ("200 OK" if ok else "503 Service Unavailable"), json.dumps({"ok": ok, **detail}).encode()
+        else:
+            status, body = "404 Not Found", _NOT_FOUND
+        start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+        return [body]
+
+    return app
 
 
 def serve_metrics(
     registry: CollectorRegistry, port: int, health: HealthFn, host: str = "0.0.0.0"
-) -> ThreadingHTTPServer:
+) -> ThreadingWSGIServer:
     """Serve ``/metrics`` (Prometheus text) and ``/health`` (JSON; 503 when unhealthy).
 
     Returns the server (``.server_address[1]`` is the bound port when ``port`` is 0);
     ``shutdown()`` it on exit.
     """
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's API
-            if self.path.split("?")[0] == "/metrics":
-                body = generate_latest(registry)
-                self._send(200, CONTENT_TYPE_LATEST, body)
-            elif self.path.split("?")[0] == "/health":
-                ok, detail = health()
-                body = json.dumps({"ok": ok, **detail}).encode()
-                self._send(200 if ok else 503, "application/json", body)
-            else:
-                self._send(404, "application/json", b'{"error": "not found: try /metrics or /health"}')
-
-        def _send(self, code: int, ctype: str, body: bytes) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer((host, port), Handler)
+    server = make_server(host, port, metrics_app(registry, health), ThreadingWSGIServer, handler_class=_Quiet)
     threading.Thread(target=server.serve_forever, daemon=True, name="metrics").start()
     return server
 
