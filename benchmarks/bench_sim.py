@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from prorsa_schemas import LogWriter
-from prorsa_sim.costmodel import get_profile
+from prorsa_emulated.costmodel import get_profile
 from prorsa_sim.policy import make_policy
 from prorsa_sim.simulator import SimConfig, Simulator
 

@@ -28,7 +28,7 @@ from agent_harness import Agent, emulated_instance  # noqa: E402
 from prorsa_runtime.bus import connect, ensure_stream, publish_event  # noqa: E402
 from prorsa_runtime.natsserver import NatsServer  # noqa: E402
 from prorsa_schemas import EngineCommand, Namespace, decode_event  # noqa: E402
-from prorsa_sim.emulated.cluster import EmulatedProcess, free_port, router_command  # noqa: E402
+from prorsa_emulated.cluster import EmulatedProcess, free_port, router_command  # noqa: E402
 
 
 async def main(n: int) -> None:

@@ -11,9 +11,10 @@ COPY runtime runtime
 COPY sdk sdk
 COPY cli cli
 COPY services services
+COPY emulated emulated
 COPY sim sim
 RUN uv sync --frozen --no-dev --package prorsa
 RUN useradd --system --uid 10001 prorsa && mkdir -p /data && chown prorsa /data
 USER prorsa
 EXPOSE 30080 9100
-CMD ["python", "-m", "prorsa_sim.emulated", "router", "--host", "0.0.0.0", "--port", "30080"]
+CMD ["python", "-m", "prorsa_emulated", "router", "--host", "0.0.0.0", "--port", "30080"]

@@ -15,6 +15,7 @@ COPY runtime runtime
 COPY sdk sdk
 COPY cli cli
 COPY services services
+COPY emulated emulated
 COPY sim sim
 RUN uv sync --frozen --no-dev --package prorsa-engine-agent
 RUN useradd --system --uid 10001 prorsa && mkdir -p /data && chown prorsa /data

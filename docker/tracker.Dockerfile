@@ -10,6 +10,7 @@ COPY runtime runtime
 COPY sdk sdk
 COPY cli cli
 COPY services services
+COPY emulated emulated
 COPY sim sim
 # The prorsa command (its sub-commands run every service); no dev dependencies.
 RUN uv sync --frozen --no-dev --package prorsa

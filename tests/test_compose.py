@@ -192,9 +192,9 @@ def test_the_emulated_profile_runs_the_real_router():
     steps = parse_dockerfile(ROOT / router["build"]["dockerfile"])
     sync = next(a for k, a in steps if k == "RUN" and "uv sync" in a)
     package = re.search(r"--package\s+(\S+)", sync).group(1)
-    assert "prorsa-sim" in _deps(package)
-    sim = tomllib.loads((ROOT / "sim" / "pyproject.toml").read_text())["project"]["dependencies"]
-    assert "sglang-router==0.3.2" in sim
+    assert "prorsa-emulated" in _deps(package)
+    emulated = tomllib.loads((ROOT / "emulated" / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert "sglang-router==0.3.2" in emulated
     # The agent registers its engines there once it answers; the driver sends requests there.
     agent = SERVICES["emulated-agent"]
     assert agent["depends_on"]["router"] == {"condition": "service_healthy"}

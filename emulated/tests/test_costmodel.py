@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from prorsa_sim.cluster import Req
-from prorsa_sim.costmodel import PROFILES, get_profile
+from prorsa_emulated.costmodel import PROFILES, get_profile
 from prorsa_sim.engines import ClusterSim
 
 

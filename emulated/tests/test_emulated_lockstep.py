@@ -9,10 +9,10 @@ import dataclasses
 
 import pytest
 
-from prorsa_sim.costmodel import PREFILL_FLOPS_PER_GPU, ModelProfile
-from prorsa_sim.emulated.engine import EmulatedEngine, EngineOptions
-from prorsa_sim.emulated.prefix_cache import synthetic_keys
-from prorsa_sim.emulated.scheduler import Rank, Req, plan_step, steps_done
+from prorsa_emulated.costmodel import PREFILL_FLOPS_PER_GPU, ModelProfile
+from prorsa_emulated.engine import EmulatedEngine, EngineOptions
+from prorsa_emulated.prefix_cache import synthetic_keys
+from prorsa_emulated.scheduler import Rank, Req, plan_step, steps_done
 
 # Two attention DP ranks of one GPU each, constants picked so the arithmetic is easy:
 #   prefill_time(n, ctx) = 0.02 + n * 1e-4                  (no attention term)

@@ -9,10 +9,10 @@ import time
 import httpx
 import pytest
 
-from prorsa_sim.emulated import EmulatedCluster, emulated_profile
-from prorsa_sim.emulated.cluster import EmulatedProcess, engine_command, free_port
-from prorsa_sim.emulated.prefix_cache import emulated_prompt_text
-from prorsa_sim.emulated.profiles import prefill_seconds
+from prorsa_emulated import EmulatedCluster, emulated_profile
+from prorsa_emulated.cluster import EmulatedProcess, engine_command, free_port
+from prorsa_emulated.prefix_cache import emulated_prompt_text
+from prorsa_emulated.profiles import prefill_seconds
 
 SMALL = emulated_profile("qwen3-8b")
 

@@ -8,8 +8,8 @@ import time
 import httpx
 import pytest
 
-from prorsa_sim.emulated import EmulatedCluster
-from prorsa_sim.emulated.cluster import EmulatedProcess, engine_command, free_port
+from prorsa_emulated import EmulatedCluster
+from prorsa_emulated.cluster import EmulatedProcess, engine_command, free_port
 
 
 @pytest.fixture(scope="module", params=["sglang", "emulated"])
@@ -78,7 +78,7 @@ def test_pd_pair_meets_at_the_prefill_bootstrap_port(cluster):
     """The router sends a request to a prefill and a decode engine with bootstrap_host/port/
     room; the decode engine waits for that room's prefill at the prefill's bootstrap port and
     reports the prefill's cached tokens. The second turn of a conversation hits the cache."""
-    from prorsa_sim.emulated.prefix_cache import emulated_prompt_text
+    from prorsa_emulated.prefix_cache import emulated_prompt_text
 
     with httpx.Client(timeout=30) as c:
         _wait(lambda: c.get(f"{cluster.router.url}/workers").json()["stats"]["prefill_count"] == 1)

@@ -76,7 +76,7 @@ def emulated_pd() -> Iterator[str]:
     """One prefill and one decode emulated engine behind the router: its URL. The router is
     the real one, sglang-router 0.3.2 in PD mode (``EmulatedCluster``'s default; the
     cluster runs 20x faster than real time)."""
-    from prorsa_sim.emulated import EmulatedCluster
+    from prorsa_emulated import EmulatedCluster
 
     cluster = EmulatedCluster(["prefill", "decode"], speed=20.0).start(register=True)
     try:

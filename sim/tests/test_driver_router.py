@@ -10,7 +10,7 @@ import sys
 from aiohttp import web
 
 from prorsa_runtime.bus import connect, ensure_stream
-from prorsa_sim.emulated.cluster import free_port
+from prorsa_emulated.cluster import free_port
 
 
 async def _refusing_router(port: int, bodies: list[dict]) -> web.AppRunner:

@@ -8,7 +8,7 @@ import pytest
 
 from prorsa_schemas import events as E
 from prorsa_sim.cluster import Req
-from prorsa_sim.costmodel import get_profile
+from prorsa_emulated.costmodel import get_profile
 from prorsa_sim.engines import ClusterSim
 from prorsa_sim.policy import make_policy
 from prorsa_sim.simulator import SimConfig, Simulator

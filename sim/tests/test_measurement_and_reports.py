@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from prorsa_cli.main import app
 from prorsa_sim.calibrate import calibrate_profile, prefill_stream_rate
-from prorsa_sim.costmodel import get_profile
+from prorsa_emulated.costmodel import get_profile
 from prorsa_sim.idealsplit import decode_batch_limit, ideal_windows, movement, prefill_rate_per_engine
 from prorsa_sim.paper import miss
 from prorsa_sim.policy import make_policy

@@ -15,7 +15,7 @@ import random
 from types import SimpleNamespace
 
 from prorsa_sim.cluster import Rank, Req
-from prorsa_sim.costmodel import get_profile
+from prorsa_emulated.costmodel import get_profile
 from prorsa_sim.engines import ClusterSim
 
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from prorsa_sim.cluster import Req
-from prorsa_sim.costmodel import get_profile
+from prorsa_emulated.costmodel import get_profile
 from prorsa_sim.engines import DRAIN_DEADLINE_S, ClusterSim
 from prorsa_sim.policy import make_policy
 from prorsa_sim.simulator import SimConfig, Simulator

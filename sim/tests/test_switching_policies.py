@@ -106,7 +106,7 @@ def test_oracle_fork_survives_a_deep_object_graph():
 
 
 def test_tpot_option_sizes_decode_by_step_time():
-    from prorsa_sim.costmodel import get_profile
+    from prorsa_emulated.costmodel import get_profile
     from prorsa_sim.policies.prorsa import decode_step_prior
 
     p = make_policy("prorsa:restart:tpot=0.1")

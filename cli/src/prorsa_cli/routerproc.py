@@ -1,4 +1,4 @@
-"""The router `prorsa up` starts: sglang-router 0.3.2 (the real one) or prorsa_sim's
+"""The router `prorsa up` starts: sglang-router 0.3.2 (the real one) or prorsa_emulated's
 emulated router; and what a run's summary calls it."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def router_spec(opts: UpOptions, ports: Ports, kind: str) -> tuple[str, ProcSpec
 
     ``sglang``: the real router, sglang-router 0.3.2 (``python -m sglang_router.launch_router``),
     in PD mode (regular workers under colocation), with no worker: the engine agents add and
-    remove theirs through ``POST``/``DELETE /workers``. ``emulated``: prorsa_sim's router,
+    remove theirs through ``POST``/``DELETE /workers``. ``emulated``: prorsa_emulated's router,
     kept for the faults the real one cannot be made to produce (see docs/engine-agent.md)."""
     from .stack import UpError
 
@@ -53,15 +53,15 @@ def router_spec(opts: UpOptions, ports: Ports, kind: str) -> tuple[str, ProcSpec
     reach = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     url = f"http://[{reach}]:{ports.router}" if ":" in reach else f"http://{reach}:{ports.router}"
     if kind == "emulated":
-        cmd = [PY, "-m", "prorsa_sim.emulated", "router", "--host", host, "--port", str(ports.router),
+        cmd = [PY, "-m", "prorsa_emulated", "router", "--host", host, "--port", str(ports.router),
                "--health-interval", "0.5"]
     else:
         try:
             import sglang_router  # noqa: F401
         except ImportError:
-            raise UpError("the real router needs sglang-router==0.3.2 (a dependency of prorsa-sim; "
+            raise UpError("the real router needs sglang-router==0.3.2 (a dependency of prorsa-emulated; "
                           "`scripts/bootstrap` installs it), or pass --router emulated") from None
-        from prorsa_sim.emulated.cluster import sglang_router_command
+        from prorsa_emulated.cluster import sglang_router_command
 
         cmd = sglang_router_command(ports.router, host, pd=opts.policy != "colocation",
                                     prometheus_port=ports.router_metrics, extra=opts.router_args)
@@ -78,4 +78,4 @@ def router_name(kind: str | None) -> str:
             return f"sglang-router {version('sglang-router')}"
         except PackageNotFoundError:
             return "sglang-router"
-    return "emulated router (prorsa_sim)" if kind == "emulated" else "none"
+    return "emulated router (prorsa_emulated)" if kind == "emulated" else "none"

@@ -47,7 +47,7 @@ def emulated_prefill_tokens_per_s(model: str, speed: float) -> float:
     full chunks (``attn_dp x chunk / prefill_time(chunk)``), per wall second (x ``speed``:
     the services run on the wall clock). The allocator's prior, as an operator who
     benchmarked the engine would set it; it then learns θᴾ from engine.stats."""
-    from prorsa_sim.emulated.profiles import emulated_profile
+    from prorsa_emulated.profiles import emulated_profile
 
     p = emulated_profile(model)
     return speed * p.attn_dp * p.chunk_size / p.prefill_time(p.chunk_size)
@@ -324,9 +324,11 @@ def plan_stack(opts: UpOptions) -> StackPlan:
     kind = opts.router if opts.emulated_cluster else "sglang" if opts.with_router else None
     if opts.emulated_cluster:
         try:
-            import prorsa_sim.emulated  # noqa: F401
+            import prorsa_emulated  # noqa: F401
+            import prorsa_sim.driver  # noqa: F401
         except ImportError:
-            raise UpError("--emulated-cluster needs the prorsa-sim package, which is not installed here") from None
+            raise UpError("--emulated-cluster needs the prorsa-emulated and prorsa-sim packages, which are not "
+                          "installed here") from None
     if kind is not None:
         router_url, spec = router_spec(opts, ports, kind)
         specs.append(spec)
@@ -336,7 +338,7 @@ def plan_stack(opts: UpOptions) -> StackPlan:
         if opts.policy == "colocation":
             for i, (port, _b) in enumerate(ports.engines):
                 url = f"http://{h}:{port}"
-                specs.append(ProcSpec(f"engine-{i}", [PY, "-m", "prorsa_sim.emulated", "engine", "--host", h,
+                specs.append(ProcSpec(f"engine-{i}", [PY, "-m", "prorsa_emulated", "engine", "--host", h,
                                                       "--port", str(port), "--disaggregation-mode", "null", *emu],
                                       ready=lambda u=url: _http_ok(u + "/health")))
                 colocated.append(url)

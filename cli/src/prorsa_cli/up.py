@@ -125,7 +125,7 @@ def _options(cls, given: dict):
             fail(f"--{name.replace('_', '-')} must be >= 1")
     if given.get("emulated_model") is not None:
         try:
-            from prorsa_sim.emulated.profiles import emulated_profile
+            from prorsa_emulated.profiles import emulated_profile
 
             emulated_profile(given["emulated_model"])
         except ImportError:

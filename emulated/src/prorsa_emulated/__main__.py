@@ -1,4 +1,4 @@
-"""``python -m prorsa_sim.emulated engine|router ...``: serve an emulated SGLang instance
+"""``python -m prorsa_emulated engine|router ...``: serve an emulated SGLang instance
 or router over HTTP (uvicorn). The engine accepts SGLang's launch flags, so the engine
 agent's launch command runs against it unchanged except for the module name."""
 
@@ -12,7 +12,7 @@ from .profiles import DEFAULT_MODEL, EMULATED_PROFILES
 
 
 def engine_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m prorsa_sim.emulated engine")
+    p = argparse.ArgumentParser(prog="python -m prorsa_emulated engine")
     p.add_argument("--model-path", default="emulated/model")
     p.add_argument("--weight-version", default="default")
     p.add_argument("--host", default="127.0.0.1")
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in ("engine", "router"):
-        raise SystemExit("usage: python -m prorsa_sim.emulated engine|router [options]")
+        raise SystemExit("usage: python -m prorsa_emulated engine|router [options]")
     kind, rest = argv[0], argv[1:]
     if kind == "engine":
         from .server import create_engine_app
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         from .router import create_router_app
 
-        p = argparse.ArgumentParser(prog="python -m prorsa_sim.emulated router")
+        p = argparse.ArgumentParser(prog="python -m prorsa_emulated router")
         p.add_argument("--host", default="127.0.0.1")
         p.add_argument("--port", type=int, default=30080)
         p.add_argument("--health-interval", type=float, default=1.0)

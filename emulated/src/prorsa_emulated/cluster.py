@@ -31,7 +31,7 @@ def engine_command(port: int, role: str = "prefill", *, host: str = "127.0.0.1",
                    extra: list[str] | None = None) -> list[str]:
     """The command line of one emulated engine (a free bootstrap port unless one is given:
     a prefill engine listens on it)."""
-    cmd = [sys.executable, "-m", "prorsa_sim.emulated", "engine", "--host", host,
+    cmd = [sys.executable, "-m", "prorsa_emulated", "engine", "--host", host,
            "--port", str(port), "--disaggregation-mode", role, "--speed", str(speed),
            "--disaggregation-bootstrap-port", str(bootstrap_port or free_port(host))]
     if switch:
@@ -41,7 +41,7 @@ def engine_command(port: int, role: str = "prefill", *, host: str = "127.0.0.1",
 
 def router_command(port: int, host: str = "127.0.0.1", health_interval: float = 1.0) -> list[str]:
     """The command line of the emulated router."""
-    return [sys.executable, "-m", "prorsa_sim.emulated", "router", "--host", host,
+    return [sys.executable, "-m", "prorsa_emulated", "router", "--host", host,
             "--port", str(port), "--health-interval", str(health_interval)]
 
 
@@ -130,7 +130,7 @@ class EmulatedCluster:
     log_dir: Path | None = None
     engine_extra: list[str] = field(default_factory=list)
     router_kind: RouterKind = "sglang"
-    """``sglang``: the real router (sglang-router); ``emulated``: prorsa_sim's own (router.py)."""
+    """``sglang``: the real router (sglang-router); ``emulated``: prorsa_emulated's own (router.py)."""
     router: EmulatedProcess | None = None
     engines: list[EmulatedProcess] = field(default_factory=list)
 

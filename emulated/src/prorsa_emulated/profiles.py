@@ -1,5 +1,5 @@
 """Which cost model an emulated engine runs: the simulator's profiles
-(``prorsa_sim.costmodel``) plus a small single-GPU one, the default, that keeps tests fast.
+(``prorsa_emulated.costmodel``) plus a small single-GPU one, the default, that keeps tests fast.
 
 ``--emulated-model NAME`` selects it (not ``--model``: that is SGLang's alias of
 ``--model-path``, so the agent's launch command may already carry it).
@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from ..costmodel import PROFILES, ModelProfile, get_profile
+from .costmodel import PROFILES, ModelProfile, get_profile
 
 # A Qwen3-8B-class dense model on one H200-class GPU, BF16. [HF] Qwen3-8B config: 36 layers,
 # 8 KV heads x 128 dims, 32 query heads, ~8.2B parameters. Constants that are not derived

@@ -25,7 +25,7 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..costmodel import ModelProfile
+from .costmodel import ModelProfile
 from .prefix_cache import PAGE, PrefixCache
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..costmodel import ModelProfile
+from .costmodel import ModelProfile
 from .profiles import DEFAULT_MODEL, emulated_profile, prefill_seconds
 
 

@@ -18,7 +18,7 @@ import pytest
 from prorsa_runtime.bus import connect, ensure_stream, publish_event
 from prorsa_runtime.testing import async_wait_until
 from prorsa_schemas import EngineCommand, Namespace, decode_event
-from prorsa_sim.emulated.cluster import EmulatedProcess, free_port, router_command, sglang_router_command
+from prorsa_emulated.cluster import EmulatedProcess, free_port, router_command, sglang_router_command
 
 
 class Events:

@@ -8,7 +8,7 @@ from, with the source and whether the cost model was fitted to it ("calibrated":
 is derived from it) or not ("check": the figure was not used to set any constant).
 
 Everything is computed through the profile's public cost functions
-(:meth:`~prorsa_sim.costmodel.ModelProfile.prefill_time`, ``decode_step_time``,
+(:meth:`~prorsa_emulated.costmodel.ModelProfile.prefill_time`, ``decode_step_time``,
 ``kv_transfer_time``, ``engine_step_time`` when present, ``kv_capacity_per_rank``,
 ``kv_capacity_tokens``, ``switch_time``), so it follows the cost model as it changes.
 """
@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import inspect
 
-from .costmodel import PROFILES, ModelProfile
+from prorsa_emulated.costmodel import PROFILES, ModelProfile
+
 
 NODE_GPUS = 8
 """[P] 8 GPUs per server (the published per-node figures are per 8-GPU node too)."""

@@ -44,7 +44,7 @@ def _config(workload, model, staleness, steps, seed, batch_size, gpus, dp_routin
 def _check(cfg):
     from prorsa_runtime.cli import fail
 
-    from .costmodel import get_profile
+    from prorsa_emulated.costmodel import get_profile
 
     if cfg.steps < 1 or cfg.batch_size < 1 or cfg.staleness < 0:
         fail("--steps and --batch-size must be >= 1 and --staleness >= 0")
@@ -180,7 +180,7 @@ def register(app: typer.Typer) -> None:
         from prorsa_runtime.cli import fail, out as stdout
 
         from .calibrate import calibrate
-        from .costmodel import PROFILES
+        from prorsa_emulated.costmodel import PROFILES
 
         names = [m for m in models.split(",") if m] or list(PROFILES)
         bad = [m for m in names if m not in PROFILES]
@@ -212,7 +212,7 @@ def register(app: typer.Typer) -> None:
         """Run the paper's settings and print each §5 figure beside the simulator's."""
         from prorsa_runtime.cli import console, fail, out as stdout
 
-        from .costmodel import PROFILES
+        from prorsa_emulated.costmodel import PROFILES
         from .paper import options, report, to_markdown
         from .policy import make_policy
         from .progress import sweep_bar

@@ -12,7 +12,7 @@ import heapq
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from .costmodel import ModelProfile
+from prorsa_emulated.costmodel import ModelProfile
 
 
 @dataclass(eq=False, slots=True)

@@ -18,8 +18,9 @@ from __future__ import annotations
 import heapq
 import math
 
+from prorsa_emulated.costmodel import ModelProfile
+
 from .cluster import Engine, Rank, Req
-from .costmodel import ModelProfile
 
 MAX_MACRO_STEPS = 512
 DP_ROUTING = ("prefix", "load")

@@ -27,7 +27,8 @@ window alone cannot set): the paper's §3.3 (Fig. 3b/c) within-step swing.
 
 from __future__ import annotations
 
-from .costmodel import ModelProfile
+from prorsa_emulated.costmodel import ModelProfile
+
 
 STEP_TIME_SLACK = 0.25
 """CHOICE: a decode engine is "full" by step time when its step is 25% slower than an

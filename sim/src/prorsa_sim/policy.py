@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .costmodel import ModelProfile
+from prorsa_emulated.costmodel import ModelProfile
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,9 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from prorsa_emulated.costmodel import get_profile
 from prorsa_schemas import LogWriter
 
-from .costmodel import get_profile
 from .policy import Observation, Policy, StaticPD, SwitchRequest, make_policy, static_sweep_ratios
 from .simulator import SimConfig, Simulator
 from .summary import Result
@@ -106,6 +106,7 @@ def simulate(cfg: SimConfig, policy_spec: str, sink=None, progress=None, start: 
 
 # --- jobs: one simulation each, run in parallel processes, cached on disk ------------------
 
+# costmodel is prorsa_emulated's (the simulator and the emulated engines share it).
 _RESULT_MODULES = ("cluster", "costmodel", "engines", "simulator", "summary", "workloads", "policy",
                    "runner", "idealsplit")
 
@@ -154,7 +155,7 @@ def code_version(spec: str | None = None) -> str:
     :data:`ALLOCATOR_POLICIES`, the allocator's and forecaster's sources too, joined with
     ``+``."""
     here = Path(__file__).parent
-    core = [here / f"{m}.py" for m in _RESULT_MODULES]
+    core = [(_package_dir("prorsa_emulated") if m == "costmodel" else here) / f"{m}.py" for m in _RESULT_MODULES]
     if spec is not None and is_pd_fixed(spec):
         return _hash_files(core)
     sim = _hash_files(core + sorted((here / "policies").glob("*.py")))

@@ -12,10 +12,10 @@ import math
 import sys
 from dataclasses import dataclass, field
 
+from prorsa_emulated.costmodel import CLUSTER_GPUS, ModelProfile, get_profile
 from prorsa_schemas import events as E
 
 from .cluster import Engine, Req
-from .costmodel import CLUSTER_GPUS, ModelProfile, get_profile
 from .engines import ClusterSim
 from .policy import EngineView, FutureDemand, Observation, Policy
 from .workloads import TrajectoryPlan, WorkloadSpec, get_workload, plan_trajectory

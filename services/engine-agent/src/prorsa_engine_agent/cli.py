@@ -82,9 +82,10 @@ def register(app: typer.Typer) -> None:
         import threading
 
         try:
-            from prorsa_sim.emulated import EmulatedCluster
+            from prorsa_emulated import EmulatedCluster
         except ImportError:
-            _fail("the emulated cluster needs the prorsa-sim package (not installed on this host)")
+            _fail("the emulated cluster needs the prorsa-emulated package (not installed on this host: "
+                  "pip install 'prorsa-engine-agent[emulated]')")
         if n < 1 or speed <= 0:
             _fail("-n must be >= 1 and --speed > 0")
         k = n // 2 if prefill is None else prefill

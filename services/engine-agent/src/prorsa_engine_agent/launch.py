@@ -15,7 +15,7 @@ from .config import InstanceConfig
 from .weights import Weights
 
 SGLANG_MODULE = "sglang.launch_server"
-EMULATED_MODULE = "prorsa_sim.emulated"
+EMULATED_MODULE = "prorsa_emulated"
 
 
 def sglang_args(inst: InstanceConfig, role: str, weights: Weights | None = None) -> list[str]:

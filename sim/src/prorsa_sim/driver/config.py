@@ -47,7 +47,7 @@ class DriverConfig(BaseModel):
     @field_validator("emulated_model")
     @classmethod
     def _model(cls, v: str) -> str:
-        from prorsa_sim.emulated.profiles import emulated_profile
+        from prorsa_emulated.profiles import emulated_profile
 
         emulated_profile(v)  # raises ValueError naming the valid profiles
         return v

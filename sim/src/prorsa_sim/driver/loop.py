@@ -26,11 +26,11 @@ from pathlib import Path
 
 import aiohttp
 
+from prorsa_emulated.prefix_cache import emulated_prompt_text
+from prorsa_emulated.timing import default_timing
 from prorsa_schemas import Namespace
 from prorsa_sdk import Emitter
 
-from ..emulated.prefix_cache import emulated_prompt_text
-from ..emulated.timing import default_timing
 from ..workloads import TrajectoryPlan, WorkloadSpec, get_workload, plan_trajectory
 from .config import DriverConfig
 

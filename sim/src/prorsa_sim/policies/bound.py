@@ -43,7 +43,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..costmodel import ModelProfile, get_profile
+from prorsa_emulated.costmodel import ModelProfile, get_profile
+
 from ..policy import Observation, SwitchRequest, static_sweep_ratios
 
 GRID_S = 60.0

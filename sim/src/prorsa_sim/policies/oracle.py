@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..costmodel import ModelProfile
+from prorsa_emulated.costmodel import ModelProfile
+
 from ..policy import Observation, SwitchRequest
 from .prorsa import AllocatorDriver, forecast_event
 

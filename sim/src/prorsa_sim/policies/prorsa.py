@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 from prorsa_allocator.config import AllocatorConfig
 from prorsa_allocator.planner import Allocator
+from prorsa_emulated.costmodel import ModelProfile
 from prorsa_schemas import EngineCommand, EngineRegistered, ForecastWindow
 
-from ..costmodel import ModelProfile
 from ..policy import EngineView, Observation, SwitchRequest
 
 

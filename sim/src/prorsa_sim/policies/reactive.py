@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..costmodel import ModelProfile
+from prorsa_emulated.costmodel import ModelProfile
+
 from ..policy import Observation, SwitchRequest
 
 
