@@ -14,9 +14,9 @@ one; a resumed request goes back to decoding without a new first token).
 import random
 from types import SimpleNamespace
 
-from prorsa_sim.cluster import Rank, Req
 from prorsa_emulated.costmodel import get_profile
-from prorsa_sim.engines import ClusterSim
+from prorsa_sim.cluster import ClusterSim
+from prorsa_sim.engines import Rank, Req
 
 
 class Recorder(ClusterSim):

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from prorsa_sim.cluster import Req
 from prorsa_emulated.costmodel import get_profile
-from prorsa_sim.engines import DRAIN_DEADLINE_S, ClusterSim
+from prorsa_sim.cluster import DRAIN_DEADLINE_S, ClusterSim
+from prorsa_sim.engines import Req
 from prorsa_sim.policy import make_policy
 from prorsa_sim.simulator import SimConfig, Simulator
 

@@ -1,605 +1,224 @@
-"""Engine stepping, routing and role switches: the cluster half of the simulator.
+"""Engine state for the simulator: attention DP ranks with chunked prefill, continuous
+decode batching, KV accounting, prefix cache and preemption.
 
-``ClusterSim`` owns the virtual clock (a heap of callbacks), the engines and the router.
-The rollout half (:mod:`prorsa_sim.simulator`) subclasses it and supplies the hooks
-``_on_prefill_started``, ``_on_prefill_finished``, ``_on_decode_finished`` and
-``_on_aborted``.
-
-One engine step: every attention DP rank either runs one prefill chunk (a rank with
-admissible queued prompts runs prefill first and pauses its decode batch, as SGLang's
-scheduler does without mixed chunks) or one decode step of its batch; the step lasts as
-long as the slowest rank (the MoE all-to-all synchronises them), and the other ranks'
-GPUs wait. Stretches where every rank only decodes run as one macro-step of k steps,
-cut short (at a step boundary) when new work arrives.
+Decode progress is lazy: each rank counts its decode steps, and a running request only
+remembers the count at which it joined and the count at which it will finish (a heap).
+So a decode step costs O(1) per rank, not per token or per request.
 """
 
 from __future__ import annotations
 
 import heapq
-import math
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
 
 from prorsa_emulated.costmodel import ModelProfile
 
-from .cluster import Engine, Rank, Req
 
-MAX_MACRO_STEPS = 512
-DP_ROUTING = ("prefix", "load")
-"""How a request's attention-DP rank is chosen. ``prefix``: the router sees every rank and
-keeps a trajectory on the rank holding its prefix (sglang-router's cache-aware policy with
-``--dp-aware``). ``load``: the router picks the engine by prefix, and the engine's
-data-parallel controller then picks the rank by load (SGLang's default
-``--load-balance-method``), so a prefix is reused only when that rank holds it."""
-DRAIN_DEADLINE_S = 10.0
-"""CHOICE: a draining engine finishes what it is running for at most this long, then
-aborts the rest (re-queued with its partial output). SGLang's router does not drain
-(``DELETE /workers`` only stops routing); the engine agent waits for idle and sends
-``/abort_request {"abort_all": true}`` after the command's deadline (sglang-facts.md).
-10 s is one policy window ([P] Appendix B, S = 10 s): a switch decided in one window has
-drained by the next decision. What is aborted then costs little: the partial output is
-kept, and the prompt is still in the prefill side's prefix cache (docs/simulator.md,
-"Role switches", prices it)."""
+@dataclass(eq=False, slots=True)
+class Req:
+    """One model request (one turn of a trajectory)."""
+
+    traj: "object"
+    rid: str
+    prompt: int
+    """Full prompt tokens (cached prefix included)."""
+    out_target: int
+    """Output tokens still to produce in this request (first token included)."""
+    pf_left: int = 0
+    pf_ctx: int = 0
+    cached: int = 0
+    started: bool = False
+    alive: bool = True
+    start_count: int = 0
+    finish_count: int = 0
+    out_done: int = 0
+    """Tokens produced before the current decode residency (e.g. before a retraction)."""
+    rank: "Rank | None" = None
+    resumed: bool = False
+    """Retracted after its prefill; its next prefill is a recompute, not a new event."""
+    announced: bool = False
+    """prefill.started was emitted (only once per request, even if prefill restarts)."""
 
 
-class ClusterSim:
-    """Virtual clock + engines + router. Deterministic: ties break by insertion order."""
+@dataclass(eq=False, slots=True)
+class Rank:
+    """One attention data-parallel rank of an engine."""
 
-    def __init__(self, profile: ModelProfile, roles: list[str], dp_routing: str = "prefix"):
-        if dp_routing not in DP_ROUTING:
-            raise ValueError(f"dp_routing must be one of {', '.join(DP_ROUTING)}, not {dp_routing!r}")
-        self.dp_routing = dp_routing
-        self.profile = profile
-        self.now = 0.0
-        self._heap: list = []
-        self._seq = 0
-        self.engines = [Engine.build(profile, i, r) for i, r in enumerate(roles)]
-        self.unrouted: list[Req] = []
-        self.orphans: list[Req] = []
-        self.epoch = 0
-        self.preemptions = 0
-        self.switches = 0
-        self.switch_log: list[dict] = []
-        # Role-switch mechanics (docs/simulator.md, "Role switches").
-        self.drain_deadline_s = DRAIN_DEADLINE_S
-        self.paused = False
-        """True during the weight-update pause (every engine idle and empty)."""
-        self._inflight: dict[Req, Rank] = {}
-        """KV transfers under way: request -> the decode rank it is bound for."""
-        self.drain_aborts = 0
-        self.drain_deadline_aborts = 0
-        self.drain_rerouted_reqs = 0
-        self.drain_requeued_tokens = 0
-        self.drain_aborted_decode_tokens = 0
-        self.cache_lost_tokens = 0
-        self.cache_flushed_at_update_tokens = 0
-        self.empty_engine_s = 0.0
-        self._last_empty_t = [0.0] * len(self.engines)
-        self.shared_rank: dict = {}
-        """GRPO group prefix key -> the rank its first member was routed to."""
+    engine: "Engine"
+    idx: int
+    capacity: int
+    waiting: deque = field(default_factory=deque)
+    waiting_tokens: int = 0
+    pending: deque = field(default_factory=deque)
+    """PD decode side: transferred requests waiting for KV space."""
+    running: dict = field(default_factory=dict)
+    heap: list = field(default_factory=list)
+    counter: int = 0
+    kv_base: int = 0
+    inuse_prefill: int = 0
+    cache: OrderedDict = field(default_factory=OrderedDict)
+    cache_tokens: int = 0
 
-    # --- clock -------------------------------------------------------------------------
+    @property
+    def n_run(self) -> int:
+        return len(self.running)
 
-    def at(self, t: float, fn, *args) -> None:
-        """Schedule ``fn(*args)`` at virtual time ``t``."""
-        self._seq += 1
-        heapq.heappush(self._heap, (t, self._seq, fn, args))
+    @property
+    def kv_used(self) -> int:
+        """KV tokens held by running and prefilling requests (cache excluded)."""
+        return self.kv_base + len(self.running) * self.counter + self.inuse_prefill
 
-    def run_until(self, stop) -> None:
-        """Process callbacks in time order until ``stop()`` is true or nothing is left."""
-        heap = self._heap
-        while heap and not stop():
-            t, _, fn, args = heapq.heappop(heap)
-            self.now = t
-            fn(*args)
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.pending)
 
-    # --- routing ------------------------------------------------------------------------
+    # --- prefix cache ----------------------------------------------------------------
 
-    def route_prefill(self, req: Req) -> Engine | None:
-        """Place a new request on a prefill-capable rank (cache-aware, then least loaded)."""
-        traj = req.traj
-        best = None
-        best_key = None
-        sticky = traj.last_rank
-        for eng in self.engines:
-            if eng.role == "decode" or not eng.routable:
+    def cache_put(self, traj_key: str, tokens: int) -> None:
+        """Keep a finished turn's KV (radix cache), evicting least recently used ones."""
+        old = self.cache.pop(traj_key, 0)
+        self.cache_tokens -= old
+        self.cache[traj_key] = tokens
+        self.cache_tokens += tokens
+        self._evict(0)
+
+    def cache_take(self, traj_key: str) -> int:
+        tokens = self.cache.pop(traj_key, 0)
+        self.cache_tokens -= tokens
+        return tokens
+
+    def cache_peek(self, traj_key: str) -> int:
+        return self.cache.get(traj_key, 0)
+
+    def _evict(self, need: int) -> None:
+        while self.cache and self.kv_used + self.cache_tokens + need > self.capacity:
+            _, tokens = self.cache.popitem(last=False)
+            self.cache_tokens -= tokens
+
+    def flush_cache(self) -> None:
+        self.cache.clear()
+        self.cache_tokens = 0
+
+    # --- running set -----------------------------------------------------------------
+
+    def admit_running(self, req: Req, kv_tokens: int) -> None:
+        """Start decoding ``req`` holding ``kv_tokens`` of KV."""
+        req.start_count = self.counter
+        req.finish_count = self.counter + req.out_target
+        req.rank = self
+        self.running[req] = None
+        self.kv_base += kv_tokens - self.counter
+        heapq.heappush(self.heap, (req.finish_count, _seq(), req))
+
+    def remove_running(self, req: Req) -> int:
+        """Remove ``req`` from the running set; return its current KV tokens."""
+        del self.running[req]
+        kv = self.kv_base_of(req)
+        self.kv_base -= kv - self.counter
+        req.alive = False
+        return kv
+
+    def kv_base_of(self, req: Req) -> int:
+        return req.prompt + (self.counter - req.start_count)
+
+    def generated(self, req: Req) -> int:
+        return self.counter - req.start_count
+
+    def steps_to_next_finish(self) -> int:
+        heap = self.heap
+        # Lazy deletion: an entry is live only if its request still runs here with the
+        # same finish count (a retracted and re-admitted request has a newer entry).
+        while heap and (heap[0][2] not in self.running or heap[0][0] != heap[0][2].finish_count):
+            heapq.heappop(heap)
+        if not heap:
+            return 1 << 30
+        return max(0, heap[0][0] - self.counter)
+
+    def pop_finished(self) -> list[Req]:
+        """Requests whose last token was produced by the steps so far."""
+        done = []
+        heap = self.heap
+        while heap:
+            fin, _, req = heap[0]
+            if req not in self.running or fin != req.finish_count:
+                heapq.heappop(heap)
                 continue
-            for rank in eng.ranks:
-                key = (rank.waiting_tokens + 256 * len(rank.running), eng.index, rank.idx)
-                if best_key is None or key < best_key:
-                    best, best_key = rank, key
-        if best is None:
-            self.unrouted.append(req)
-            return None
-        # A trajectory's first turn shares its GRPO group's prompt: follow the rank that
-        # holds the group's prefix.
-        shared_key = getattr(traj, "shared_key", None)
-        if sticky is None and shared_key is not None:
-            sticky = self.shared_rank.get(shared_key)
-        # Cache-aware routing (what SGLang's router approximates): stay on the rank that
-        # holds this trajectory's prefix when its queue plus the uncached part is less work
-        # than the least-loaded rank's queue plus the whole prompt.
-        if sticky is not None and sticky is not best and sticky.engine.role != "decode" and sticky.engine.routable:
-            hit = max(sticky.cache_peek(traj.tid), self._shared_hit(sticky, traj))
-            if hit and sticky.waiting_tokens + 256 * len(sticky.running) - hit <= best_key[0]:
-                best = sticky
-        if self.dp_routing == "load" and len(best.engine.ranks) > 1:
-            # The router picks the engine; inside it SGLang's data-parallel controller picks
-            # the attention-DP rank by load (``--load-balance-method`` round_robin /
-            # shortest_queue), not by prefix: the prefix is reused only if that rank has it.
-            best = min(best.engine.ranks, key=lambda r: (r.waiting_tokens + 256 * len(r.running), r.idx))
-        if shared_key is not None and traj.last_rank is None:
-            self.shared_rank[shared_key] = best
-        self.enqueue(best, req)
-        return best.engine
-
-    @staticmethod
-    def _shared_hit(rank: Rank, traj) -> int:
-        """Tokens of ``traj``'s group-shared prompt cached on ``rank`` (0 if none)."""
-        key = getattr(traj, "shared_key", None)
-        if key is None:
-            return 0
-        return min(rank.cache_peek(key), traj.shared_tokens)
-
-    def enqueue(self, rank: Rank, req: Req) -> None:
-        req.rank = rank
-        req.started = False
-        rank.waiting.append(req)
-        rank.waiting_tokens += req.prompt
-        req.traj.last_rank = rank
-        self.kick(rank.engine)
-
-    def route_decode(self) -> Rank | None:
-        """The decode rank with the most free KV (PD mode)."""
-        best, best_key = None, None
-        for eng in self.engines:
-            if eng.role != "decode" or not eng.routable:
-                continue
-            for rank in eng.ranks:
-                key = ((rank.kv_used + rank.waiting_tokens) / rank.capacity, eng.index, rank.idx)
-                if best_key is None or key < best_key:
-                    best, best_key = rank, key
-        return best
-
-    # --- stepping -----------------------------------------------------------------------
-
-    def kick(self, eng: Engine) -> None:
-        """New work may be available on ``eng``: plan a step now or shorten a macro-step."""
-        if not eng.available:
-            return
-        if eng.stepping:
-            if eng.seg_kind == "decode" and eng.seg_k > 1:
-                done = int((self.now - eng.seg_t0) / eng.seg_dt) + 1
-                if done < eng.seg_k:
-                    eng.seg_k = done
-                    eng.version += 1
-                    self.at(eng.seg_t0 + done * eng.seg_dt, self._step_end, eng, eng.version)
-            return
-        self._plan(eng)
-
-    def _plan(self, eng: Engine) -> None:
-        prof = self.profile
-        plan = []
-        any_prefill = False
-        for rank in eng.ranks:
-            action = None
-            if eng.role != "decode" and rank.waiting:
-                action = self._build_chunk(rank)
-                if action is not None:
-                    any_prefill = True
-            if action is None and eng.role != "prefill":
-                if rank.pending:
-                    self._admit_pending(rank)
-                if rank.running:
-                    self._make_room(rank)
-                if rank.running:
-                    action = ("d", 0.0)
-            plan.append(action)
-        if not any(plan):
-            eng.stepping = False
-            self._maybe_switch(eng)
-            return
-        k = 1
-        if not any_prefill:
-            k = MAX_MACRO_STEPS
-            for rank, action in zip(eng.ranks, plan):
-                if action is not None:
-                    free = rank.capacity - rank.kv_used
-                    k = min(k, max(1, rank.steps_to_next_finish()), max(1, free // len(rank.running)))
-        for i, (rank, action) in enumerate(zip(eng.ranks, plan)):
-            if action is not None and action[0] == "d":
-                n = len(rank.running)
-                # Mid-segment KV (it grows by one token per sequence per step). While any
-                # rank prefills, decoding ranks run the extend step's eager, normal-mode
-                # all-to-all path (costmodel [SGL-DPA]).
-                plan[i] = ("d", prof.decode_step_time(n, rank.kv_used + n * (k // 2), extend=any_prefill))
-        dt = prof.engine_step_time([a[1] for a in plan if a is not None])
-        eng.stepping = True
-        eng.seg_t0 = self.now
-        eng.seg_dt = dt
-        eng.seg_k = k
-        eng.seg_kind = "prefill" if any_prefill else "decode"
-        eng.seg_plan = plan
-        eng.version += 1
-        self.at(self.now + k * dt, self._step_end, eng, eng.version)
-
-    def _build_chunk(self, rank: Rank):
-        prof = self.profile
-        budget = prof.chunk_size
-        pieces = []
-        t = prof.prefill_fixed_s
-        for req in rank.waiting:
-            if not req.started:
-                if not self._admit_prefill(rank, req):
-                    break
-            n = min(budget, req.pf_left)
-            t += prof.prefill_time(n, req.pf_ctx) - prof.prefill_fixed_s
-            pieces.append((req, n))
-            budget -= n
-            if budget <= 0:
+            if fin > self.counter:
                 break
-        if not pieces:
-            return None
-        return ("p", t, pieces)
-
-    def _admit_prefill(self, rank: Rank, req: Req) -> bool:
-        own = rank.cache_take(req.traj.tid)
-        # The group's shared prompt stays in the radix cache for the other members (peek).
-        cached = max(own, self._shared_hit(rank, req.traj))
-        rank.inuse_prefill += req.prompt
-        rank._evict(0)
-        if rank.kv_used + rank.cache_tokens > rank.capacity:
-            rank.inuse_prefill -= req.prompt
-            if own:
-                rank.cache_put(req.traj.tid, own)
-            return False
-        req.started = True
-        req.cached = min(cached, req.prompt - 1)
-        req.pf_left = req.prompt - req.cached
-        req.pf_ctx = req.cached
-        rank.waiting_tokens -= req.cached
-        self._on_prefill_started(rank.engine, req)
-        return True
-
-    def _admit_pending(self, rank: Rank) -> None:
-        if rank.engine.draining:
-            return  # a draining engine takes no new request (its pending ones were re-queued)
-        while rank.pending:
-            req = rank.pending[0]
-            if rank.kv_used + req.prompt + 1 > rank.capacity:
-                break
-            rank.pending.popleft()
-            rank.waiting_tokens -= req.prompt
-            rank.admit_running(req, req.prompt)
-
-    def _make_room(self, rank: Rank) -> None:
-        """Before a decode step: evict cache, then retract the newest requests (SGLang's
-        retraction) until the step's new tokens fit."""
-        n = len(rank.running)
-        if rank.kv_used + n <= rank.capacity:
-            return
-        rank._evict(n)
-        while rank.running and rank.kv_used + len(rank.running) > rank.capacity:
-            req = next(reversed(rank.running))
-            gen = rank.generated(req)
-            rank.remove_running(req)
-            self.preemptions += 1
-            req.alive = True
-            req.out_done += gen
-            req.out_target -= gen
-            req.prompt += gen
-            if rank.engine.role == "decode":
-                # A PD decode engine cannot recompute: the request goes back to prefill.
-                self._on_aborted(req, gen_total=req.out_done, requeue=True)
-            else:
-                req.started = False
-                req.resumed = True
-                rank.waiting.appendleft(req)
-                rank.waiting_tokens += req.prompt
-
-    def _step_end(self, eng: Engine, version: int) -> None:
-        if version != eng.version:
-            return
-        k, dt = eng.seg_k, eng.seg_dt
-        gpr = self.profile.gpus_per_rank
-        for rank, action in zip(eng.ranks, eng.seg_plan):
-            if action is None:
-                eng.empty_rank_s += dt * k * gpr
-                continue
-            eng.busy_s += action[1] * k * gpr
-            eng.wait_s += (dt - action[1]) * k * gpr
-            if action[0] == "p":
-                for req, n in action[2]:
-                    req.pf_left -= n
-                    req.pf_ctx += n
-                    rank.waiting_tokens -= n
-                    eng.prefill_tokens_done += n
-                    if req.pf_left <= 0 and rank.waiting and rank.waiting[0] is req:
-                        rank.waiting.popleft()
-                        rank.inuse_prefill -= req.prompt
-                        self._prefill_done(eng, rank, req)
-            else:
-                eng.decode_tokens_done += k * len(rank.running)
-                rank.counter += k
-                for req in rank.pop_finished():
-                    kv = rank.remove_running(req)
-                    if eng.role == "mixed":
-                        rank.cache_put(req.traj.tid, kv)
-                    self._on_decode_finished(req, req.out_done + req.out_target)
-        eng.stepping = False
-        self._plan(eng)
-
-    def _prefill_done(self, eng: Engine, rank: Rank, req: Req) -> None:
-        key = getattr(req.traj, "shared_key", None)
-        if key is not None and not rank.cache_peek(key):
-            # The group's first prompt is now in this rank's radix cache.
-            rank.cache_put(key, req.traj.shared_tokens)
-        if req.resumed:
-            # Recompute after a retraction (mixed engine): back to decoding, no new event.
-            req.resumed = False
-            rank.admit_running(req, req.prompt)
-            return
-        req.out_done += 1
-        req.out_target -= 1
-        if eng.role == "mixed":
-            self._on_prefill_finished(req, eng, eng)
-            if req.out_target <= 0:
-                rank.cache_put(req.traj.tid, req.prompt + 1)
-                self._on_decode_finished(req, req.out_done)
-            else:
-                rank.admit_running(req, req.prompt)
-            return
-        # Prefill engine: the prompt's KV stays cached here; ship it to a decode rank.
-        rank.cache_put(req.traj.tid, req.prompt)
-        target = self.route_decode()
-        self._on_prefill_finished(req, eng, target.engine if target else None)
-        if target is None:
-            self.orphans.append(req)
-            return
-        self._ship(req, target)
-
-    def _ship(self, req: Req, target: Rank) -> None:
-        target.waiting_tokens += req.prompt
-        req.rank = target
-        self._inflight[req] = target
-        self.at(self.now + self.profile.kv_transfer_time(req.prompt), self._arrive, req, target, self.epoch)
-
-    def _arrive(self, req: Req, rank: Rank, epoch: int) -> None:
-        if self._inflight.pop(req, None) is None:
-            return  # aborted in flight by a drain (its tokens were released then)
-        if not req.alive:
-            rank.waiting_tokens -= req.prompt
-            return
-        if epoch != self.epoch or not rank.engine.routable or rank.engine.role != "decode":
-            rank.waiting_tokens -= req.prompt
-            self._on_aborted(req, gen_total=req.out_done, requeue=True)
-            return
-        if req.out_target <= 0:
-            rank.waiting_tokens -= req.prompt
-            self._on_decode_finished(req, req.out_done)
-            return
-        rank.pending.append(req)
-        self.kick(rank.engine)
-
-    # --- interruption (weight sync, drain deadline) -------------------------------------
-
-    def settle(self, eng: Engine) -> None:
-        """Stop ``eng`` now: complete the decode steps already done, drop a prefill step."""
-        if not eng.stepping:
-            return
-        if eng.seg_kind == "decode":
-            done = min(eng.seg_k, int((self.now - eng.seg_t0) / eng.seg_dt)) if eng.seg_dt > 0 else 0
-            eng.seg_k = done
-            eng.version += 1
-            self._step_end(eng, eng.version)  # replans; caller stops it again below
-        eng.version += 1
-        eng.stepping = False
-
-    def abort_engine(self, eng: Engine, reroute_waiting: bool, reason: str = "update") -> None:
-        """Abort every request on ``eng`` (decoding ones re-prefill elsewhere) and flush its
-        prefix cache. ``reason``: ``"update"`` (weight sync) or ``"drain"`` (a switch's
-        drain deadline: counted in the drain_* summary keys)."""
-        # Requeued requests may be routed back here, and settling the step in flight
-        # replans it: keep this engine from planning a step or starting a switch until
-        # the abort is complete.
-        was_available, eng.available = eng.available, False
-        self.settle(eng)
-        drain = reason == "drain"
-        # Transfers still in flight to a rank keep their tokens booked there.
-        booked: dict[Rank, int] = {}
-        for req, r in self._inflight.items():
-            if r.engine is eng:
-                booked[r] = booked.get(r, 0) + req.prompt
-        for rank in eng.ranks:
-            for req in list(rank.running):
-                gen = rank.generated(req)
-                rank.remove_running(req)
-                req.alive = True
-                if drain:
-                    self._count_drain_abort(eng, req, req.out_done + gen, deadline=True)
-                    self.drain_aborted_decode_tokens += req.out_done + gen
-                self._on_aborted(req, gen_total=req.out_done + gen, requeue=True)
-            while rank.pending:
-                req = rank.pending.popleft()
-                if drain:
-                    self._count_drain_abort(eng, req, req.out_done, deadline=True)
-                self._on_aborted(req, gen_total=req.out_done, requeue=True)
-            rank.waiting_tokens = booked.get(rank, 0)
-            rank.inuse_prefill = 0
-            waiting = list(rank.waiting)
-            rank.waiting.clear()
-            for req in waiting:
-                if drain:
-                    if req.started:  # a prefill in progress: its computed chunks are lost
-                        self._count_drain_abort(eng, req, 0, deadline=True)
-                    else:
-                        self.drain_rerouted_reqs += 1
-                req.started = False
-                if reroute_waiting:
-                    self.route_prefill(req)
-                else:
-                    rank.waiting.append(req)
-                    rank.waiting_tokens += req.prompt
-            flushed = rank.cache_tokens
-            rank.flush_cache()
-            if drain:
-                self.cache_lost_tokens += flushed
-                if eng.switch is not None:
-                    eng.switch["cache_lost"] += flushed
-            else:
-                self.cache_flushed_at_update_tokens += flushed
-        eng.available = was_available
-
-    # --- role switches ------------------------------------------------------------------
-    #
-    # A switch (docs/simulator.md, "Role switches"): the router stops sending the engine
-    # work at once (``routable`` is False while draining); its not-yet-started work is
-    # re-queued at once on the other engines (``_shed_unstarted``); what it is running
-    # finishes, up to ``drain_deadline_s``, after which the rest is aborted and re-queued
-    # with its partial output; then the switch itself takes ``switch_time(mode)``, the
-    # prefix cache is flushed and counted in ``cache_lost_tokens``. During the
-    # weight-update pause every engine is empty, so a switch needs no drain: it starts at
-    # once and the engine resumes when both the pause and its switch are over.
-
-    def switch_allowed(self, eng: Engine, to_role: str) -> bool:
-        """Whether :meth:`request_switch` accepts: not already switching, not in that role
-        already, and serving or in the weight-update pause."""
-        return eng.switch is None and eng.role != to_role and (eng.available or self.paused)
-
-    def request_switch(self, eng: Engine, to_role: str, mode: str, cmd: str) -> bool:
-        """Start a switch of ``eng`` (drain, or at once during the weight-update pause);
-        False if it is refused (see :meth:`switch_allowed`)."""
-        if not self.switch_allowed(eng, to_role):
-            return False
-        eng.switch = {
-            "cmd": cmd, "to": to_role, "mode": mode, "t": self.now, "from": eng.role,
-            "aborted": 0, "cache_lost": 0,
-        }
-        self._on_switching(eng)
-        if self.paused:
-            # The update aborted everything in flight; what still waits here (requests
-            # parked for the pause) goes to the other engines. No drain.
-            self._shed_unstarted(eng)
-            self._start_switch(eng)
-            return True
-        eng.draining = True
-        self._shed_unstarted(eng)
-        self.at(self.now + self.drain_deadline_s, self._drain_deadline, eng, cmd)
-        self._maybe_switch(eng)
-        return True
-
-    def _shed_unstarted(self, eng: Engine) -> None:
-        """Re-queue at once the work ``eng`` has not started: prompts waiting for their
-        prefill to begin go to another prefill rank (no event: the request was never
-        touched), and on the decode side the transferred requests waiting for KV space
-        and the transfers still in flight to it are aborted and re-queued (they
-        re-prefill; the prefill side still caches their prompt)."""
-        for rank in eng.ranks:
-            while rank.pending:
-                req = rank.pending.popleft()
-                rank.waiting_tokens -= req.prompt
-                self._count_drain_abort(eng, req, req.out_done, deadline=False)
-                self._on_aborted(req, gen_total=req.out_done, requeue=True)
-            if any(not q.started for q in rank.waiting):
-                moved = [q for q in rank.waiting if not q.started]
-                kept = [q for q in rank.waiting if q.started]
-                rank.waiting.clear()
-                rank.waiting.extend(kept)
-                for req in moved:
-                    rank.waiting_tokens -= req.prompt
-                    self.drain_rerouted_reqs += 1
-                    self.route_prefill(req)
-        for req, rank in [(q, r) for q, r in self._inflight.items() if r.engine is eng]:
-            del self._inflight[req]
-            rank.waiting_tokens -= req.prompt
-            if req.alive:
-                self._count_drain_abort(eng, req, req.out_done, deadline=False)
-                self._on_aborted(req, gen_total=req.out_done, requeue=True)
-
-    def _count_drain_abort(self, eng: Engine, req: Req, gen_total: int, deadline: bool) -> None:
-        """A request a drain aborts: it re-prefills its prompt plus what it generated
-        (exact on PD engines; on a mixed engine a retracted request's recomputed output
-        is counted twice)."""
-        self.drain_aborts += 1
-        self.drain_deadline_aborts += deadline
-        self.drain_requeued_tokens += req.prompt + gen_total
-        if eng.switch is not None:
-            eng.switch["aborted"] += 1
-
-    def _drain_deadline(self, eng: Engine, cmd: str) -> None:
-        if eng.switch is None or eng.switch["cmd"] != cmd or not eng.draining:
-            return
-        self.abort_engine(eng, reroute_waiting=True, reason="drain")
-        self._maybe_switch(eng)
-
-    def _maybe_switch(self, eng: Engine) -> None:
-        """Start the switch of a draining engine once it holds nothing."""
-        if eng.switch is None or not eng.draining or not eng.available or eng.stepping or eng.has_work():
-            return
-        self._start_switch(eng)
-
-    def _start_switch(self, eng: Engine) -> None:
-        sw = eng.switch
-        eng.available = False
-        eng.draining = False
-        lost = sum(r.cache_tokens for r in eng.ranks)
-        self.cache_lost_tokens += lost
-        sw["cache_lost"] += lost
-        for rank in eng.ranks:
-            rank.flush_cache()
-        sw["drain_end"] = self.now
-        sw["in_pause"] = self.paused
-        self.at(self.now + self.profile.switch_time(sw["mode"]), self._switched, eng)
-
-    def _switched(self, eng: Engine) -> None:
-        sw = eng.switch
-        eng.role = sw["to"]
-        eng.switch = None
-        # During the weight-update pause the engine waits for the resume.
-        eng.available = not self.paused
-        self.switches += 1
-        self.switch_log.append({
-            "t": round(self.now, 3), "engine": eng.name, "from": sw["from"], "to": sw["to"],
-            "mode": sw["mode"], "requested_t": round(sw["t"], 3),
-            "drain_s": round(sw["drain_end"] - sw["t"], 3),
-            "switch_s": round(self.now - sw["drain_end"], 3),
-            "in_pause": sw["in_pause"], "drain_aborts": sw["aborted"],
-            "cache_lost_tokens": sw["cache_lost"],
-        })
-        self._on_switched(eng, sw)
-        if eng.available:
-            self.release_parked()
-
-    def release_parked(self) -> None:
-        """Route requests that found no engine of the right role earlier."""
-        if self.unrouted:
-            reqs, self.unrouted = self.unrouted, []
-            for req in reqs:
-                if req.alive:
-                    self.route_prefill(req)
-        if self.orphans:
-            reqs, self.orphans = self.orphans, []
-            for req in reqs:
-                if not req.alive:
-                    continue
-                target = self.route_decode()
-                if target is None:
-                    self.orphans.append(req)
-                else:
-                    self._ship(req, target)
-
-    # --- hooks (the rollout side) ---------------------------------------------------------
-
-    def _on_prefill_started(self, eng: Engine, req: Req) -> None: ...
-
-    def _on_prefill_finished(self, req: Req, eng: Engine, decode_eng: Engine | None) -> None: ...
-
-    def _on_decode_finished(self, req: Req, output_tokens: int) -> None: ...
-
-    def _on_aborted(self, req: Req, gen_total: int, requeue: bool) -> None: ...
-
-    def _on_switching(self, eng: Engine) -> None: ...
-
-    def _on_switched(self, eng: Engine, sw: dict) -> None: ...
+            heapq.heappop(heap)
+            done.append(req)
+        return done
 
 
-def ceil_div(a: float, b: float) -> int:
-    return int(math.ceil(a / b))
+_SEQ = [0]
+
+
+def _seq() -> int:
+    _SEQ[0] += 1
+    return _SEQ[0]
+
+
+@dataclass(eq=False, slots=True)
+class Engine:
+    """One SGLang server: ``attn_dp`` ranks sharing one MoE step."""
+
+    name: str
+    server: str
+    index: int
+    profile: ModelProfile
+    role: str
+    ranks: list[Rank] = field(default_factory=list)
+    busy_until: float = 0.0
+    stepping: bool = False
+    version: int = 0
+    seg_t0: float = 0.0
+    seg_dt: float = 0.0
+    seg_k: int = 0
+    seg_kind: str = ""
+    seg_plan: list = field(default_factory=list)
+    draining: bool = False
+    switch: "object | None" = None
+    available: bool = True
+    """False while switching (not routable, does no work)."""
+    # accounting, GPU-seconds
+    busy_s: float = 0.0
+    wait_s: float = 0.0
+    empty_rank_s: float = 0.0
+    prefill_tokens_done: int = 0
+    decode_tokens_done: int = 0
+
+    @classmethod
+    def build(cls, profile: ModelProfile, index: int, role: str) -> "Engine":
+        servers = max(1, profile.gpus_per_engine // 8)
+        eng = cls(
+            name=f"e{index:03d}",
+            server=f"s{(index * servers * 8) // 8:02d}" if profile.gpus_per_engine >= 8 else f"s{(index * profile.gpus_per_engine) // 8:02d}",
+            index=index,
+            profile=profile,
+            role=role,
+        )
+        eng.ranks = [Rank(eng, r, profile.kv_capacity_per_rank) for r in range(profile.attn_dp)]
+        return eng
+
+    @property
+    def routable(self) -> bool:
+        return self.available and not self.draining
+
+    def has_work(self) -> bool:
+        return any(r.has_work() for r in self.ranks)
+
+    def running_reqs(self) -> int:
+        """Decoding requests plus those whose prefill has begun (SGLang's running batch:
+        a chunked prefill in progress counts as running, not waiting)."""
+        return sum(len(r.running) + sum(1 for q in r.waiting if q.started) for r in self.ranks)
+
+    def queued_reqs(self) -> int:
+        """Requests waiting for a prefill to start, plus (PD decode side) transferred ones
+        waiting for KV space."""
+        return sum(sum(1 for q in r.waiting if not q.started) + len(r.pending) for r in self.ranks)
+
+    def kv_used(self) -> int:
+        return sum(r.kv_used for r in self.ranks)
+
+    def kv_capacity(self) -> int:
+        return sum(r.capacity for r in self.ranks)

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from prorsa_emulated.costmodel import CLUSTER_GPUS, ModelProfile, get_profile
 from prorsa_schemas import events as E
 
-from .cluster import Engine, Req
-from .engines import ClusterSim
+from .cluster import ClusterSim
+from .engines import Engine, Req
 from .policy import EngineView, FutureDemand, Observation, Policy
 from .workloads import TrajectoryPlan, WorkloadSpec, get_workload, plan_trajectory
 
@@ -639,7 +639,7 @@ def build_config(**kw) -> SimConfig:
     """Validate and build a :class:`SimConfig` (raises ValueError with a clear reason)."""
     get_workload(kw.get("workload", "coding"))
     get_profile(kw.get("model", "deepseek-v3.2"))
-    from .engines import DP_ROUTING
+    from .cluster import DP_ROUTING
 
     if kw.get("dp_routing", "load") not in DP_ROUTING:
         raise ValueError(f"unknown dp routing {kw['dp_routing']!r}; choose one of: {', '.join(DP_ROUTING)}")
