@@ -302,6 +302,11 @@ class ForecastComponents(_Model):
     bias: float | None = None
 
 
+DEFAULT_WINDOW_S = 10.0
+"""S, the forecast window length in seconds (the paper's default): the one default every
+service, the simulator and the tools share."""
+
+
 class ForecastWindow(Event):
     """One forecast per window [t, t+horizon) (published by the forecaster)."""
 

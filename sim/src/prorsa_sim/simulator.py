@@ -39,7 +39,7 @@ class SimConfig:
     batch_size: int = 512
     """Trajectories per training step ([P] paper scale: 512)."""
     total_gpus: int = CLUSTER_GPUS
-    window_s: float = 10.0
+    window_s: float = E.DEFAULT_WINDOW_S
     """Policy window S ([P] Appendix B default 10 s)."""
     train_s: float = 30.0
     """CHOICE: training time of one step on the trainer GPUs (not rollout GPUs)."""

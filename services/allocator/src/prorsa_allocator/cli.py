@@ -7,6 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from prorsa_schemas.events import DEFAULT_WINDOW_S
+
 allocator_app = typer.Typer(help="Forecast-driven prefill/decode allocation and role switching (paper §4.2).",
                             no_args_is_help=True)
 
@@ -61,7 +63,7 @@ def solve_cmd(
     prefill_tokens: Annotated[float, typer.Option(help="Ŵᴾ: prompt tokens to prefill in the window.")],
     decode_kv_tokens: Annotated[float, typer.Option(help="Kᴰ + K̂ᴰ: decode KV tokens now plus admitted.")],
     gpus: Annotated[int, typer.Option(help="G: the GPU budget.")],
-    horizon: Annotated[float, typer.Option(help="S: window length, seconds.")] = 10.0,
+    horizon: Annotated[float, typer.Option(help="S: window length, seconds.")] = DEFAULT_WINDOW_S,
     theta: Annotated[float, typer.Option(help="θᴾ: full-prompt tokens/s per prefill instance.")] = 40_000.0,
     kv_capacity: Annotated[float, typer.Option(help="C_KVᴰ: KV tokens per decode instance.")] = 1_000_000.0,
     gpus_prefill: Annotated[int, typer.Option(help="mᴾ: GPUs per prefill instance.")] = 8,

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from prorsa_schemas.events import DEFAULT_WINDOW_S
+
 from .config import AllocatorConfig
 from .engines import EngineView
 from .estimate import SwitchCost
@@ -240,7 +242,7 @@ def price_switch(
     cfg: AllocatorConfig,
     decode_turn_s: float | None = None,
     pause_left_s: float = 0.0,
-    window_s: float = 10.0,
+    window_s: float = DEFAULT_WINDOW_S,
 ) -> SwitchPrice:
     """The price of switching ``view`` to ``to_role`` (hand-checked in test_pricing.py).
 

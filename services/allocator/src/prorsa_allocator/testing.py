@@ -12,6 +12,7 @@ from prorsa_schemas import (
     EngineSwitchFailed,
     ForecastWindow,
 )
+from prorsa_schemas.events import DEFAULT_WINDOW_S
 
 RUN = "run-1"
 THETA = 10_000.0  # prefill tokens/s per engine used by the tests' config
@@ -37,7 +38,7 @@ def stats(engine: str, role: str, ts: float, running: int = 0, queued: int = 0, 
     )
 
 
-def forecast(t: float, prefill_engines: float, decode_engines: float, horizon: float = 10.0, ts: float | None = None) -> ForecastWindow:
+def forecast(t: float, prefill_engines: float, decode_engines: float, horizon: float = DEFAULT_WINDOW_S, ts: float | None = None) -> ForecastWindow:
     """A forecast whose demand is the given number of prefill and decode engines' worth."""
     return ForecastWindow(
         id=_id("fc"), ts=t if ts is None else ts, run=RUN, t=t, horizon=horizon,

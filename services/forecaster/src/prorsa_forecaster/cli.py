@@ -9,6 +9,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from prorsa_schemas.events import DEFAULT_WINDOW_S
+
 
 def _fail(message: str, code: int = 2):
     from prorsa_runtime.cli import fail
@@ -18,7 +20,7 @@ def _fail(message: str, code: int = 2):
 
 def forecast_eval(
     log: Annotated[Path, typer.Argument(help="Contract event log (.jsonl or .jsonl.gz).")],
-    horizon: Annotated[float, typer.Option("--horizon", help="Window length S in seconds.")] = 10.0,
+    horizon: Annotated[float, typer.Option("--horizon", help="Window length S in seconds.")] = DEFAULT_WINDOW_S,
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON report.")] = False,
     windows_csv: Annotated[
         Optional[Path], typer.Option("--windows", help="Also write every window (t, forecast, actual) as CSV.")

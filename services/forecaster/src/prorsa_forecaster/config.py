@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from prorsa_schemas.events import DEFAULT_WINDOW_S
+
 
 @dataclass(frozen=True)
 class ForecastConfig:
@@ -67,7 +69,7 @@ class ForecastConfig:
             ``run.started.prompt_tokens_mean`` overrides it).
     """
 
-    horizon: float = 10.0
+    horizon: float = DEFAULT_WINDOW_S
     steps: int = 10
     tool_ema_alpha: float = 0.1
     bias_half_life: float = 6.0

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pydantic import Field
 
 from prorsa_runtime.settings import ServiceSettings, settings_for
+from prorsa_schemas.events import DEFAULT_WINDOW_S
 
 
 class _ForecasterFields(ServiceSettings):
-    horizon: float = Field(default=10.0, gt=0, le=3600, description="window length S in seconds")
+    horizon: float = Field(default=DEFAULT_WINDOW_S, gt=0, le=3600, description="window length S in seconds")
     steps: int = Field(default=10, ge=1, le=1000, description="sub-steps per window")
     tracker_gate: bool = Field(
         default=True, description="pass events through the tracker core (drop duplicates and illegal transitions)"
