@@ -40,31 +40,40 @@ UNDECLARED_ALLOWED: dict[str, str] = {
 # Imports of a private name from another module that stay, each with its reason.
 # Entry: "importing.module -> imported.module._name".
 PRIVATE_ALLOWED: dict[str, str] = {
-    "prorsa_engine_agent.agent -> prorsa_engine_agent.watchers._stream_seq": "stream sequence of a message",
+    "prorsa_engine_agent.agent -> prorsa_engine_agent.watchers._stream_seq":
+        "the agent reads a JetStream message's stream sequence with the watchers' helper",
     "prorsa_forecaster.uncertainty -> prorsa_forecaster.core._kernel":
         "the uncertainty band re-runs the forecaster core's kernels; the forecaster's internals are "
         "left as they are (its logic is owned elsewhere)",
     "prorsa_forecaster.uncertainty -> prorsa_forecaster.core._not_interrupted": "as core._kernel",
     "prorsa_forecaster.uncertainty -> prorsa_forecaster.core._turn_kernels": "as core._kernel",
     "prorsa_forecaster.uncertainty -> prorsa_forecaster.core._update_steps": "as core._kernel",
-    "prorsa_schemas.codec -> prorsa_schemas.errors._MISSING": "sentinel",
+    "prorsa_schemas.codec -> prorsa_schemas.errors._MISSING":
+        "the errors module's sentinel for a missing field, shared inside the schemas package",
     "prorsa_sdk.sync_client -> prorsa_sdk.client._json": "sync client shares the async client's helpers",
     "prorsa_sdk.sync_client -> prorsa_sdk.client._streamed": "as client._json",
     "prorsa_sdk.sync_client -> prorsa_sdk.client._whole": "as client._json",
-    "prorsa_sim.cli -> prorsa_sim.paper._fmt": "report formatting",
-    "prorsa_sim.cli -> prorsa_sim.paper._miss_text": "report formatting",
+    "prorsa_sim.cli -> prorsa_sim.paper._fmt": "the CLI prints the paper report's cells with its formatter",
+    "prorsa_sim.cli -> prorsa_sim.paper._miss_text": "as paper._fmt",
 }
 
 # Module import cycles that stay, each with its reason. Entry: the sorted modules of the
 # cycle's strongly connected component, joined with " <-> ".
 MODULE_CYCLES_ALLOWED: dict[str, str] = {
-    "prorsa_cli.routerproc <-> prorsa_cli.stack": "router process helpers",
+    "prorsa_cli.routerproc <-> prorsa_cli.stack":
+        "stack imports router_spec at the top; routerproc imports stack's UpError and option types inside "
+        "functions (and for type checking), so neither import runs while the other module loads",
     "prorsa_engine_agent.agent <-> prorsa_engine_agent.procedure <-> prorsa_engine_agent.reconcile":
-        "the switch procedure and reconciliation call back into the agent",
-    "prorsa_forecaster.snapshot_build <-> prorsa_forecaster.state": "snapshot building reads the live state",
+        "type-only: procedure and reconcile import EngineAgent/EngineState under TYPE_CHECKING for "
+        "annotations; at run time only agent imports them",
+    "prorsa_forecaster.snapshot_build <-> prorsa_forecaster.state":
+        "snapshot_build reads LiveState (type-only import, and its role constants inside a function); "
+        "state calls build_snapshot inside a function; the forecaster's internals are left as they are",
     "prorsa_sim.policies <-> prorsa_sim.policies.bound <-> prorsa_sim.policies.oracle <-> prorsa_sim.policies.prorsa "
     "<-> prorsa_sim.policies.reactive <-> prorsa_sim.policy <-> prorsa_sim.runner <-> prorsa_sim.simulator":
-        "policies register by import side effect",
+        "policy.make_policy imports prorsa_sim.policies inside a function so that the built-in "
+        "policies register themselves in POLICY_FACTORIES (an import side effect); they import policy's "
+        "types and, through the bound search, the runner and the simulator",
 }
 
 
