@@ -4,9 +4,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from prorsa_sim.cluster import Req
+from prorsa_sim.engines import Req
 from prorsa_emulated.costmodel import PROFILES, get_profile
-from prorsa_sim.engines import ClusterSim
+from prorsa_sim.cluster import ClusterSim
 
 
 def _traj(i):
