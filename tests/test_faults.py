@@ -413,6 +413,7 @@ async def test_kill_9_of_an_engine_agent_in_the_middle_of_a_switch(stack: Stack)
 
     admin = await Login.as_user(stack, "admin")
     try:
+        ended_early: list = []
         for attempt in range(3):
             # An operator's switch of node1-e5 (as `prorsa switch` sends it). The agent refuses
             # it when the allocator is switching that engine just then: then once more.
@@ -425,8 +426,9 @@ async def test_kill_9_of_an_engine_agent_in_the_middle_of_a_switch(stack: Stack)
                                   what="a switch of node1 in its switch phase")
             if isinstance(inflight[0], str):
                 break
+            ended_early.append(inflight[0][1][:400])
         else:
-            pytest.fail("three operator switches of node1-e5 ended before their switch phase")
+            pytest.fail(f"three operator switches of node1-e5 ended before their switch phase: {ended_early}")
     finally:
         await admin.close()
     pid = stack.kill("agent-node1", busy=False)

@@ -356,7 +356,12 @@ def plan_stack(opts: UpOptions) -> StackPlan:
                 server = f"node{a}"
                 insts = [{"engine": f"{server}-e{i}", "model": "emulated/model", "host": h,
                           "port": ports.engines[i][0], "bootstrap_port": ports.engines[i][1],
-                          "role": roles[i], "launch": "emulated", "extra_args": emu} for i in mine]
+                          "role": roles[i], "launch": "emulated", "extra_args": emu,
+                          # A flip to decode needs the decode CUDA-graph memory figure, or a
+                          # decode peer on the server to read it from (SGLang refuses without
+                          # one). Emulated engines capture no graphs; on a GPU server the
+                          # operator sets the measured figure (deploy/agent.toml).
+                          "decode_cuda_graph_memory_gb": 1.0} for i in mine]
                 cfg = wd / f"agent-{server}.toml"
                 _agent_config(cfg, server, router_url, wd / "agents" / server, insts)
                 url = f"http://{h}:{ports.agent_metrics[a]}"
