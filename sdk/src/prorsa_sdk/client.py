@@ -55,15 +55,15 @@ class RewardSpan:
     admitted: bool = True
 
 
-class RolloutClient:
-    """Model requests to one SGLang server or router (``base_url``), with lifecycle events.
+class ClientBase:
+    """What the async and the blocking client share: where requests go, how prompts are
+    counted, the event clock, the HTTP client (made and owned here unless one is given),
+    and the trajectories made so far. ``_http_class`` and ``_handle`` are the twin's own."""
 
-    ``count_tokens(body) -> int`` gives the prompt length of a text or chat request (the
-    length of ``input_ids`` is used when they are sent, or pass ``prompt_tokens=``).
-    ``http``: your own ``httpx.AsyncClient`` (else one is made and closed by :meth:`aclose`).
-    """
+    _http_class: type = httpx.AsyncClient
+    _handle: type
 
-    def __init__(self, emitter: Any, base_url: str | None = None, *, http: httpx.AsyncClient | None = None,
+    def __init__(self, emitter: Any, base_url: str | None = None, *, http: Any = None,
                  headers: dict[str, str] | None = None, count_tokens: TokenCounter | None = None,
                  clock: Callable[[], float] = time.time):
         self.emitter = emitter
@@ -73,19 +73,31 @@ class RolloutClient:
         self._own = http is None and base_url is not None
         self.http = http
         if self._own:
-            self.http = httpx.AsyncClient(timeout=DEFAULT_TIMEOUT, headers=headers, limits=httpx.Limits(max_connections=None))
-        self._live: dict[str, Trajectory] = {}
+            self.http = self._http_class(timeout=DEFAULT_TIMEOUT, headers=headers,
+                                         limits=httpx.Limits(max_connections=None))
+        self._live: dict[str, Any] = {}
 
     def trajectory(self, traj: str, prompt_tokens: int, *, group: str | None = None,
-                   policy_version: int | None = None) -> "Trajectory":
-        """A handle for trajectory ``traj``; ``async with`` it (or ``await .start()``) to dispatch it."""
-        t = Trajectory(self, traj, prompt_tokens, group=group, policy_version=policy_version)
+                   policy_version: int | None = None) -> Any:
+        """A handle for trajectory ``traj``; enter it (``with`` / ``async with``) to dispatch it."""
+        t = self._handle(self, traj, prompt_tokens, group=group, policy_version=policy_version)
         self._live[traj] = t
         return t
 
-    def get(self, traj: str) -> "Trajectory":
+    def get(self, traj: str) -> Any:
         """The handle of a trajectory made by this client (e.g. to report its reward later)."""
         return self._live[traj]
+
+
+class RolloutClient(ClientBase):
+    """Model requests to one SGLang server or router (``base_url``), with lifecycle events.
+
+    ``count_tokens(body) -> int`` gives the prompt length of a text or chat request (the
+    length of ``input_ids`` is used when they are sent, or pass ``prompt_tokens=``).
+    ``http``: your own ``httpx.AsyncClient`` (else one is made and closed by :meth:`aclose`).
+    """
+
+    _http_class = httpx.AsyncClient
 
     async def emit(self, calls: list[Call]) -> None:
         for c in calls:
@@ -342,3 +354,6 @@ def _streamed(api: Api, req: str, turn: int, chunks: list[dict], sent: float, re
         return Generation(req, turn, api, last or {}, sglang_outcome(last, sent, received, first), chunks)
     out = openai_outcome(None, chunks, first)
     return Generation(req, turn, api, chunks[-1] if chunks else {}, out, chunks)
+
+
+RolloutClient._handle = Trajectory

@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from .client import DEFAULT_TIMEOUT, RewardSpan, ToolSpan, _json, _streamed, _whole
+from .client import DEFAULT_TIMEOUT, RewardSpan, ToolSpan, ClientBase, _json, _streamed, _whole
 from .lifecycle import Call, TrajectoryCore
 from .outcome import Outcome, ResponseError, is_first_token_chunk, sse_data
 from .wire import (
@@ -31,30 +31,10 @@ from .wire import (
 )
 
 
-class SyncRolloutClient:
+class SyncRolloutClient(ClientBase):
     """Blocking model requests with lifecycle events; thread-safe (one lock per trajectory)."""
 
-    def __init__(self, emitter: Any, base_url: str | None = None, *, http: httpx.Client | None = None,
-                 headers: dict[str, str] | None = None, count_tokens: TokenCounter | None = None,
-                 clock: Callable[[], float] = time.time):
-        self.emitter = emitter
-        self.base_url = base_url.rstrip("/") if base_url else None
-        self.count_tokens = count_tokens
-        self.clock = clock
-        self._own = http is None and base_url is not None
-        self.http = http
-        if self._own:
-            self.http = httpx.Client(timeout=DEFAULT_TIMEOUT, headers=headers, limits=httpx.Limits(max_connections=None))
-        self._live: dict[str, SyncTrajectory] = {}
-
-    def trajectory(self, traj: str, prompt_tokens: int, *, group: str | None = None,
-                   policy_version: int | None = None) -> "SyncTrajectory":
-        t = SyncTrajectory(self, traj, prompt_tokens, group=group, policy_version=policy_version)
-        self._live[traj] = t
-        return t
-
-    def get(self, traj: str) -> "SyncTrajectory":
-        return self._live[traj]
+    _http_class = httpx.Client
 
     def emit(self, calls: list[Call]) -> None:
         for c in calls:
@@ -270,3 +250,6 @@ class SyncRequestSpan:
                       first_token_ts=first)
         self.answered = True
         t._do(lambda: t.core.answered(self.req, out, now, tool_call))
+
+
+SyncRolloutClient._handle = SyncTrajectory
