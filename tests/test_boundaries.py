@@ -50,9 +50,6 @@ PRIVATE_ALLOWED: dict[str, str] = {
     "prorsa_forecaster.uncertainty -> prorsa_forecaster.core._update_steps": "as core._kernel",
     "prorsa_schemas.codec -> prorsa_schemas.errors._MISSING":
         "the errors module's sentinel for a missing field, shared inside the schemas package",
-    "prorsa_sdk.sync_client -> prorsa_sdk.client._json": "sync client shares the async client's helpers",
-    "prorsa_sdk.sync_client -> prorsa_sdk.client._streamed": "as client._json",
-    "prorsa_sdk.sync_client -> prorsa_sdk.client._whole": "as client._json",
     "prorsa_sim.cli -> prorsa_sim.paper._fmt": "the CLI prints the paper report's cells with its formatter",
     "prorsa_sim.cli -> prorsa_sim.paper._miss_text": "as paper._fmt",
 }

@@ -29,10 +29,10 @@ from typing import Any
 import httpx
 
 from .lifecycle import Call, TrajectoryCore
-from .outcome import Outcome, ResponseError, is_first_token_chunk, openai_outcome, sglang_outcome, sse_data
+from .outcome import Outcome, ResponseError, is_first_token_chunk, sse_data
 from .wire import (
     CHAT, COMPLETIONS, GENERATE, Api, EngineAborted, EngineError, Generation, TokenCounter, error_text,
-    openai_stream_body, prompt_length,
+    openai_stream_body, prompt_length, response_json, streamed_generation, whole_generation,
 )
 
 DEFAULT_TIMEOUT = httpx.Timeout(3600.0, connect=10.0)
@@ -286,14 +286,14 @@ class Trajectory:
             resp = await http.post(url, json=body)
             if resp.status_code >= 400:
                 raise EngineError(error_text(resp.status_code, resp.text), resp.status_code, resp.text)
-            return _whole(api, req, turn, _json(resp), sent, self._now())
+            return whole_generation(api, req, turn, response_json(resp), sent, self._now())
         async with http.stream("POST", url, json=body) as resp:
             if resp.status_code >= 400:
                 text = (await resp.aread()).decode(errors="replace")
                 raise EngineError(error_text(resp.status_code, text), resp.status_code, text)
             if "text/event-stream" not in resp.headers.get("content-type", ""):
                 await resp.aread()  # the server answered whole (it does not stream)
-                return _whole(api, req, turn, _json(resp), sent, self._now())
+                return whole_generation(api, req, turn, response_json(resp), sent, self._now())
             chunks: list[dict] = []
             first: float | None = None
             async for line in resp.aiter_lines():
@@ -306,7 +306,7 @@ class Trajectory:
                     meta = chunk.get("meta_info") or {}
                     cached = meta.get("cached_tokens") if isinstance(meta.get("cached_tokens"), int) else None
                     await self._do(lambda: self.core.first_token(req, first, cached_tokens=cached))
-        return _streamed(api, req, turn, chunks, sent, self._now(), first)
+        return streamed_generation(api, req, turn, chunks, sent, self._now(), first)
 
 
 class RequestSpan:
@@ -333,27 +333,6 @@ class RequestSpan:
                       first_token_ts=first)
         self.answered = True
         await t._do(lambda: t.core.answered(self.req, out, now, tool_call))
-
-
-def _json(resp: httpx.Response) -> object:
-    try:
-        return resp.json()
-    except ValueError:
-        raise ResponseError(f"engine answer is not JSON: {resp.text[:200]!r}") from None
-
-
-def _whole(api: Api, req: str, turn: int, body: object, sent: float, received: float) -> Generation:
-    out = sglang_outcome(body, sent, received) if api == "sglang" else openai_outcome(body)
-    return Generation(req, turn, api, body, out)  # type: ignore[arg-type]
-
-
-def _streamed(api: Api, req: str, turn: int, chunks: list[dict], sent: float, received: float,
-              first: float | None) -> Generation:
-    if api == "sglang":
-        last = next((c for c in reversed(chunks) if isinstance(c.get("meta_info"), dict)), None)
-        return Generation(req, turn, api, last or {}, sglang_outcome(last, sent, received, first), chunks)
-    out = openai_outcome(None, chunks, first)
-    return Generation(req, turn, api, chunks[-1] if chunks else {}, out, chunks)
 
 
 RolloutClient._handle = Trajectory

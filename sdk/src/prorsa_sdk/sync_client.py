@@ -22,12 +22,12 @@ from typing import Any
 
 import httpx
 
-from .client import DEFAULT_TIMEOUT, RewardSpan, ToolSpan, ClientBase, _json, _streamed, _whole
+from .client import DEFAULT_TIMEOUT, RewardSpan, ToolSpan, ClientBase
 from .lifecycle import Call, TrajectoryCore
 from .outcome import Outcome, ResponseError, is_first_token_chunk, sse_data
 from .wire import (
     CHAT, COMPLETIONS, GENERATE, Api, EngineAborted, EngineError, Generation, TokenCounter, error_text,
-    openai_stream_body, prompt_length,
+    openai_stream_body, prompt_length, response_json, streamed_generation, whole_generation,
 )
 
 
@@ -204,14 +204,14 @@ class SyncTrajectory:
             resp = http.post(url, json=body)
             if resp.status_code >= 400:
                 raise EngineError(error_text(resp.status_code, resp.text), resp.status_code, resp.text)
-            return _whole(api, req, turn, _json(resp), sent, self._now())
+            return whole_generation(api, req, turn, response_json(resp), sent, self._now())
         with http.stream("POST", url, json=body) as resp:
             if resp.status_code >= 400:
                 text = resp.read().decode(errors="replace")
                 raise EngineError(error_text(resp.status_code, text), resp.status_code, text)
             if "text/event-stream" not in resp.headers.get("content-type", ""):
                 resp.read()
-                return _whole(api, req, turn, _json(resp), sent, self._now())
+                return whole_generation(api, req, turn, response_json(resp), sent, self._now())
             chunks: list[dict] = []
             first: float | None = None
             for line in resp.iter_lines():
@@ -225,7 +225,7 @@ class SyncTrajectory:
                     cached = meta.get("cached_tokens") if isinstance(meta.get("cached_tokens"), int) else None
                     t = first
                     self._do(lambda: self.core.first_token(req, t, cached_tokens=cached))
-        return _streamed(api, req, turn, chunks, sent, self._now(), first)
+        return streamed_generation(api, req, turn, chunks, sent, self._now(), first)
 
 
 class SyncRequestSpan:

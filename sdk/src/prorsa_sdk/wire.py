@@ -1,5 +1,5 @@
 """What the async and the sync client share: request bodies, prompt lengths, errors, the
-result of one model request. Pure: no I/O."""
+result of one model request and how it is read from an answer. Pure: no I/O."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .outcome import Outcome, ResponseError
+from .outcome import Outcome, ResponseError, openai_outcome, sglang_outcome
 
 Api = Literal["sglang", "openai"]
 TokenCounter = Callable[[Mapping[str, Any]], int]
@@ -113,7 +113,33 @@ def error_text(status: int, text: str) -> str:
     return f"engine answered HTTP {status}: {text[:300]}"
 
 
+def response_json(resp: Any) -> object:
+    """The JSON of a whole answer (an ``httpx.Response``), or :class:`ResponseError`."""
+    try:
+        return resp.json()
+    except ValueError:
+        raise ResponseError(f"engine answer is not JSON: {resp.text[:200]!r}") from None
+
+
+def whole_generation(api: Api, req: str, turn: int, body: object, sent: float, received: float) -> Generation:
+    """The :class:`Generation` of a whole (not streamed) answer."""
+    out = sglang_outcome(body, sent, received) if api == "sglang" else openai_outcome(body)
+    return Generation(req, turn, api, body, out)  # type: ignore[arg-type]
+
+
+def streamed_generation(api: Api, req: str, turn: int, chunks: list[dict], sent: float, received: float,
+                        first: float | None) -> Generation:
+    """The :class:`Generation` of a streamed answer: its ``data:`` chunks, in order; ``first``:
+    when the first token came."""
+    if api == "sglang":
+        last = next((c for c in reversed(chunks) if isinstance(c.get("meta_info"), dict)), None)
+        return Generation(req, turn, api, last or {}, sglang_outcome(last, sent, received, first), chunks)
+    out = openai_outcome(None, chunks, first)
+    return Generation(req, turn, api, chunks[-1] if chunks else {}, out, chunks)
+
+
 __all__ = [
     "CHAT", "COMPLETIONS", "GENERATE", "Api", "EngineAborted", "EngineError", "Generation", "ResponseError",
-    "TokenCounter", "error_text", "openai_stream_body", "prompt_length",
+    "TokenCounter", "error_text", "openai_stream_body", "prompt_length", "response_json", "streamed_generation",
+    "whole_generation",
 ]
