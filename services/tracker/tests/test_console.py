@@ -12,12 +12,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from prorsa_runtime.testing import async_wait_until
-from prorsa_schemas import LogWriter
+from prorsa_schemas import LogWriter, encode_event
 from prorsa_tracker import console_queries as cq
 from prorsa_tracker.api import create_app
 from prorsa_tracker.console_demo import T0, demo_events
 from prorsa_tracker.console_live import Hub
 from prorsa_tracker.db import make_engine, migrate
+from prorsa_tracker.examples import EventFactory
 from prorsa_tracker.queries import QueryError
 from prorsa_tracker.service import Tracker
 from prorsa_tracker.settings import TrackerSettings
@@ -69,15 +70,20 @@ def test_demand_windows_follow_the_contract_definitions() -> None:
 
 
 def test_role_steps_and_switch_rows() -> None:
-    reg = lambda ts, e, role: {"type": "engine.registered", "ts": ts, "engine": e, "role": role}  # noqa: E731
-    evs = [reg(1, "a", "prefill"), reg(2, "b", "decode"), reg(2, "c", "decode"),
-           {"type": "engine.switching", "ts": 10, "engine": "c", "cmd": "k1", "from_role": "decode", "to_role": "prefill"},
-           {"type": "engine.switched", "ts": 13, "engine": "c", "cmd": "k1", "from_role": "decode", "to_role": "prefill",
-            "seconds": 2.5},
-           {"type": "engine.deregistered", "ts": 20, "engine": "b", "reason": "gone"}]
+    f = EventFactory()
+    reg = lambda ts, e, role: f("engine.registered", ts, engine=e, server="s", role=role, gpus=8,  # noqa: E731
+                                kv_capacity_tokens=1000)
+    evs = [json.loads(encode_event(ev)) for ev in [
+        reg(1, "a", "prefill"), reg(2, "b", "decode"), reg(2, "c", "decode"),
+        f("engine.switching", 10, engine="c", cmd="k1", from_role="decode", to_role="prefill"),
+        f("engine.switched", 13, engine="c", cmd="k1", from_role="decode", to_role="prefill", seconds=2.5),
+        f("engine.deregistered", 20, engine="b", reason="gone"),
+        # A switch of an engine that never registered counts from its engine.switching on.
+        f("engine.switching", 25, engine="x", cmd="k9", from_role="decode", to_role="prefill"),
+        f("engine.switch_failed", 27, engine="x", cmd="k9", role="decode", error="refused")]]
     steps = cq.role_steps(evs, start=5)
     assert [(s["ts"], s["prefill"], s["decode"], s["switching"]) for s in steps] == [
-        (5, 1, 2, 0), (10, 1, 1, 1), (13, 2, 1, 0), (20, 2, 0, 0)]
+        (5, 1, 2, 0), (10, 1, 1, 1), (13, 2, 1, 0), (20, 2, 0, 0), (25, 2, 0, 1), (27, 2, 1, 0)]
     plan = {"type": "allocation.plan", "ts": 9, "t": 5.0, "n_prefill": 2, "n_decode": 1, "delta": 0.25, "feasible": True,
             "switches": [{"engine": "c", "to_role": "prefill"}]}
     cmds = [{"type": "engine.command", "ts": 9.5, "cmd": "k1", "engine": "c", "to_role": "prefill", "deadline": 40},

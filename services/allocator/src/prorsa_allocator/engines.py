@@ -1,12 +1,17 @@
-"""The live engine table: a fold over engine events and the commands the allocator sent.
+"""The live engine table: the engine registry (:mod:`prorsa_schemas.registry`) and the
+commands the allocator sent.
 
 ``EngineTable.apply(event)`` is the only way state changes, so the service rebuilds the
-table after a restart by replaying the stream's engine and control events.
+table after a restart by replaying the stream's engine and control events. The registry
+folds the engine events (role, registration, load figures); this module adds what they
+mean for the allocator: when an engine took its role (the minimum dwell), the command in
+flight and its outcome, the failure cooldown and the switch times learned.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prorsa_schemas import (
@@ -16,15 +21,13 @@ from prorsa_schemas import (
     EngineStats,
     EngineSwitched,
     EngineSwitchFailed,
-    EngineSwitching,
     Event,
 )
+from prorsa_schemas.fold import Mutators
+from prorsa_schemas.registry import REGISTRY_TYPES, EngineRecord, EngineRegistry, RegistryChange
 
 PD_ROLES = ("prefill", "decode")
-ENGINE_EVENT_TYPES = frozenset(
-    {"engine.registered", "engine.stats", "engine.switching", "engine.switched",
-     "engine.switch_failed", "engine.deregistered"}
-)
+ENGINE_EVENT_TYPES = REGISTRY_TYPES
 
 
 @dataclass(slots=True)
@@ -48,33 +51,23 @@ class Command:
 
 
 @dataclass(slots=True)
-class EngineView:
-    """What the allocator knows about one engine."""
+class EngineView(EngineRecord):
+    """What the allocator knows about one engine: the registry's entry (role, registration,
+    last load report: :class:`~prorsa_schemas.registry.EngineRecord`) and the allocator's
+    own state for it.
 
-    engine: str
-    server: str
-    role: str
-    gpus: int
-    kv_capacity_tokens: int
-    switch_modes: tuple[str, ...] = ()
-    running_reqs: int = 0
-    queued_reqs: int = 0
-    kv_used_tokens: int = 0
+    ``switching_to`` is where the engine is committed to go: set by the engine's
+    ``engine.switching`` and by the allocator's own command (before the agent has started it).
+    """
+
     since_ts: float = 0.0
     """Event time the engine took its current role (registration or last switch)."""
     switched: bool = False
     """Whether the engine has changed role since it registered: the minimum dwell guards
     against bouncing an engine back, so it applies to switched engines, not to the role an
     engine registered with (nothing was decided for that one)."""
-    switching_to: str | None = None
-    """Set while a switch is under way (our command, or an engine.switching we observed)."""
     command: Command | None = None
     cooldown_until: float = -math.inf
-    prefill_tokens_per_s: float | None = None
-    """Computed (uncached) prefill tokens/s of the last engine.stats (prefill engines)."""
-    cache_hit_rate: float | None = None
-    """Prefix-cache hit ratio of the last engine.stats (prefill engines): with the rate,
-    what a flip to decode would make its trajectories recompute (switching.py)."""
 
     @property
     def busy(self) -> bool:
@@ -92,10 +85,12 @@ class EngineView:
 
 @dataclass
 class EngineTable:
-    """Registered engines by id, plus the commands in flight by cmd id."""
+    """Registered engines by id (the engine registry, :mod:`prorsa_schemas.registry`, with
+    :class:`EngineView` entries), plus the commands in flight by cmd id."""
 
     failure_cooldown_s: float = 120.0
-    engines: dict[str, EngineView] = field(default_factory=dict)
+    registry: EngineRegistry = field(
+        default_factory=lambda: EngineRegistry(keep_unregistered=False, entry_type=EngineView))
     commands: dict[str, Command] = field(default_factory=dict)
     closed: set[str] = field(default_factory=set)
     """Ids of commands that ended (switched, failed, abandoned): a late echo cannot reopen one."""
@@ -103,70 +98,23 @@ class EngineTable:
     """(mode, seconds net of the expected drain) of every engine.switched seen since the
     last ``take_switch_times``."""
 
+    @property
+    def engines(self) -> dict[str, EngineView]:
+        return self.registry.engines  # type: ignore[return-value]
+
     def apply(self, event: Event) -> str | None:
         """Fold one event in. Returns a short note when the event could not be applied
         (an unknown engine, a stale command echo), None otherwise. Never raises on a
         well-formed event: an engine event about an unknown engine is reported, not fatal."""
-        if isinstance(event, EngineRegistered):
-            self._register(event)
+        if event.type == "engine.command":
+            return self._command(event)  # type: ignore[arg-type]
+        change = self.registry.apply(event)
+        if change is None:
             return None
-        if isinstance(event, EngineCommand):
-            return self._command(event)
-        engine_id = getattr(event, "engine", None)
-        if engine_id is None:
-            return None
-        view = self.engines.get(engine_id)
-        if view is None:
-            return f"{event.type} for unregistered engine {engine_id!r}"
-        if isinstance(event, EngineStats):
-            view.running_reqs, view.queued_reqs = event.running_reqs, event.queued_reqs
-            view.kv_used_tokens = event.kv_used_tokens
-            if event.prefill_tokens_per_s is not None:
-                view.prefill_tokens_per_s = event.prefill_tokens_per_s
-            if event.cache_hit_rate is not None:
-                view.cache_hit_rate = event.cache_hit_rate
-            if event.kv_capacity_tokens > 0:
-                view.kv_capacity_tokens = event.kv_capacity_tokens
-            if view.switching_to is None and event.role != view.role:
-                # The engine says otherwise: it is the authority on its own role.
-                view.role, view.since_ts, view.switched = event.role, event.ts, True
-        elif isinstance(event, EngineSwitching):
-            view.switching_to = event.to_role
-        elif isinstance(event, EngineSwitched):
-            view.role, view.since_ts, view.switching_to = event.to_role, event.ts, None
-            view.switched = True
-            drain = view.command.expected_drain_s if view.command is not None else 0.0
-            self.switch_seconds.append((event.mode, max(0.0, event.seconds - drain)))
-            self._close(view, event.cmd)
-        elif isinstance(event, EngineSwitchFailed):
-            view.role, view.switching_to = event.role, None
-            self._close(view, event.cmd)
-            view.cooldown_until = event.ts + self.failure_cooldown_s
-        elif isinstance(event, EngineDeregistered):
-            if view.command is not None:
-                self.commands.pop(view.command.cmd, None)
-            del self.engines[engine_id]
+        if change.record is None and change.previous is None:
+            return f"{event.type} for unregistered engine {event.engine!r}"  # type: ignore[attr-defined]
+        _mutate(self, event, change)
         return None
-
-    def _register(self, event: EngineRegistered) -> None:
-        old = self.engines.get(event.engine)
-        view = EngineView(
-            engine=event.engine,
-            server=event.server,
-            role=event.role,
-            gpus=event.gpus,
-            kv_capacity_tokens=event.kv_capacity_tokens,
-            switch_modes=tuple(event.switch_modes or ()),
-            since_ts=event.ts,
-        )
-        if old is not None and old.role == event.role:
-            view.since_ts = old.since_ts  # a re-registration is not a role change
-            view.switched = old.switched
-            view.cooldown_until = old.cooldown_until
-        if old is not None and old.command is not None:
-            # An agent re-registers after a restart: its command, if any, is over.
-            self.commands.pop(old.command.cmd, None)
-        self.engines[event.engine] = view
 
     def _command(self, event: EngineCommand) -> str | None:
         view = self.engines.get(event.engine)
@@ -186,7 +134,8 @@ class EngineTable:
         view.command, view.switching_to = cmd, event.to_role
         return None
 
-    def _close(self, view: EngineView, cmd_id: str) -> None:
+    def close(self, view: EngineView, cmd_id: str) -> None:
+        """A command ended (switched or failed): it is no longer in flight."""
         self.commands.pop(cmd_id, None)
         self.closed.add(cmd_id)
         if view.command is None or view.command.cmd == cmd_id:
@@ -216,3 +165,57 @@ class EngineTable:
     def take_switch_times(self) -> list[tuple[str | None, float]]:
         out, self.switch_seconds = self.switch_seconds, []
         return out
+
+
+# What each engine event means for the allocator, after the registry has applied it
+# (``change.record`` is the engine's view; the registry has set its role and figures).
+_mutate: Mutators[Callable[[EngineTable, Event, RegistryChange], None]] = Mutators()
+
+
+@_mutate.on("engine.registered")
+def _registered(table: EngineTable, ev: EngineRegistered, change: RegistryChange) -> None:
+    view, old = change.record, change.previous
+    assert isinstance(view, EngineView)
+    view.since_ts = ev.ts
+    if isinstance(old, EngineView):
+        if old.role == ev.role:
+            view.since_ts = old.since_ts  # a re-registration is not a role change
+            view.switched = old.switched
+            view.cooldown_until = old.cooldown_until
+        if old.command is not None:
+            # An agent re-registers after a restart: its command, if any, is over.
+            table.commands.pop(old.command.cmd, None)
+
+
+@_mutate.on("engine.stats")
+def _stats(table: EngineTable, ev: EngineStats, change: RegistryChange) -> None:
+    view = change.record
+    assert isinstance(view, EngineView)
+    if view.switching_to is None and change.role_before != view.role:
+        # The engine says otherwise: it is the authority on its own role.
+        view.since_ts, view.switched = ev.ts, True
+
+
+@_mutate.on("engine.switched")
+def _switched(table: EngineTable, ev: EngineSwitched, change: RegistryChange) -> None:
+    view = change.record
+    assert isinstance(view, EngineView)
+    view.since_ts, view.switched = ev.ts, True
+    drain = view.command.expected_drain_s if view.command is not None else 0.0
+    table.switch_seconds.append((ev.mode, max(0.0, ev.seconds - drain)))
+    table.close(view, ev.cmd)
+
+
+@_mutate.on("engine.switch_failed")
+def _switch_failed(table: EngineTable, ev: EngineSwitchFailed, change: RegistryChange) -> None:
+    view = change.record
+    assert isinstance(view, EngineView)
+    table.close(view, ev.cmd)
+    view.cooldown_until = ev.ts + table.failure_cooldown_s
+
+
+@_mutate.on("engine.deregistered")
+def _deregistered(table: EngineTable, ev: EngineDeregistered, change: RegistryChange) -> None:
+    old = change.previous
+    if isinstance(old, EngineView) and old.command is not None:
+        table.commands.pop(old.command.cmd, None)

@@ -8,12 +8,25 @@ stay short.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
+from functools import cached_property
 
 import numpy as np
 
+from prorsa_schemas import EngineDeregistered, EngineRegistered, EngineStats, EngineSwitched, Event
+from prorsa_schemas.fold import Mutators
+from prorsa_schemas.registry import EngineRegistry
+
 
 class EngineFold:
-    """Engine events and the prefill helpers of the fold (see LiveState)."""
+    """Engine events and the prefill helpers of the fold (see LiveState).
+
+    Engine roles come from the engine registry (:mod:`prorsa_schemas.registry`, the one
+    fold of the engine events); ``_role`` is its engine -> role map as the snapshot reads
+    it. On top of it: the data-parallel prefill queues of each engine (from its
+    registration), the decode KV each decode engine reports, and the prefill departures
+    a re-registered engine starts afresh with.
+    """
 
     # Set by LiveState.__init__.
     _role: dict
@@ -22,36 +35,29 @@ class EngineFold:
     _rank_departures: dict
     _decode_kv: dict
 
-    def _on_engine_registered(self, ev) -> None:
-        self._role[ev.engine] = ev.role
-        self._code(ev.engine)
-        par = ev.parallel
-        # Attention data-parallel ranks each run their own prefill queue.
-        servers = (par.attn_dp or par.dp or 1) if par is not None else 1
-        self._servers[ev.engine] = int(servers)
-        self._departures.pop(ev.engine, None)
-        for key in [k for k in self._rank_departures if k[0] == ev.engine]:
-            del self._rank_departures[key]
+    @cached_property
+    def engine_registry(self) -> EngineRegistry:
+        """The engines as their agents report them."""
+        return EngineRegistry()
 
-    def _on_engine_stats(self, ev) -> None:
-        self._role[ev.engine] = ev.role
-        self._code(ev.engine)
-        if ev.role == "decode":
-            self._decode_kv[ev.engine] = ev.kv_used_tokens
+    def engine_roles(self) -> dict[str, str]:
+        """Engine id -> role of every engine known."""
+        return self.engine_registry.roles()
+
+    def _engine_event(self, ev) -> None:
+        """Apply ``ev`` to the registry and to the forecaster's engine state (``_mutate``)."""
+        change = self.engine_registry.apply(ev)
+        rec = change.record
+        if rec is None:
+            self._role.pop(ev.engine, None)
         else:
-            self._decode_kv.pop(ev.engine, None)
+            self._role[ev.engine] = rec.role
+        _mutate(self, ev)
 
-    def _on_engine_switched(self, ev) -> None:
-        self._role[ev.engine] = ev.to_role
-        if ev.to_role != "decode":
-            self._decode_kv.pop(ev.engine, None)
-
-    def _on_engine_switch_failed(self, ev) -> None:
-        self._role[ev.engine] = ev.role
-
-    def _on_engine_deregistered(self, ev) -> None:
-        self._role.pop(ev.engine, None)
-        self._decode_kv.pop(ev.engine, None)
+    # LiveState.apply dispatches by name (``_on_<type>``); each engine type goes the same way.
+    _on_engine_registered = _on_engine_stats = _engine_event
+    _on_engine_switching = _on_engine_switched = _on_engine_switch_failed = _engine_event
+    _on_engine_deregistered = _engine_event
 
     # -- prefill helpers ------------------------------------------------------------------
     def _prefill_progress(self, ts: float) -> None:
@@ -128,3 +134,39 @@ class EngineFold:
         self.cache_prompt[i] = x
         self.cache_ts[i] = ts
         self.cache_engine[i] = c
+
+
+# What each engine event means for the forecaster beyond the registry's roles.
+_mutate: Mutators[Callable[[EngineFold, Event], None]] = Mutators()
+
+
+@_mutate.on("engine.registered")
+def _registered(fold, ev: EngineRegistered) -> None:
+    fold._code(ev.engine)
+    par = ev.parallel
+    # Attention data-parallel ranks each run their own prefill queue.
+    servers = (par.attn_dp or par.dp or 1) if par is not None else 1
+    fold._servers[ev.engine] = int(servers)
+    fold._departures.pop(ev.engine, None)
+    for key in [k for k in fold._rank_departures if k[0] == ev.engine]:
+        del fold._rank_departures[key]
+
+
+@_mutate.on("engine.stats")
+def _stats(fold, ev: EngineStats) -> None:
+    fold._code(ev.engine)
+    if ev.role == "decode":
+        fold._decode_kv[ev.engine] = ev.kv_used_tokens
+    else:
+        fold._decode_kv.pop(ev.engine, None)
+
+
+@_mutate.on("engine.switched")
+def _switched(fold, ev: EngineSwitched) -> None:
+    if ev.to_role != "decode":
+        fold._decode_kv.pop(ev.engine, None)
+
+
+@_mutate.on("engine.deregistered")
+def _deregistered(fold, ev: EngineDeregistered) -> None:
+    fold._decode_kv.pop(ev.engine, None)

@@ -16,6 +16,9 @@ from collections.abc import Iterable
 
 from sqlalchemy import Engine, and_, func, select
 
+from prorsa_schemas import event_from_dict
+from prorsa_schemas.registry import EngineRegistry
+
 from .models import EventRow, RequestRow, RunRow, TrajectoryRow
 from .queries import QueryError
 
@@ -123,25 +126,17 @@ def windows(engine: Engine, run: str, horizon: float = 10.0) -> dict:
 
 def role_steps(events: list[dict], start: float | None = None) -> list[dict]:
     """Engines per role after each engine event (``ROLES``; an engine between
-    ``engine.switching`` and its outcome counts as ``switching``); steps before ``start``
-    fold into one at ``start``."""
-    roles: dict[str, str] = {}
+    ``engine.switching`` and its outcome counts as ``switching``), folded by the engine
+    registry; steps before ``start`` fold into one at ``start``."""
+    registry = EngineRegistry()
     steps: list[dict] = []
-    for ev in events:
-        typ, eng = ev["type"], ev["engine"]
-        if typ == "engine.registered":
-            roles[eng] = ev["role"]
-        elif typ == "engine.switching":
-            roles[eng] = "switching"
-        elif typ == "engine.switched":
-            roles[eng] = ev["to_role"]
-        elif typ == "engine.switch_failed":
-            roles[eng] = ev["role"]
-        elif typ == "engine.deregistered":
-            roles.pop(eng, None)
-        ts = ev["ts"] if start is None else max(ev["ts"], start)
+    for obj in events:
+        ev = event_from_dict(obj)
+        registry.apply(ev)
+        ts = ev.ts if start is None else max(ev.ts, start)
         step = {"ts": ts, **{r: 0 for r in ROLES}}
-        for r in roles.values():
+        for rec in registry.engines.values():
+            r = "switching" if rec.switching_cmd is not None else rec.role
             step[r] = step.get(r, 0) + 1
         if steps and steps[-1]["ts"] == ts:
             steps[-1] = step

@@ -35,13 +35,14 @@ the same events in the same order give the same state and outputs.
   ``engine``, ``decode_engine``...), ``tool_entered_ts``, ``tool_started_ts``, ``tool_ema``)
   and ``by_state[TrajState]`` (set of traj ids: gather Reward / Sandbox / Tool / Queued /
   Prefill trajectories without scanning; ``state.in_state(run, *states)``).
-  ``engines[engine]`` is an :class:`EngineState` (role, registration, switching, stats).
+  ``registry`` is the engine registry (:mod:`prorsa_schemas.registry`); ``engines[engine]``
+  is its :class:`~prorsa_schemas.registry.EngineRecord` (role, registration, switching, stats).
   ``watermark`` is the largest event ``ts`` applied.
 * **Memory is bounded**: done/dropped trajectories leave ``live``; samples, admissions,
   seen ids and finished keys are bounded ring buffers.
 
 Run, engine and control events never yield transitions; engine events update
-``state.engines`` (see :mod:`prorsa_tracker.engines`).
+``state.registry`` (see :mod:`prorsa_tracker.engines`).
 """
 
 from __future__ import annotations
@@ -55,7 +56,6 @@ from .state import (
     LIVE_STATES,
     SAMPLE_KINDS,
     Anomaly,
-    EngineState,
     Request,
     RequestRecord,
     RunConfig,
@@ -71,7 +71,6 @@ __all__ = [
     "LIVE_STATES",
     "SAMPLE_KINDS",
     "Anomaly",
-    "EngineState",
     "Request",
     "RequestRecord",
     "RunConfig",

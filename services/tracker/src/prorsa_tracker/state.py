@@ -15,6 +15,8 @@ from typing import Literal
 
 from pydantic import TypeAdapter
 
+from prorsa_schemas.registry import EngineRecord, EngineRegistry
+
 SAMPLE_CAPACITY = 4096
 """Duration samples kept per kind (a ring buffer: the newest ones, bounded memory)."""
 
@@ -300,36 +302,11 @@ class RunState:
 
 
 @dataclass(slots=True)
-class EngineState:
-    """An engine as its agent reported it."""
-
-    engine: str
-    role: str
-    registered: bool = False
-    server: str | None = None
-    gpus: int | None = None
-    kv_capacity_tokens: int | None = None
-    url: str | None = None
-    switch_modes: tuple[str, ...] = ()
-    switching_cmd: str | None = None
-    switching_to: str | None = None
-    switching_since: float | None = None
-    running_reqs: int = 0
-    queued_reqs: int = 0
-    kv_used_tokens: int = 0
-    prefill_tokens_per_s: float | None = None
-    decode_tokens_per_s: float | None = None
-    cache_hit_rate: float | None = None
-    stats_ts: float | None = None
-    updated_ts: float = 0.0
-
-
-@dataclass(slots=True)
 class TrackerState:
     """The whole fold state: runs, engines, de-duplication and counters."""
 
     runs: dict[str, RunState] = field(default_factory=dict)
-    engines: dict[str, EngineState] = field(default_factory=dict)
+    registry: EngineRegistry = field(default_factory=EngineRegistry)  # engines, as their agents report them
     watermark: float | None = None  # the largest event ts applied
     applied: int = 0  # events applied (duplicates excluded)
     duplicates: int = 0
@@ -338,6 +315,11 @@ class TrackerState:
     seen_capacity: int = SEEN_IDS_CAPACITY
     finished: OrderedDict[tuple[str, str], TrajState] = field(default_factory=OrderedDict)
     finished_capacity: int = FINISHED_CAPACITY
+
+    @property
+    def engines(self) -> dict[str, EngineRecord]:
+        """The registry's engines by id (see :mod:`prorsa_schemas.registry`)."""
+        return self.registry.engines
 
     def run_state(self, run: str) -> RunState:
         """The run's state, created with the contract defaults on first sight."""
