@@ -40,8 +40,6 @@ UNDECLARED_ALLOWED: dict[str, str] = {
 # Imports of a private name from another module that stay, each with its reason.
 # Entry: "importing.module -> imported.module._name".
 PRIVATE_ALLOWED: dict[str, str] = {
-    "prorsa_engine_agent.agent -> prorsa_engine_agent.watchers._stream_seq":
-        "the agent reads a JetStream message's stream sequence with the watchers' helper",
     "prorsa_forecaster.uncertainty -> prorsa_forecaster.core._kernel":
         "the uncertainty band re-runs the forecaster core's kernels; the forecaster's internals are "
         "left as they are (its logic is owned elsewhere)",

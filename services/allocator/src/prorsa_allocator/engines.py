@@ -24,10 +24,9 @@ from prorsa_schemas import (
     Event,
 )
 from prorsa_schemas.fold import Mutators
-from prorsa_schemas.registry import REGISTRY_TYPES, EngineRecord, EngineRegistry, RegistryChange
+from prorsa_schemas.registry import EngineRecord, EngineRegistry, RegistryChange
 
 PD_ROLES = ("prefill", "decode")
-ENGINE_EVENT_TYPES = REGISTRY_TYPES
 
 
 @dataclass(slots=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pydantic import TypeAdapter
@@ -24,10 +25,11 @@ from prorsa_schemas import (
     ForecastWindow,
     PlannedSwitch,
 )
+from prorsa_schemas.fold import Mutators
 
 from .config import AllocatorConfig
 from .decode import DecodeStep, DecodeStepFit, decode_instances_for_latency, decode_instances_for_tpot
-from .engines import ENGINE_EVENT_TYPES, EngineTable
+from .engines import EngineTable
 from .estimate import PrefillThroughput, SwitchCost, cluster_shape
 from .optimize import Allocation, Capacity, Demand, solve
 from .switching import DemandView, PricedContext, Selection, prefill_band, select_priced, select_switches
@@ -145,15 +147,8 @@ class Allocator:
         nothing is decided: those forecasts were acted on, or are too old now.
         """
         self.now = max(self.now, event.ts)
-        out: list[Event] = []
-        if isinstance(event, ForecastWindow):
-            decision = self.on_forecast(event, act)
-            if decision is not None:
-                out.extend(decision.events)
-        elif event.type in ENGINE_EVENT_TYPES or isinstance(event, EngineCommand):
-            self._observe(event)
-        elif event.type == "policy.updated":
-            self.on_update(event.ts)
+        handler = _mutate.get(event.type)
+        out: list[Event] = handler(self, event, act) if handler is not None else []
         if act:
             out.extend(self.expire(self.now))
         return out
@@ -185,20 +180,11 @@ class Allocator:
         return max(0.0, self.last_update_ts + self.config.weight_sync_s - self.now)
 
     def _observe(self, event: Event) -> None:
+        """An engine event or a command echo into the engine table."""
         note = self.table.apply(event)
         if note:
             self.counters.notes += 1
             log.info("ignored: %s", note)
-        if isinstance(event, EngineStats):
-            self.theta.observe(event)
-            self.decode_step.observe(event.role, event.running_reqs, event.kv_used_tokens, event.decode_tokens_per_s)
-        elif isinstance(event, EngineSwitched):
-            self.counters.switched += 1
-            self.switch_durations.observe(event.mode, event.seconds)
-            for mode, seconds in self.table.take_switch_times():
-                self.switch_cost.observe(mode, seconds)
-        elif event.type == "engine.switch_failed":
-            self.counters.failed += 1
 
     # -- forecasts -> plan + commands -------------------------------------------------------------
     def stale_reason(self, fc: ForecastWindow) -> str:
@@ -474,3 +460,51 @@ class Allocator:
             self.counters.retries += 1
             out.append(retry)
         return out
+
+
+# How each event type is folded into the allocator: ``handler(allocator, event, act)``
+# returns the events to publish.
+_mutate: Mutators[Callable[[Allocator, Event, bool], list[Event]]] = Mutators()
+
+
+@_mutate.on("forecast.window")
+def _forecast(alloc: Allocator, ev: ForecastWindow, act: bool) -> list[Event]:
+    decision = alloc.on_forecast(ev, act)
+    return list(decision.events) if decision is not None else []
+
+
+@_mutate.on("policy.updated")
+def _policy_updated(alloc: Allocator, ev: Event, act: bool) -> list[Event]:
+    alloc.on_update(ev.ts)
+    return []
+
+
+@_mutate.on("engine.registered", "engine.switching", "engine.deregistered", "engine.command")
+def _engine(alloc: Allocator, ev: Event, act: bool) -> list[Event]:
+    alloc._observe(ev)
+    return []
+
+
+@_mutate.on("engine.stats")
+def _stats(alloc: Allocator, ev: EngineStats, act: bool) -> list[Event]:
+    alloc._observe(ev)
+    alloc.theta.observe(ev)
+    alloc.decode_step.observe(ev.role, ev.running_reqs, ev.kv_used_tokens, ev.decode_tokens_per_s)
+    return []
+
+
+@_mutate.on("engine.switched")
+def _switched(alloc: Allocator, ev: EngineSwitched, act: bool) -> list[Event]:
+    alloc._observe(ev)
+    alloc.counters.switched += 1
+    alloc.switch_durations.observe(ev.mode, ev.seconds)
+    for mode, seconds in alloc.table.take_switch_times():
+        alloc.switch_cost.observe(mode, seconds)
+    return []
+
+
+@_mutate.on("engine.switch_failed")
+def _switch_failed(alloc: Allocator, ev: Event, act: bool) -> list[Event]:
+    alloc._observe(ev)
+    alloc.counters.failed += 1
+    return []

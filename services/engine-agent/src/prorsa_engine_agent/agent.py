@@ -53,13 +53,10 @@ from .launch import launch_command, launch_env
 from .process import Processes
 from .procedure import run_switch
 from .reconcile import reconcile_loop
-from .watchers import BusWatchers, _stream_seq, command_consumer
+from .watchers import BusWatchers, command_consumer, stream_seq
 from .weights import Policy, Weights
 
 log = logging.getLogger("prorsa.engine_agent")
-
-BACKLOG_EVERY_S = 5.0
-"""How often the command consumer's backlog is read from the server."""
 
 
 @dataclass
@@ -453,7 +450,7 @@ class EngineAgent(BusWatchers):
                     await asyncio.sleep(0.2)
                     continue
                 for msg in msgs:
-                    seq = _stream_seq(msg)
+                    seq = stream_seq(msg)
                     try:
                         if self._for_us(msg.data):
                             await self.handle(msg.data, msg.subject, seq)  # journals before the ack below

@@ -5,18 +5,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from prorsa_runtime.reader import OrderedReader
-from prorsa_schemas import EngineRegistered, EventError, Namespace, PolicyUpdated, decode_message
+from prorsa_schemas import EngineRegistered, Event, EventError, Namespace, PolicyUpdated, decode_message
+from prorsa_schemas.fold import Mutators
 
+from .config import AgentSettings
 from .weights import Policy
 
 log = logging.getLogger("prorsa.engine_agent")
+
+BACKLOG_EVERY_S = 5.0
+"""How often the command consumer's backlog is read from the server."""
 
 
 class BusWatchers:
     """Mixed into :class:`~prorsa_engine_agent.agent.EngineAgent` (uses its ``ns``,
     ``settings``, ``elsewhere``, ``policy`` and ``command_figures``)."""
+
+    settings: AgentSettings
+    elsewhere: dict[str, str]
+    policy: Policy | None
 
     async def _watch_registrations(self, js) -> OrderedReader:
         def on_msg(msg, seq: int) -> None:
@@ -25,8 +35,7 @@ class BusWatchers:
                 ev = decode_message(msg.data, msg.subject, self.ns)
             except EventError:
                 return  # the tracker records it; here it only must not count as a registration
-            if isinstance(ev, EngineRegistered) and ev.server != self.settings.server:
-                self.elsewhere[ev.engine] = ev.server
+            _mutate(self, ev)
 
         reader = OrderedReader(js, self.ns, registry_consumer(self.ns, self.settings.server),
                                [self.ns.subject_for_type("engine.registered")], on_msg, max_pending=1000)
@@ -71,18 +80,36 @@ class BusWatchers:
                 ev = decode_message(msg.data, msg.subject, self.ns)
             except EventError:
                 return  # the tracker records it
-            if isinstance(ev, PolicyUpdated) and (self.policy is None or ev.ts >= self.policy.ts):
-                path = ev.model_path
-                self.policy = Policy(ev.version, ev.ts, path or None)
-                log.info("policy version %d (ts %.3f%s)", ev.version, ev.ts,
-                         f", model_path {path}" if self.policy.model_path else "")
+            _mutate(self, ev)
 
         reader = OrderedReader(js, self.ns, policy_consumer(self.ns, self.settings.server),
                                [self.ns.subject_for_type("policy.updated")], on_msg, max_pending=1000)
         return await reader.start()
 
 
-def _stream_seq(msg) -> int | None:
+# What the agent learns from the events it reads: ``handler(agent, event)``.
+_mutate: Mutators[Callable[[BusWatchers, Event], None]] = Mutators()
+
+
+@_mutate.on("engine.registered")
+def _registered(agent: BusWatchers, ev: EngineRegistered) -> None:
+    """Another agent's engine: commands for it are that agent's to answer."""
+    if ev.server != agent.settings.server:
+        agent.elsewhere[ev.engine] = ev.server
+
+
+@_mutate.on("policy.updated")
+def _policy_updated(agent: BusWatchers, ev: PolicyUpdated) -> None:
+    """The latest policy (by event time) is which weights the engines should serve."""
+    if agent.policy is None or ev.ts >= agent.policy.ts:
+        path = ev.model_path
+        agent.policy = Policy(ev.version, ev.ts, path or None)
+        log.info("policy version %d (ts %.3f%s)", ev.version, ev.ts,
+                 f", model_path {path}" if agent.policy.model_path else "")
+
+
+def stream_seq(msg) -> int | None:
+    """The JetStream stream sequence of a delivered message (None: not a JetStream delivery)."""
     try:
         return msg.metadata.sequence.stream
     except Exception:  # noqa: BLE001 - not a JetStream delivery

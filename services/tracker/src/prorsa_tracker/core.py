@@ -50,6 +50,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prorsa_schemas import Event
+from prorsa_schemas.fold import Mutators
 
 from .engines import apply_engine_event
 from .state import (
@@ -104,6 +105,10 @@ TOOL_EMA_ALPHA = 0.1  # Appendix B.5
 Result = tuple[list[Transition], list[Anomaly]]
 _NONE: Result = ([], [])
 
+Handler = Callable[[TrackerState, RunState, Event], Result]
+mutate: Mutators[Handler] = Mutators()
+"""The fold's handler of each run and trajectory event type, ``handler(state, run_state, event)``."""
+
 
 def new_state(seen_capacity: int | None = None) -> TrackerState:
     """An empty tracker state."""
@@ -126,7 +131,7 @@ def apply(state: TrackerState, event: Event) -> tuple[TrackerState, list[Transit
     ts = event.ts
     if state.watermark is None or ts > state.watermark:
         state.watermark = ts
-    handler = _HANDLERS.get(event.type)
+    handler = mutate.get(event.type)
     if handler is None:
         if event.type.startswith("engine."):
             anomalies = apply_engine_event(state, event)
@@ -268,6 +273,7 @@ def _wrong_req(ev: Event, tr: Trajectory) -> Result | None:
 # --- run events ------------------------------------------------------------------------
 
 
+@mutate.on("run.started")
 def _run_started(state: TrackerState, rs: RunState, ev) -> Result:
     anomalies = []
     if rs.config.declared:
@@ -284,6 +290,7 @@ def _run_started(state: TrackerState, rs: RunState, ev) -> Result:
     return [], anomalies
 
 
+@mutate.on("policy.updated")
 def _policy_updated(state: TrackerState, rs: RunState, ev) -> Result:
     rs.policy_version = ev.version
     return _NONE
@@ -292,6 +299,7 @@ def _policy_updated(state: TrackerState, rs: RunState, ev) -> Result:
 # --- trajectory events -----------------------------------------------------------------
 
 
+@mutate.on("trajectory.dispatched")
 def _dispatched(state: TrackerState, rs: RunState, ev) -> Result:
     cur = rs.live.get(ev.traj)
     if cur is not None:
@@ -316,6 +324,7 @@ def _dispatched(state: TrackerState, rs: RunState, ev) -> Result:
     return [_transition(ev, tr, None)], []
 
 
+@mutate.on("sandbox.started")
 def _sandbox_started(state: TrackerState, rs: RunState, ev) -> Result:
     tr, bad = _live(state, rs, ev)
     if tr is None:
@@ -329,6 +338,7 @@ def _sandbox_started(state: TrackerState, rs: RunState, ev) -> Result:
     return [_transition(ev, tr, S.DISPATCHED)], back
 
 
+@mutate.on("sandbox.ready")
 def _sandbox_ready(state: TrackerState, rs: RunState, ev) -> Result:
     tr, bad = _live(state, rs, ev)
     if tr is None:
@@ -349,6 +359,7 @@ def _sandbox_ready(state: TrackerState, rs: RunState, ev) -> Result:
 _QUEUE_FROM = frozenset({S.DISPATCHED, S.READY, S.TOOL, S.DECODE})
 
 
+@mutate.on("request.queued")
 def _request_queued(state: TrackerState, rs: RunState, ev) -> Result:
     tr, bad = _live(state, rs, ev)
     if tr is None:
@@ -378,6 +389,7 @@ def _request_queued(state: TrackerState, rs: RunState, ev) -> Result:
     return [_transition(ev, tr, src, request=record, span=span)], back
 
 
+@mutate.on("prefill.started")
 def _prefill_started(state: TrackerState, rs: RunState, ev) -> Result:
     tr, bad = _live(state, rs, ev)
     if tr is None:
@@ -396,6 +408,7 @@ def _prefill_started(state: TrackerState, rs: RunState, ev) -> Result:
     return [_transition(ev, tr, S.QUEUED)], back
 
 
+@mutate.on("prefill.finished")
 def _prefill_finished(state: TrackerState, rs: RunState, ev) -> Result:
     tr, bad = _live(state, rs, ev)
     if tr is None:
@@ -421,6 +434,7 @@ def _prefill_finished(state: TrackerState, rs: RunState, ev) -> Result:
 _AFTER_DECODE = {"tool": S.TOOL, "abort": S.READY, "stop": S.REWARD, "length": S.REWARD}
 
 
+@mutate.on("decode.finished")
 def _decode_finished(state: TrackerState, rs: RunState, ev) -> Result:
     tr, bad = _live(state, rs, ev)
     if tr is None:
@@ -460,6 +474,7 @@ def _close_tool(rs: RunState, tr: Trajectory, ts: float, ok: bool | None, tokens
     )
 
 
+@mutate.on("tool.started")
 def _tool_started(state: TrackerState, rs: RunState, ev) -> Result:
     tr, bad = _live(state, rs, ev)
     if tr is None:
@@ -474,6 +489,7 @@ def _tool_started(state: TrackerState, rs: RunState, ev) -> Result:
     return [_transition(ev, tr, S.TOOL)], back
 
 
+@mutate.on("tool.finished")
 def _tool_finished(state: TrackerState, rs: RunState, ev) -> Result:
     tr, bad = _live(state, rs, ev)
     if tr is None:
@@ -487,6 +503,7 @@ def _tool_finished(state: TrackerState, rs: RunState, ev) -> Result:
     return [_transition(ev, tr, S.TOOL, span=span)], back
 
 
+@mutate.on("reward.started")
 def _reward_started(state: TrackerState, rs: RunState, ev) -> Result:
     tr, bad = _live(state, rs, ev)
     if tr is None:
@@ -500,6 +517,7 @@ def _reward_started(state: TrackerState, rs: RunState, ev) -> Result:
     return [_transition(ev, tr, S.REWARD)], back
 
 
+@mutate.on("reward.finished")
 def _reward_finished(state: TrackerState, rs: RunState, ev) -> Result:
     tr, bad = _live(state, rs, ev)
     if tr is None:
@@ -522,6 +540,7 @@ def _reward_finished(state: TrackerState, rs: RunState, ev) -> Result:
     return [_transition(ev, tr, S.REWARD, span=span)], back
 
 
+@mutate.on("trajectory.dropped")
 def _dropped(state: TrackerState, rs: RunState, ev) -> Result:
     tr, bad = _live(state, rs, ev)
     if tr is None:
@@ -533,23 +552,3 @@ def _dropped(state: TrackerState, rs: RunState, ev) -> Result:
     _move(rs, tr, S.DROPPED, ev.ts)
     _finish(state, rs, tr)
     return [_transition(ev, tr, src, request=record)], back
-
-
-Handler = Callable[[TrackerState, RunState, Event], Result]
-
-_HANDLERS: dict[str, Handler] = {
-    "run.started": _run_started,
-    "policy.updated": _policy_updated,
-    "trajectory.dispatched": _dispatched,
-    "sandbox.started": _sandbox_started,
-    "sandbox.ready": _sandbox_ready,
-    "request.queued": _request_queued,
-    "prefill.started": _prefill_started,
-    "prefill.finished": _prefill_finished,
-    "decode.finished": _decode_finished,
-    "tool.started": _tool_started,
-    "tool.finished": _tool_finished,
-    "reward.started": _reward_started,
-    "reward.finished": _reward_finished,
-    "trajectory.dropped": _dropped,
-}
