@@ -129,6 +129,9 @@ async def deregister(agent: "EngineAgent", st: "EngineState", sw: Switch) -> Non
 
     await _until(agent, gone, agent.settings.router_timeout_s, "removal from the router")
     st.registered = False
+    # A framework that began a weight update between PRECHECK and the removal saw the engine
+    # in the router: wait for the update to end, else put the engine back (RESTORE_REGISTER).
+    await _no_update(agent, st, sw)
 
 
 async def drain(agent: "EngineAgent", st: "EngineState", sw: Switch) -> None:
@@ -167,6 +170,10 @@ async def abort(agent: "EngineAgent", st: "EngineState", sw: Switch) -> Switch:
 
 
 async def switch_in_place(agent: "EngineAgent", st: "EngineState", sw: Switch) -> None:
+    # Checked again before the flip, as restart does before the stop: a framework that reaches
+    # engines off the router (prorsa_sdk.coordination.engine_urls) may be updating this one.
+    # A refusal here leaves the engine in its old role (safe to re-register).
+    await _no_update(agent, st, sw)
     graph = await agent.decode_graph_gb(st) if sw.to_role == "decode" else None
     loop = asyncio.get_running_loop()
     deadline = loop.time() + agent.settings.switch_timeout_s
