@@ -52,7 +52,7 @@ def tracker_schemas() -> dict[str, dict[str, Any]]:
     """JSON Schemas of the tracker's outputs, by name (``transitions``, ``watermark``,
     ``anomalies``): what the tracker publishes on ``prorsa.tracker.<name>``."""
     from pydantic import TypeAdapter
-    from prorsa_tracker.service import Watermark
+    from prorsa_tracker.outputs import Watermark
     from prorsa_tracker.state import Anomaly, Transition
 
     adapters = {"transitions": TypeAdapter(list[Transition]), "watermark": TypeAdapter(Watermark),

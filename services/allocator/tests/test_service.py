@@ -14,7 +14,7 @@ from prorsa_allocator.testing import THETA, forecast, registered, stats, switche
 from prorsa_runtime import connect, ensure_stream, publish_event
 from prorsa_runtime.testing import async_wait_until
 from prorsa_schemas import AllocationPlan, EngineCommand, Namespace, decode_event
-from prorsa_tracker.service import Watermark
+from prorsa_tracker.outputs import Watermark
 
 
 class Harness:

@@ -17,7 +17,8 @@ from prorsa_runtime.testing import async_wait_until
 from prorsa_tracker import projection
 from prorsa_tracker.db import make_engine, migrate
 from prorsa_tracker.examples import iter_workload
-from prorsa_tracker.service import Tracker, Watermark
+from prorsa_tracker.outputs import Watermark
+from prorsa_tracker.service import Tracker
 from prorsa_tracker.settings import TrackerSettings
 from prorsa_tracker.state import Transition, decode_transitions
 from prorsa_tracker.testing import clean, committed, publish, snapshot

@@ -30,7 +30,7 @@ from prorsa_schemas import EVENT_TYPES, EventError, Namespace, decode_event
 
 from .core import apply
 from . import snapshots, writer
-from .models import EventRow, PositionRow
+from .models import PositionRow
 from .state import Anomaly, RequestRecord, Span, TrackerState, Transition, content_digest
 from .validated import load_validated
 

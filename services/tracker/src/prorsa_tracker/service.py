@@ -39,57 +39,23 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import time
 from collections import deque
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
-from pydantic import BaseModel
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from prorsa_runtime import connect, open_stream
-from prorsa_runtime.bus import MSG_ID
 from prorsa_runtime.deadletter import DeadLetters
 
 from . import projection
 from .core import new_state
 from . import snapshots
 from .db import DatabaseUnusable, error_line, is_permanent, is_transient, make_engine, migrate, shown_url
+from .outputs import publish_outputs, publish_watermark
 from .receiver import ReceiverProcess
-from .state import encode_transitions
 
 log = logging.getLogger("prorsa.tracker")
-
-
-class Watermark(BaseModel):
-    """Published on ``ns.watermark()``: event time has reached ``ts`` (no earlier event follows
-    from this tracker's view of the stream, up to ``seq``)."""
-
-    ts: float | None
-    seq: int
-    heartbeat: bool = False
-    applied: int = 0
-
-
-TRANSITIONS_PER_MESSAGE = 1000
-"""Transitions per message on ``ns.transitions()`` (~0.4 MB; split further to fit the
-server's max_payload). One message per event cost more than the rest of ingest."""
-
-
-def _chunks(items: list, n: int):
-    for i in range(0, len(items), n):
-        yield items[i : i + n]
-
-
-def _payloads(chunk: list, max_payload: int):
-    """``(json, first seq, last seq)`` for ``chunk``, halved until each fits in a message."""
-    data = encode_transitions(chunk)
-    if len(data) > max_payload and len(chunk) > 1:
-        half = len(chunk) // 2
-        yield from _payloads(chunk[:half], max_payload)
-        yield from _payloads(chunk[half:], max_payload)
-        return
-    yield data, chunk[0].seq, chunk[-1].seq
 
 
 @dataclass(slots=True)
@@ -384,24 +350,10 @@ class Tracker:
         return snapshots.dump(self.state)
 
     async def _publish_outputs(self, batch) -> None:
-        pub = self.nc.publish
-        subj = self.ns.transitions()
-        for chunk in _chunks(batch.transitions, TRANSITIONS_PER_MESSAGE):
-            for payload, first, last in _payloads(chunk, self.nc.max_payload):
-                await pub(subj, payload, headers={MSG_ID: f"tr-{first}-{last}"})
-        asubj = self.ns.anomalies()
-        for a in batch.anomaly_notes:
-            await pub(asubj, a.to_json())
+        await publish_outputs(self.nc, self.ns, batch)
 
     async def _publish_watermark(self, heartbeat: bool = False) -> None:
-        ts = self.state.watermark
-        if heartbeat:  # production only: event time is wall time when the bus is quiet
-            ts = max(ts or 0.0, time.time())
-        wm = Watermark(ts=ts, seq=self.position, heartbeat=heartbeat, applied=self.state.applied)
-        try:
-            await self.nc.publish(self.ns.watermark(), wm.model_dump_json().encode())
-        except Exception as exc:  # the bus is down: the next one will do
-            log.debug("watermark not published: %r", exc)
+        await publish_watermark(self.nc, self.ns, self.state.watermark, self.position, self.state.applied, heartbeat)
 
     async def _until_db(self, stop: asyncio.Event, fn):
         """Run a blocking database call in a thread, retrying while the database is down.
