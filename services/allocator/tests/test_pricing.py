@@ -10,7 +10,8 @@ import pytest
 from prorsa_allocator.config import AllocatorConfig
 from prorsa_allocator.engines import EngineView
 from prorsa_allocator.planner import Allocator
-from prorsa_allocator.switching import DemandView, PricedContext, SwitchPrice, price_switch, priced_net, role_pressed
+from prorsa_allocator.pricing import PricedContext, SwitchPrice, price_switch, priced_net, role_pressed
+from prorsa_allocator.switching import DemandView
 from prorsa_allocator.testing import KV, RUN, THETA, forecast, registered, stats, switched
 from prorsa_schemas import EngineCommand, PolicyUpdated
 

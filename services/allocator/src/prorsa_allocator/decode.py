@@ -19,6 +19,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .config import AllocatorConfig
+from .optimize import Capacity
+
 
 @dataclass(frozen=True, slots=True)
 class DecodeStep:
@@ -157,3 +160,59 @@ def decode_instances_for_latency(
         return 0.0
     b_over_s = (kv_now / admit_tokens) * load / t_now
     return math.sqrt(2.0 * prefill_instances * b_over_s)
+
+
+# -- the planner's decode demand beyond KV ---------------------------------------------------
+
+
+def decode_load(engines: list) -> tuple[int, int, int]:
+    """(sequences, KV tokens, engines) of the decode engines: one pass per decision."""
+    seqs = kv = n = 0
+    for v in engines:
+        if v.role == "decode":
+            seqs += v.running_reqs + v.queued_reqs
+            kv += v.kv_used_tokens
+            n += 1
+    return seqs, kv, n
+
+
+def decode_room(config: AllocatorConfig, prefill_instances: float, cap: Capacity) -> float:
+    """Decode instances the budget leaves once prefill has the whole instances its
+    demand needs: the latency-balance term may only take engines prefill can spare.
+    In a closed rollout loop a saturated prefill role is THE throughput bottleneck, and
+    a faster decode step then only moves turns into the prefill queue sooner."""
+    if not config.decode_latency_room_cap:
+        return math.inf
+    need = max(1, math.ceil(prefill_instances - 1e-9)) if prefill_instances > 0 else 1
+    return max(0.0, (cap.gpu_budget - cap.gpus_prefill * need) / cap.gpus_decode)
+
+
+def decode_step_demand(
+    cfg: AllocatorConfig, step: DecodeStep | None, load: tuple[int, int, int], kv_tokens: float,
+    prefill_instances: float, kv_now_fc: float, admit_tokens: float, room: float,
+) -> float:
+    """Decode demand in instances beyond KV (0: no such term): the larger of the TPOT
+    term (engines that keep a decode step within the target, opt-in) and the latency
+    balance term (``decode_instances_for_latency``, on by default).
+
+    ``load`` is :func:`decode_load` of the engines (sequences, KV, count of the decode
+    engines now). The sequences are those the decode engines hold now; for the TPOT term they are
+    scaled by the KV the forecast expects (Kᴰ + K̂ᴰ) over the KV they hold now:
+    admissions add sequences of the current mean size."""
+    if step is None:
+        return 0.0
+    seqs, kv_now, n_dec = load
+    out = 0.0
+    if cfg.decode_latency_balance and n_dec:
+        out = min(room, decode_instances_for_latency(
+            max(prefill_instances, 0.0), kv_now_fc, admit_tokens, seqs, kv_now, n_dec, step))
+    if cfg.decode_tpot_target_s is None and cfg.decode_tpot_slack is None:
+        return out
+    targets = [t for t in (cfg.decode_tpot_target_s,) if t is not None]
+    if cfg.decode_tpot_slack is not None:
+        targets.append((1.0 + cfg.decode_tpot_slack) * step.fixed_s)
+    if kv_now > 0:
+        seqs *= kv_tokens / kv_now
+    n = decode_instances_for_tpot(seqs, kv_tokens, step, min(targets))
+    # A target at or below the empty step cannot be met by any count: KV sizing only.
+    return max(out, n if math.isfinite(n) else 0.0)

@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from prorsa_runtime.metrics import consumer_metrics
 
-from .planner import SWITCH_BUCKETS_S
+from .records import SWITCH_BUCKETS_S
 
 
 class _AllocatorCollector:

@@ -12,7 +12,6 @@ import hashlib
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from pydantic import TypeAdapter
 
@@ -28,59 +27,16 @@ from prorsa_schemas import (
 from prorsa_schemas.fold import Mutators
 
 from .config import AllocatorConfig
-from .decode import DecodeStep, DecodeStepFit, decode_instances_for_latency, decode_instances_for_tpot
+from .decode import DecodeStep, DecodeStepFit, decode_load, decode_room, decode_step_demand
 from .engines import EngineTable
 from .estimate import PrefillThroughput, SwitchCost, cluster_shape
 from .optimize import Allocation, Capacity, Demand, solve
-from .switching import DemandView, PricedContext, Selection, prefill_band, select_priced, select_switches
+from .records import Counters, Decision, SwitchDurations
+from .served import measure_served, pool_hit
+from .pricing import PricedContext, select_priced
+from .switching import DemandView, Selection, prefill_band, select_switches
 
 log = logging.getLogger("prorsa.allocator")
-
-
-@dataclass
-class Decision:
-    """What one forecast led to (kept for logs, metrics, the simulator and tests)."""
-
-    t: float
-    allocation: Allocation | None = None
-    selection: Selection | None = None
-    skipped: str = ""
-    events: list[Event] = field(default_factory=list)
-
-
-@dataclass
-class Counters:
-    forecasts: int = 0
-    stale: int = 0
-    plans: int = 0
-    commands: int = 0
-    retries: int = 0
-    abandoned: int = 0
-    failed: int = 0
-    switched: int = 0
-    notes: int = 0
-
-
-SWITCH_BUCKETS_S = (5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0)
-"""Histogram bounds of completed switch durations: in place (seconds) to restarts (minutes)."""
-
-
-@dataclass
-class SwitchDurations:
-    """Completed switches' ``engine.switched.seconds`` per mode, as a cumulative histogram."""
-
-    buckets: dict[str, list[int]] = field(default_factory=dict)
-    count: dict[str, int] = field(default_factory=dict)
-    total_s: dict[str, float] = field(default_factory=dict)
-
-    def observe(self, mode: str | None, seconds: float) -> None:
-        m = mode or "unknown"
-        counts = self.buckets.setdefault(m, [0] * len(SWITCH_BUCKETS_S))
-        for i, bound in enumerate(SWITCH_BUCKETS_S):
-            if seconds <= bound:
-                counts[i] += 1
-        self.count[m] = self.count.get(m, 0) + 1
-        self.total_s[m] = self.total_s.get(m, 0.0) + seconds
 
 
 def _base_id(event_id: str) -> str:
@@ -89,17 +45,6 @@ def _base_id(event_id: str) -> str:
 
 
 _COMMANDS = TypeAdapter(list[EngineCommand])
-
-
-def _decode_load(engines: list) -> tuple[int, int, int]:
-    """(sequences, KV tokens, engines) of the decode engines: one pass per decision."""
-    seqs = kv = n = 0
-    for v in engines:
-        if v.role == "decode":
-            seqs += v.running_reqs + v.queued_reqs
-            kv += v.kv_used_tokens
-            n += 1
-    return seqs, kv, n
 
 
 class Allocator:
@@ -165,7 +110,7 @@ class Allocator:
         """A weight update at event time ``ts``: the pause starts, then the step's opening
         (``_opening``). With ``served_ramp_s`` None, the served rates measured so far are
         dropped at the first update; by default only the ramp's windows were left
-        unmeasured (``_measure_served``): the first step
+        unmeasured (:func:`~prorsa_allocator.served.measure_served`): the first step
         starts from an empty cluster, its rates ramp up with the demand and compare with
         nothing later (DeepSeek coding/2: 7:1 measured at 138k tokens/s in the first 40 s
         vetoed 7:1, the best static ratio, for the whole run)."""
@@ -235,9 +180,9 @@ class Allocator:
         try:
             cap = Capacity(self.theta.value, kv_cap, m_p, m_d, max(shape.gpu_budget, m_p + m_d))
             a_p = fc.prefill_tokens / (fc.horizon * self.theta.value)
-            room = self._decode_room(a_p, cap)
-            load = _decode_load(engines)
-            extra = self._decode_step_demand(load, kv_total, a_p, fc.decode_kv_now, fc.decode_admit_tokens, room)
+            room = decode_room(cfg, a_p, cap)
+            load = decode_load(engines)
+            extra = decode_step_demand(cfg, self.decode_step.value, load, kv_total, a_p, fc.decode_kv_now, fc.decode_admit_tokens, room)
             demand = Demand(fc.prefill_tokens, fc.horizon, kv_total, extra)
             pause_left = self.pause_left() if cfg.rule == "priced" else 0.0
             opening = self._opening(fc.t, pause_left)
@@ -265,17 +210,17 @@ class Allocator:
                 prefill_now=alloc.prefill_demand,
                 decode_now=alloc.decode_demand,
                 prefill_later=prefill_rate / cap.prefill_tokens_per_s,
-                decode_later=max(decode_kv / kv_cap, self._decode_step_demand(
-                    load, decode_kv, a_p_later, fc.decode_kv_now, fc.decode_admit_tokens,
-                    self._decode_room(a_p_later, cap))),
+                decode_later=max(decode_kv / kv_cap, decode_step_demand(
+                    cfg, self.decode_step.value, load, decode_kv, a_p_later, fc.decode_kv_now,
+                    fc.decode_admit_tokens, decode_room(cfg, a_p_later, cap))),
                 horizon_s=fc.horizon,
             )
         imbalance = self._imbalance_age(alloc, engines, fc.t)
         if cfg.rule == "priced":
-            self._measure_served(engines, fc)
+            measure_served(self.served, engines, fc, cfg, self.last_update_ts, self._first_t)
             served = {p: r for p, (r, n, t) in self.served.items()
                       if n >= cfg.served_min_samples and fc.t - t <= cfg.served_memory_s}
-            ctx = PricedContext(self.theta.value, self._pool_hit(engines), self.decode_turn_s, pause_left, served)
+            ctx = PricedContext(self.theta.value, pool_hit(engines), self.decode_turn_s, pause_left, served)
             if opening:
                 sel = Selection(reason=f"holding through the step's opening ({fc.t - self.last_update_ts:.0f}s "
                                        f"of {cfg.opening_hold_s:.0f}s after the weight update)")
@@ -338,86 +283,6 @@ class Allocator:
         if cfg.rule != "priced" or self.last_update_ts is None or pause_left > 0:
             return False
         return t - self.last_update_ts <= cfg.opening_hold_s
-
-    def _measure_served(self, engines: list, fc: ForecastWindow) -> None:
-        """Fold the last window's served prefill rate into the rate of the prefill count
-        that served it: Σ over prefill engines of computed tokens/s / (1 − hit), the
-        full-prompt tokens the cluster prefilled per second. In a closed rollout loop that
-        is the rate turns go round, whichever role limits it: a prefill count whose decode
-        side chokes serves fewer prompts however large the prefill queue looks. Only whole
-        windows count: no switch under way, every engine in its role for the window, and
-        no weight-update pause in it; and only saturated ones (some engine queues at the
-        window's end): below capacity the rate is the demand, not what the split can serve
-        (a warm-up ramp would otherwise veto the counts it passed through)."""
-        cfg = self.config
-        if any(v.switching_to is not None for v in engines) or not any(v.queued_reqs > 0 for v in engines):
-            return
-        if any(v.since_ts > fc.t - fc.horizon for v in engines if v.switched):
-            return
-        if self.last_update_ts is not None and fc.t - self.last_update_ts < fc.horizon + cfg.weight_sync_s:
-            return
-        if cfg.served_ramp_s is not None and self._first_t is not None and fc.t - self._first_t < cfg.served_ramp_s:
-            return
-        rate, p = 0.0, 0
-        for v in engines:
-            if v.role == "prefill":
-                p += 1
-                hit = min(v.cache_hit_rate or 0.0, cfg.max_cache_hit_rate)
-                rate += (v.prefill_tokens_per_s or 0.0) / (1.0 - hit)
-        old = self.served.get(p)
-        a = cfg.served_alpha
-        if old is None or fc.t - old[2] > cfg.served_memory_s:
-            self.served[p] = (rate, 1, fc.t)  # none yet, or too old to build on
-        else:
-            w = max(a, 1.0 / (old[1] + 1))  # the mean until 1/alpha windows, then the EMA
-            self.served[p] = ((1 - w) * old[0] + w * rate, old[1] + 1, fc.t)
-
-    @staticmethod
-    def _pool_hit(engines: list) -> float:
-        """The prefill pool's prefix-cache hit ratio: the mean of its engines' last reports."""
-        hits = [v.cache_hit_rate for v in engines if v.role == "prefill" and v.cache_hit_rate is not None]
-        return sum(hits) / len(hits) if hits else 0.0
-
-    def _decode_room(self, prefill_instances: float, cap: Capacity) -> float:
-        """Decode instances the budget leaves once prefill has the whole instances its
-        demand needs: the latency-balance term may only take engines prefill can spare.
-        In a closed rollout loop a saturated prefill role is THE throughput bottleneck, and
-        a faster decode step then only moves turns into the prefill queue sooner."""
-        if not self.config.decode_latency_room_cap:
-            return math.inf
-        need = max(1, math.ceil(prefill_instances - 1e-9)) if prefill_instances > 0 else 1
-        return max(0.0, (cap.gpu_budget - cap.gpus_prefill * need) / cap.gpus_decode)
-
-    def _decode_step_demand(
-        self, load: tuple[int, int, int], kv_tokens: float, prefill_instances: float,
-        kv_now_fc: float, admit_tokens: float, room: float,
-    ) -> float:
-        """Decode demand in instances beyond KV (0: no such term): the larger of the TPOT
-        term (engines that keep a decode step within the target, opt-in) and the latency
-        balance term (``decode_instances_for_latency``, on by default).
-
-        ``load`` is ``_decode_load`` of the engines (sequences, KV, count of the decode
-        engines now). The sequences are those the decode engines hold now; for the TPOT term they are
-        scaled by the KV the forecast expects (Kᴰ + K̂ᴰ) over the KV they hold now:
-        admissions add sequences of the current mean size."""
-        cfg, step = self.config, self.decode_step.value
-        if step is None:
-            return 0.0
-        seqs, kv_now, n_dec = load
-        out = 0.0
-        if cfg.decode_latency_balance and n_dec:
-            out = min(room, decode_instances_for_latency(
-                max(prefill_instances, 0.0), kv_now_fc, admit_tokens, seqs, kv_now, n_dec, step))
-        if cfg.decode_tpot_target_s is None and cfg.decode_tpot_slack is None:
-            return out
-        targets = [t for t in (cfg.decode_tpot_target_s,) if t is not None]
-        if cfg.decode_tpot_slack is not None:
-            targets.append((1.0 + cfg.decode_tpot_slack) * step.fixed_s)
-        if kv_now > 0:
-            seqs *= kv_tokens / kv_now
-        n = decode_instances_for_tpot(seqs, kv_tokens, step, min(targets))
-        # A target at or below the empty step cannot be met by any count: KV sizing only.
-        return max(out, n if math.isfinite(n) else 0.0)
 
     def _imbalance_age(self, alloc: Allocation, engines: list, t: float) -> float:
         """How long the engines have been outside the target band in the same direction

@@ -15,6 +15,10 @@ moved only when p leaves the band, and only as many as the gain test accepts:
   ratio f = min(nᴾ/aᴾ, nᴰ/aᴰ) (each capped). During the switch cost c (drain + switch) the
   moving engines serve nobody. net(k) = c·(f(mid) − f(old)) + (H − c)·(f(new) − f(old));
   the best k is taken only if net(k)/(H·f(old)), the relative gain, exceeds the hysteresis.
+
+That gain test is the paper's rule (``rule="paper"``, :func:`select_switches`); the default
+``priced`` rule (:mod:`prorsa_allocator.pricing`) prices each switch's dead time and extra
+work instead.
 """
 
 from __future__ import annotations
@@ -23,8 +27,6 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from prorsa_schemas.events import DEFAULT_WINDOW_S
 
 from .config import AllocatorConfig
 from .engines import EngineView
@@ -107,7 +109,7 @@ def prefill_band(alloc: Allocation, n_engines: int) -> tuple[int, int]:
     return max(1, lo), min(n_engines - 1, hi)
 
 
-def _band_move(engines, alloc, cfg, now, last_direction, last_switch_ts, initial):
+def band_move(engines, alloc, cfg, now, last_direction, last_switch_ts, initial):
     """What both rules share: the prefill count against the target band, the direction and
     size of the move, the dwell guard, the movable donors and the per-plan cap fraction.
     Returns a :class:`Selection` when nothing is to move, else the move's parts."""
@@ -130,7 +132,7 @@ def _band_move(engines, alloc, cfg, now, last_direction, last_switch_ts, initial
     return n, p, d, in_flight, to_role, donor, wanted, donors, fraction
 
 
-def _candidates(donors, n, in_flight, wanted, fraction, to_role, now, cfg):
+def donor_candidates(donors, n, in_flight, wanted, fraction, to_role, now, cfg):
     """The donors to move, least loaded first (an idle engine costs only its switch; fewer
     requests and less KV mean less drain, fewer aborts and less cache to lose), at most
     ``wanted``, one engine left in the role, within the per-plan cap ``fraction`` of the
@@ -163,11 +165,11 @@ def select_switches(
     ``initial``: no switch has been commanded yet, so the engines sit in the roles they
     registered with; the per-plan cap is then ``initial_switch_fraction`` (see the config).
     """
-    move = _band_move(engines, alloc, cfg, now, last_direction, last_switch_ts, initial)
+    move = band_move(engines, alloc, cfg, now, last_direction, last_switch_ts, initial)
     if isinstance(move, Selection):
         return move
     n, p, d, in_flight, to_role, donor, wanted, donors, fraction = move
-    candidates = _candidates(donors, n, in_flight, wanted, fraction, to_role, now, cfg)
+    candidates = donor_candidates(donors, n, in_flight, wanted, fraction, to_role, now, cfg)
     if isinstance(candidates, Selection):
         return candidates
     k_max = len(candidates)
@@ -203,241 +205,3 @@ def select_switches(
             float(net[best]),
         )
     return Selection(reason=f"gain {gain:.3f} of switching to {to_role} is below the hysteresis {cfg.hysteresis}")
-
-
-# -- the 'priced' rule ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class SwitchPrice:
-    """What one switch costs (the 'priced' rule).
-
-    ``drain_s`` + ``switch_s`` is the engine's dead time: from the command on, the router
-    sends it nothing, so its old role loses it at once and its new role gains it only when
-    it is back. ``reprefill_tokens``: full-prompt tokens its drain aborts at the deadline
-    (running decode sequences, context plus output so far), re-prefilled at θᴾ.
-    ``cache_lost_tokens``: prefix-cache tokens its flip flushes that its trajectories would
-    have hit, recomputed (computed tokens, at θᴾ·(1 − hit))."""
-
-    drain_s: float
-    switch_s: float
-    reprefill_tokens: float = 0.0
-    cache_lost_tokens: float = 0.0
-
-    @property
-    def dead_s(self) -> float:
-        return self.drain_s + self.switch_s
-
-    def prefill_engine_s(self, theta: float, hit: float) -> float:
-        """Seconds of one prefill engine the extra work takes (θᴾ full-prompt tokens/s)."""
-        if theta <= 0:
-            return 0.0
-        return self.reprefill_tokens / theta + self.cache_lost_tokens / (theta * max(1.0 - hit, 1e-6))
-
-
-def price_switch(
-    view: EngineView,
-    to_role: str,
-    switch_s: float,
-    cfg: AllocatorConfig,
-    decode_turn_s: float | None = None,
-    pause_left_s: float = 0.0,
-    window_s: float = DEFAULT_WINDOW_S,
-) -> SwitchPrice:
-    """The price of switching ``view`` to ``to_role`` (hand-checked in test_pricing.py).
-
-    * In the weight-update pause (``pause_left_s`` > 0: seconds of it left) every engine
-      is empty and its cache already flushed: no drain, nothing aborted, no cache lost;
-      the switch overlaps the pause, so only what outlasts it is dead time.
-    * A busy decode engine drains until its sequences finish or the deadline
-      (``drain_deadline_s``), whichever first. With a decode turn of L seconds
-      (``decode_turn_s``, Little's law on the forecasts) and sequences at uniformly
-      spread ages, the share still running at the deadline D is max(0, 1 − D/L); their KV
-      (context and output so far) is re-prefilled. Without L: the drain estimate of the
-      paper rule is the turn, so D is the drain and everything running is aborted
-      (the KV-full decode engine of docs/simulator.md's drain table reaches the deadline).
-    * A busy prefill engine drains its chunked prefills (``drain_prefill_s``) and aborts
-      nothing; its flip flushes its prefix cache. The tokens its trajectories would have
-      hit on their next turn: its cached-token rate h/(1−h)·r (r: computed tokens/s of
-      its last engine.stats, h its hit ratio) over one turn cycle, L + one window (the
-      decode turn, then the window's prefill wait and tool call; a proxy: the cycle is not
-      measured), at most its KV capacity (a cache cannot hold more).
-    """
-    if pause_left_s > 0:
-        return SwitchPrice(0.0, max(0.0, switch_s - pause_left_s))
-    if not view.busy:
-        return SwitchPrice(0.0, switch_s)
-    if view.role == "decode":
-        deadline = cfg.drain_deadline_s
-        if decode_turn_s is None or decode_turn_s <= 0:
-            return SwitchPrice(deadline, switch_s, float(view.kv_used_tokens))
-        drain = min(deadline, decode_turn_s)
-        aborted = max(0.0, 1.0 - deadline / decode_turn_s)
-        return SwitchPrice(drain, switch_s, aborted * view.kv_used_tokens)
-    drain = min(cfg.drain_prefill_s, cfg.drain_deadline_s)
-    hit = min(view.cache_hit_rate or 0.0, cfg.max_cache_hit_rate)
-    rate = view.prefill_tokens_per_s or 0.0
-    cycle = (decode_turn_s or 0.0) + window_s
-    cached = hit / (1.0 - hit) * rate * cycle
-    if view.kv_capacity_tokens > 0:
-        cached = min(cached, float(view.kv_capacity_tokens))
-    return SwitchPrice(drain, switch_s, 0.0, cached)
-
-
-@dataclass(frozen=True, slots=True)
-class PricedContext:
-    """What the priced gain test needs beyond the demand view."""
-
-    theta: float
-    """θᴾ, full-prompt tokens/s of one prefill engine."""
-    hit: float = 0.0
-    """The prefill pool's prefix-cache hit ratio (recomputed tokens run at θᴾ·(1 − hit))."""
-    decode_turn_s: float | None = None
-    pause_left_s: float = 0.0
-    """Seconds left of the weight-update pause at the decision (0: not in the pause)."""
-    served: dict[int, float] = field(default_factory=dict)
-    """The full-prompt prefill rate measured at each prefill count (the planner's
-    ``served``, counts with enough windows only): a move to a count that served less than
-    the current one, by the hysteresis, is vetoed."""
-
-
-def priced_net(
-    p: int, d: int, to_role: str, prices: list[SwitchPrice], demand: DemandView, cfg: AllocatorConfig,
-    horizon: float, ctx: PricedContext,
-) -> tuple[np.ndarray, float]:
-    """(f(k) for k = 1..len(prices), f(0)): the bottleneck ratio over ``horizon`` after
-    moving the first k engines, priced.
-
-    Over the horizon H, prefill needs W_P = S·aᴾ_now + (H − S)·aᴾ_later engine-seconds and
-    decode W_D likewise; the roles offer p·H and d·H. Moving k engines toward a role takes
-    them from their old role at once and adds Σ (H − dead_i) to the new one; the work
-    their drains abort and the cache their flips lose adds Σ x_i engine-seconds to W_P.
-    f = min(capᴾ/W_P, capᴰ/W_D), each capped at ``ratio_cap`` (a role with no demand is at
-    the cap)."""
-    cap = cfg.ratio_cap
-    s = min(demand.horizon_s, horizon)
-    w_p = s * demand.prefill_now + (horizon - s) * demand.prefill_later
-    w_d = s * demand.decode_now + (horizon - s) * demand.decode_later
-
-    def f(cap_p: np.ndarray, cap_d: np.ndarray, work_p: np.ndarray) -> np.ndarray:
-        rp = np.where(work_p > 0, np.minimum(cap_p / np.maximum(work_p, 1e-12), cap), cap)
-        rd = np.full(cap_d.shape, cap) if w_d <= 0 else np.minimum(cap_d / w_d, cap)
-        return np.minimum(rp, rd)
-
-    k = np.arange(1, len(prices) + 1, dtype=float)
-    live = np.cumsum([max(0.0, horizon - min(x.dead_s, horizon)) for x in prices])
-    extra = np.cumsum([x.prefill_engine_s(ctx.theta, ctx.hit) for x in prices])
-    if to_role == "prefill":
-        cap_p, cap_d = p * horizon + live, (d - k) * horizon
-    else:
-        cap_p, cap_d = (p - k) * horizon, d * horizon + live
-    f_old = float(f(np.array([p * horizon], float), np.array([d * horizon], float), np.array([w_p]))[0])
-    return f(cap_p, cap_d, w_p + extra), f_old
-
-
-def select_priced(
-    alloc: Allocation,
-    engines: list[EngineView],
-    demand: DemandView,
-    now: float,
-    cfg: AllocatorConfig,
-    cost: SwitchCost,
-    ctx: PricedContext,
-    last_direction: str | None = None,
-    last_switch_ts: float = -math.inf,
-    imbalance_s: float = math.inf,
-    initial: bool = False,
-) -> Selection:
-    """The 'priced' rule: the same band, candidates, caps and dwell as
-    :func:`select_switches`; the gain test prices each move (:func:`price_switch`) and
-    judges it over the horizon (``horizon_s``, at least ``horizon_switch_multiple`` x the
-    slowest move's dead time). Candidates are taken least loaded first; the test takes the
-    best prefix of them (the moves are priced one by one and summed)."""
-    move = _band_move(engines, alloc, cfg, now, last_direction, last_switch_ts, initial)
-    if isinstance(move, Selection):
-        return move
-    n, p, d, in_flight, to_role, donor, wanted, donors, fraction = move
-    if ctx.pause_left_s > 0:
-        # In the pause a switch costs no drain, no aborts and no cache: the per-plan cap
-        # (a guard against one wrong forecast's drains) does not apply; the gain test does.
-        fraction = 1.0
-    # Only the candidates taken are priced (a plan of 1,024 engines stays within its budget).
-    candidates = _candidates(donors, n, in_flight, wanted, fraction, to_role, now, cfg)
-    if isinstance(candidates, Selection):
-        return candidates
-    prices = [price_switch(v, to_role, cost.for_engine(v), cfg, ctx.decode_turn_s, ctx.pause_left_s, demand.horizon_s)
-              for v in candidates]
-    moves = [Move(v, to_role, pr.drain_s, pr.switch_s) for v, pr in zip(candidates, prices)]
-    horizon = max(cfg.horizon_s, cfg.horizon_switch_multiple * max(x.dead_s for x in prices))
-    restart_s = max((m.switch_s for m in moves if "in_place" not in m.engine.switch_modes), default=None)
-    if restart_s is not None:
-        if imbalance_s < restart_s:
-            return Selection(reason=f"imbalance toward {to_role} has lasted {imbalance_s:.0f}s < restart {restart_s:.0f}s")
-        horizon = max(horizon, cfg.restart_lookahead_s)
-    elif ctx.pause_left_s <= 0 and cfg.persist_dead_multiple > 0:
-        wait = cfg.persist_dead_multiple * prices[0].dead_s  # the first (cheapest) move's dead time
-        if imbalance_s < wait:
-            return Selection(reason=f"imbalance toward {to_role} has lasted {imbalance_s:.0f}s < "
-                                    f"{wait:.0f}s ({cfg.persist_dead_multiple:g} x a switch's dead time)")
-    f_new, f_old = priced_net(p, d, to_role, prices, demand, cfg, horizon, ctx)
-    # Measured evidence beats the forecast: in a closed loop the demand a window shows
-    # depends on the split that served it (a choked decode side lowers the prefill
-    # demand, a backlogged prefill side raises it), so a count that was held and served
-    # fewer prompts per second than the current one is not gone back to.
-    # The veto stands down when the engines show the move's need now: the role it feeds
-    # saturated while the donor role idles (``role_pressed``). A rate measured at the other
-    # count is an average over phases; in a step that alternates a prefill-bound and a
-    # decode-bound phase (MiMo coding/8) it vetoes the move each phase needs.
-    here = None if cfg.served_veto_yields_to_state and role_pressed(engines, to_role) else ctx.served.get(p)
-    vetoed = 0
-    if here is not None:
-        sign = 1 if to_role == "prefill" else -1
-        blocked = False
-        for i in range(len(f_new)):
-            there = ctx.served.get(p + sign * (i + 1))
-            # The served rate is unimodal in the prefill count (prefill-bound below its
-            # peak, decode-bound above it): past a count that served less, none serves more.
-            blocked = blocked or (there is not None and there < here * (1.0 + cfg.hysteresis))
-            if blocked:
-                f_new[i] = -np.inf
-                vetoed += 1
-    if vetoed == len(f_new):
-        return Selection(reason=f"every move to {to_role} goes to a prefill count that served less than {p} "
-                                f"({here:.0f} tokens/s)")
-    best = int(np.argmax(f_new))
-    gain = float(f_new[best]) / max(f_old, 1e-9) - 1.0
-    where = " in the pause" if ctx.pause_left_s > 0 else ""
-    if gain > cfg.hysteresis:
-        return Selection(
-            moves[: best + 1],
-            f"{best + 1} engine(s) to {to_role}{where}: priced bottleneck gain {gain:+.1%} over {horizon:.0f}s",
-            float(f_new[best] - f_old) * horizon,
-        )
-    return Selection(reason=f"priced gain {gain:+.3f} of switching to {to_role}{where} is below the hysteresis {cfg.hysteresis}")
-
-
-# Saturated and idle, as a load-based autoscaler reads them (the simulator's ``reactive``
-# policy uses the same thresholds). CHOICES: more than 4 queued requests per engine is a
-# backlog of several prefill passes; a decode pool over 85% KV is where SGLang starts to
-# retract; under 0.5 queued per engine and under 50% KV a role has room to give.
-PRESSED_QUEUE = 4.0
-IDLE_QUEUE = 0.5
-PRESSED_KV = 0.85
-IDLE_KV = 0.5
-
-
-def role_pressed(engines: list[EngineView], to_role: str) -> bool:
-    """Whether ``to_role`` is saturated now and the other role idle, from the engines'
-    last stats: prefill queue per engine > PRESSED_QUEUE with decode KV < IDLE_KV and no
-    decode queue (to prefill); decode KV > PRESSED_KV or decode queue > PRESSED_QUEUE with
-    no prefill queue (to decode). Engines mid-switch are left out."""
-    pre = [v for v in engines if v.role == "prefill" and v.switching_to is None]
-    dec = [v for v in engines if v.role == "decode" and v.switching_to is None]
-    if not pre or not dec:
-        return False
-    p_queue = sum(v.queued_reqs for v in pre) / len(pre)
-    d_queue = sum(v.queued_reqs for v in dec) / len(dec)
-    d_kv = sum(v.kv_used_tokens for v in dec) / max(1, sum(v.kv_capacity_tokens for v in dec))
-    if to_role == "prefill":
-        return p_queue > PRESSED_QUEUE and d_kv < IDLE_KV and d_queue < IDLE_QUEUE
-    return (d_kv > PRESSED_KV or d_queue > PRESSED_QUEUE) and p_queue < IDLE_QUEUE
