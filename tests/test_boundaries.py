@@ -58,9 +58,6 @@ MODULE_CYCLES_ALLOWED: dict[str, str] = {
     "prorsa_cli.routerproc <-> prorsa_cli.stack":
         "stack imports router_spec at the top; routerproc imports stack's UpError and option types inside "
         "functions (and for type checking), so neither import runs while the other module loads",
-    "prorsa_engine_agent.agent <-> prorsa_engine_agent.procedure <-> prorsa_engine_agent.reconcile":
-        "type-only: procedure and reconcile import EngineAgent/EngineState under TYPE_CHECKING for "
-        "annotations; at run time only agent imports them",
     "prorsa_forecaster.snapshot_build <-> prorsa_forecaster.state":
         "snapshot_build reads LiveState (type-only import, and its role constants inside a function); "
         "state calls build_snapshot inside a function; the forecaster's internals are left as they are",

@@ -7,15 +7,12 @@ import asyncio
 import logging
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from .clients import EngineHTTPError
 from .core import FINAL, Phase, Switch, advance
+from .instances import EngineState, Instances
 from .inplace import graph_memory_refusal, server_blockers
 from .weights import Reported, Weights, resolve, update_in_progress
-
-if TYPE_CHECKING:
-    from .agent import EngineAgent, EngineState
 
 log = logging.getLogger("prorsa.engine_agent.switch")
 
@@ -27,7 +24,7 @@ class PhaseFailed(Exception):
         self.safe_to_restore = safe_to_restore
 
 
-async def run_switch(agent: "EngineAgent", st: "EngineState", sw: Switch, on_start=None) -> Switch:
+async def run_switch(agent: Instances, st: EngineState, sw: Switch, on_start=None) -> Switch:
     """Drive ``sw`` to a final phase; every phase is journaled before it runs. ``on_start(sw)``
     is called once PRECHECK has passed (the engine is about to be touched)."""
     while sw.phase not in FINAL:
@@ -51,7 +48,7 @@ async def run_switch(agent: "EngineAgent", st: "EngineState", sw: Switch, on_sta
     return sw
 
 
-async def _until(agent: "EngineAgent", cond, timeout: float, what: str) -> None:
+async def _until(agent: Instances, cond, timeout: float, what: str) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     last = ""
@@ -66,7 +63,7 @@ async def _until(agent: "EngineAgent", cond, timeout: float, what: str) -> None:
         await asyncio.sleep(agent.settings.poll_s)
 
 
-async def _reported(st: "EngineState") -> Reported | None:
+async def _reported(st: EngineState) -> Reported | None:
     try:
         info = await st.client.model_info()
     except EngineHTTPError:
@@ -77,7 +74,7 @@ async def _reported(st: "EngineState") -> Reported | None:
     return Reported(path, str(version) if version is not None else "default")
 
 
-async def _no_update(agent: "EngineAgent", st: "EngineState", sw: Switch) -> Reported | None:
+async def _no_update(agent: Instances, st: EngineState, sw: Switch) -> Reported | None:
     """Wait while a weight update is in progress on the engine (up to ``update_wait_s``, and
     not past the command's deadline); PhaseFailed if it still is. Returns what the engine
     reports about its weights."""
@@ -95,7 +92,7 @@ async def _no_update(agent: "EngineAgent", st: "EngineState", sw: Switch) -> Rep
         await asyncio.sleep(agent.settings.poll_s)
 
 
-def _weights(agent: "EngineAgent", st: "EngineState", reported: Reported | None) -> Weights:
+def _weights(agent: Instances, st: EngineState, reported: Reported | None) -> Weights:
     launched = agent.launched_weights(st)
     got = resolve(launched, reported, agent.policy, st.inst.weights_path, time.time())
     if got.weights is None:
@@ -103,7 +100,7 @@ def _weights(agent: "EngineAgent", st: "EngineState", reported: Reported | None)
     return got.weights
 
 
-async def precheck(agent: "EngineAgent", st: "EngineState", sw: Switch) -> Switch:
+async def precheck(agent: Instances, st: EngineState, sw: Switch) -> Switch:
     """What SGLang and the weights need, checked before the engine is touched."""
     reported = await _no_update(agent, st, sw)
     if sw.mode == "restart":
@@ -119,7 +116,7 @@ async def precheck(agent: "EngineAgent", st: "EngineState", sw: Switch) -> Switc
     return sw
 
 
-async def deregister(agent: "EngineAgent", st: "EngineState", sw: Switch) -> None:
+async def deregister(agent: Instances, st: EngineState, sw: Switch) -> None:
     w = await agent.router.find(st.inst.url)
     if w is not None:
         await agent.router.remove(w["id"])
@@ -134,7 +131,7 @@ async def deregister(agent: "EngineAgent", st: "EngineState", sw: Switch) -> Non
     await _no_update(agent, st, sw)
 
 
-async def drain(agent: "EngineAgent", st: "EngineState", sw: Switch) -> None:
+async def drain(agent: Instances, st: EngineState, sw: Switch) -> None:
     # Wait for idle until the command's deadline (bounded by drain_max_s); the router no
     # longer sends new requests, so running ones finish.
     budget = min(sw.deadline - time.time(), agent.settings.drain_max_s)
@@ -145,7 +142,7 @@ async def drain(agent: "EngineAgent", st: "EngineState", sw: Switch) -> None:
     await _until(agent, idle, max(0.0, budget), "idle")
 
 
-async def abort(agent: "EngineAgent", st: "EngineState", sw: Switch) -> Switch:
+async def abort(agent: Instances, st: EngineState, sw: Switch) -> Switch:
     # Like slime: abort everything, repeatedly, until the scheduler reports idle. What was
     # running or waiting at the first abort_all is reported with the outcome (aborted_reqs),
     # so the framework knows to retry (SGLang answers each with finish_reason abort).
@@ -169,7 +166,7 @@ async def abort(agent: "EngineAgent", st: "EngineState", sw: Switch) -> Switch:
     return sw
 
 
-async def switch_in_place(agent: "EngineAgent", st: "EngineState", sw: Switch) -> None:
+async def switch_in_place(agent: Instances, st: EngineState, sw: Switch) -> None:
     # Checked again before the flip, as restart does before the stop: a framework that reaches
     # engines off the router (prorsa_sdk.coordination.engine_urls) may be updating this one.
     # A refusal here leaves the engine in its old role (safe to re-register).
@@ -189,7 +186,7 @@ async def switch_in_place(agent: "EngineAgent", st: "EngineState", sw: Switch) -
         raise PhaseFailed(msg or "no message", bool(out.get("safe_to_restore", False)))
 
 
-async def _relaunch(agent: "EngineAgent", st: "EngineState", role: str, weights: Weights | None = None) -> None:
+async def _relaunch(agent: Instances, st: EngineState, role: str, weights: Weights | None = None) -> None:
     await agent.processes.stop(st.inst.engine, st.pid)
     await agent.launch(st, role, weights)
 
@@ -201,7 +198,7 @@ async def _relaunch(agent: "EngineAgent", st: "EngineState", role: str, weights:
     await _until(agent, up, agent.settings.restart_timeout_s, f"healthy after relaunch as {role}")
 
 
-async def restart(agent: "EngineAgent", st: "EngineState", sw: Switch) -> Switch:
+async def restart(agent: Instances, st: EngineState, sw: Switch) -> Switch:
     # Checked again just before the stop: an update may have begun or finished on the
     # drained engine since PRECHECK. A refusal here leaves the engine running (safe).
     if not agent.processes.exited(st.inst.engine, st.pid) and await st.client.healthy():
@@ -219,24 +216,24 @@ async def restart(agent: "EngineAgent", st: "EngineState", sw: Switch) -> Switch
     return sw
 
 
-async def health(agent: "EngineAgent", st: "EngineState", sw: Switch) -> None:
+async def health(agent: Instances, st: EngineState, sw: Switch) -> None:
     async def ok() -> bool:
         return await st.client.healthy() and await st.client.role() == sw.to_role
 
     await _until(agent, ok, agent.settings.health_timeout_s, f"healthy in role {sw.to_role}")
 
 
-async def register(agent: "EngineAgent", st: "EngineState", sw: Switch) -> None:
+async def register(agent: Instances, st: EngineState, sw: Switch) -> None:
     await agent.ensure_registered(st, sw.to_role)
 
 
-async def restore_restart(agent: "EngineAgent", st: "EngineState", sw: Switch) -> None:
+async def restore_restart(agent: Instances, st: EngineState, sw: Switch) -> None:
     # The last weights known: what PRECHECK found for a restart, else what it was launched with.
     w = Weights(sw.model_path, sw.weight_version or "default", time.time()) if sw.model_path else None
     await _relaunch(agent, st, sw.from_role, w)
 
 
-async def restore_register(agent: "EngineAgent", st: "EngineState", sw: Switch) -> None:
+async def restore_register(agent: Instances, st: EngineState, sw: Switch) -> None:
     async def up() -> bool:
         return await st.client.healthy()
 

@@ -23,12 +23,9 @@ import asyncio
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from .clients import EngineHTTPError
-
-if TYPE_CHECKING:
-    from .agent import EngineAgent, EngineState
+from .instances import EngineState, Instances
 
 log = logging.getLogger("prorsa.engine_agent")
 
@@ -54,19 +51,19 @@ def to_register(expected: Iterable[Expected], workers: list[dict]) -> list[Expec
     return [e for e in expected if listed.get(e.url) != e.role]
 
 
-def should_be_listed(agent: "EngineAgent", st: "EngineState", holding_lock: bool = False) -> bool:
+def should_be_listed(agent: Instances, st: EngineState, holding_lock: bool = False) -> bool:
     """Up, in a serving role, and no switch (or relaunch) owns the engine (``holding_lock``:
     the caller holds the engine's lock itself)."""
     return (st.up and st.role in SERVING and (holding_lock or not st.lock.locked())
             and agent.journal.busy_with(st.inst.engine) is None)
 
 
-def expected(agent: "EngineAgent") -> list[Expected]:
+def expected(agent: Instances) -> list[Expected]:
     return [Expected(st.inst.engine, st.inst.url, st.role)
             for st in agent.engines.values() if should_be_listed(agent, st)]
 
 
-async def reconcile_once(agent: "EngineAgent") -> int:
+async def reconcile_once(agent: Instances) -> int:
     """Register every engine that should be listed and is not; returns how many were.
 
     Raises:
@@ -101,7 +98,7 @@ async def reconcile_once(agent: "EngineAgent") -> int:
     return done
 
 
-async def reconcile_loop(agent: "EngineAgent", stop: asyncio.Event) -> None:
+async def reconcile_loop(agent: Instances, stop: asyncio.Event) -> None:
     """Every ``router_reconcile_s`` (0: never), :func:`reconcile_once`; a router that cannot
     be reached is logged once per outage and tried again on the next round."""
     every = agent.settings.router_reconcile_s
