@@ -46,8 +46,6 @@ PRIVATE_ALLOWED: dict[str, str] = {
     "prorsa_forecaster.uncertainty -> prorsa_forecaster.core._not_interrupted": "as core._kernel",
     "prorsa_forecaster.uncertainty -> prorsa_forecaster.core._turn_kernels": "as core._kernel",
     "prorsa_forecaster.uncertainty -> prorsa_forecaster.core._update_steps": "as core._kernel",
-    "prorsa_schemas.codec -> prorsa_schemas.errors._MISSING":
-        "the errors module's sentinel for a missing field, shared inside the schemas package",
     "prorsa_sim.cli -> prorsa_sim.paper._fmt": "the CLI prints the paper report's cells with its formatter",
     "prorsa_sim.cli -> prorsa_sim.paper._miss_text": "as paper._fmt",
 }

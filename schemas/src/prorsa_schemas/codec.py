@@ -17,7 +17,7 @@ from typing import BinaryIO
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic_core import from_json
 
-from .errors import _MISSING, EventError, SubjectMismatch, Violation
+from .errors import MISSING, EventError, SubjectMismatch, Violation
 from .events import AnyEvent, Event
 from .subjects import Namespace
 
@@ -53,7 +53,7 @@ def decode_event(data: bytes | str, max_bytes: int = DEFAULT_MAX_LINE_BYTES, str
         if strict_fields:
             extra = unknown_fields(event)
             if extra:
-                raise EventError([Violation(f, _MISSING, "is not a field of this event type") for f in extra])
+                raise EventError([Violation(f, MISSING, "is not a field of this event type") for f in extra])
         return event
     except EventError:
         raise
@@ -137,7 +137,7 @@ def encode_event(event: Event) -> bytes:
 
 
 _MISSING_V = Violation(
-    "v", _MISSING, "is required but missing (the contract version, 1, is an envelope field of every event)")
+    "v", MISSING, "is required but missing (the contract version, 1, is an envelope field of every event)")
 """The models default ``v`` to 1 for events built in Python; on the wire (bytes, parsed
 JSON) it is a required envelope field (EVENTS.md), checked here."""
 

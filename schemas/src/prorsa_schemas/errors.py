@@ -27,13 +27,14 @@ class Violation:
 
     def __str__(self) -> str:
         if self.field:
-            if self.value is _MISSING:
+            if self.value is MISSING:
                 return f"field '{self.field}': {self.rule}"
             return f"field '{self.field}': value {_short(self.value)} {self.rule}"
         return self.rule
 
 
-_MISSING = object()
+MISSING = object()
+"""The value of a :class:`Violation` whose field is absent (or that names no field)."""
 
 
 class EventError(ValueError):
@@ -54,7 +55,7 @@ class EventError(ValueError):
         return self.violations[0].field if self.violations else ""
 
     @classmethod
-    def single(cls, rule: str, field: str = "", value: Any = _MISSING) -> "EventError":
+    def single(cls, rule: str, field: str = "", value: Any = MISSING) -> "EventError":
         return cls([Violation(field, value, rule)])
 
     @classmethod
@@ -70,25 +71,25 @@ class EventError(ValueError):
             for part in loc:
                 field += f"[{part}]" if isinstance(part, int) else (f".{part}" if field else str(part))
             kind = err["type"]
-            value = err.get("input", _MISSING)
+            value = err.get("input", MISSING)
             if kind == "missing":
-                violations.append(Violation(field, _MISSING, "is required but missing"))
+                violations.append(Violation(field, MISSING, "is required but missing"))
             elif kind == "extra_forbidden":
-                violations.append(Violation(field, _MISSING, "is not a field of this event type"))
+                violations.append(Violation(field, MISSING, "is not a field of this event type"))
             elif kind == "union_tag_invalid":
                 ctx = err.get("ctx", {})
                 violations.append(
                     Violation("type", ctx.get("tag", value), "is not a known event type")
                 )
             elif kind == "union_tag_not_found":
-                violations.append(Violation("type", _MISSING, "is required but missing"))
+                violations.append(Violation("type", MISSING, "is required but missing"))
             elif kind == "json_invalid":
                 msg = err["msg"]
                 if "recursion limit" in msg:  # e.g. 1,000 nested '[': say what is wrong with it
                     msg = f"nested too deeply to parse: {msg.removeprefix('Invalid JSON: ')}"
-                violations.append(Violation("", _MISSING, f"not valid JSON ({msg})"))
+                violations.append(Violation("", MISSING, f"not valid JSON ({msg})"))
             elif kind in ("model_type", "model_attributes_type", "dict_type") and not field:
-                violations.append(Violation("", _MISSING, "an event must be a JSON object"))
+                violations.append(Violation("", MISSING, "an event must be a JSON object"))
             else:
                 violations.append(Violation(field, value, _rule(err)))
         return cls(violations)
@@ -114,5 +115,5 @@ class SubjectMismatch(EventError):
     :meth:`prorsa_schemas.Namespace.subject_mismatch`); ``event`` is the decoded event."""
 
     def __init__(self, reason: str, event: object) -> None:
-        super().__init__([Violation("", _MISSING, reason)])
+        super().__init__([Violation("", MISSING, reason)])
         self.event = event
