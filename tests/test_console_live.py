@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 import pytest
 
-from prorsa_cli.stack import UpOptions, plan_ports
+from prorsa_cli.options import UpOptions, plan_ports
 from prorsa_runtime.testing import wait_until
 from prorsa_tracker import console_browser as cb
 

@@ -41,7 +41,7 @@ import nats
 import pytest
 
 from prorsa_cli.report import scrape
-from prorsa_cli.stack import UpOptions, plan_ports
+from prorsa_cli.options import UpOptions, plan_ports
 from prorsa_runtime.testing import wait_until
 from prorsa_schemas import DEFAULT, EngineCommand, encode_event
 from prorsa_schemas.events import ROLLOUT_TYPES

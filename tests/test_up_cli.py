@@ -57,7 +57,8 @@ def test_bad_options_are_refused(tmp_path: Path, args: list[str], needle: str):
 
 
 def test_with_router_plans_sglang_router_for_a_real_cluster(tmp_path: Path):
-    from prorsa_cli.stack import UpOptions, plan_stack
+    from prorsa_cli.options import UpOptions
+    from prorsa_cli.stack import plan_stack
 
     plan = plan_stack(UpOptions(workdir=tmp_path, port_base=0, with_router=True,
                                 router_args=["--policy", "round_robin"]))
@@ -161,7 +162,7 @@ def test_a_one_shot_job_is_reported_once_and_not_restarted(tmp_path: Path):
 def test_any_free_block_lies_below_the_ephemeral_port_range(tmp_path: Path):
     # A port the OS may hand an outgoing connection as its source port can be gone by the
     # time a service binds it; `--port-base 0` keeps every port below that range.
-    from prorsa_cli.stack import UpOptions, ephemeral_low, plan_ports
+    from prorsa_cli.options import UpOptions, ephemeral_low, plan_ports
 
     low = ephemeral_low()
     for _ in range(20):

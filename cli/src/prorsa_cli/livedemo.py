@@ -26,7 +26,8 @@ from prorsa_runtime.redact import mask_url
 
 from prorsa_runtime.cli import console, is_tty, out
 from .routerproc import router_name
-from .stack import StackPlan, UpError, UpOptions, plan_stack, register_colocated
+from .options import UpError, UpOptions
+from .stack import StackPlan, plan_stack, register_colocated
 from .supervisor import StartError, Supervisor
 
 

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import socket
 import sys
-from typing import TYPE_CHECKING
 
 import httpx
 
+from .options import Ports, UpError, UpOptions
 from .supervisor import ProcSpec
-
-if TYPE_CHECKING:
-    from .stack import Ports, UpOptions
 
 PY = sys.executable
 ROUTERS = ("sglang", "emulated")
@@ -27,7 +24,6 @@ def _http_ok(url: str) -> bool:
 
 def check_router_host(host: str) -> None:
     """Refuse a ``--router-host`` this machine cannot listen on, saying so."""
-    from .stack import UpError
 
     try:
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
@@ -44,7 +40,6 @@ def router_spec(opts: UpOptions, ports: Ports, kind: str) -> tuple[str, ProcSpec
     in PD mode (regular workers under colocation), with no worker: the engine agents add and
     remove theirs through ``POST``/``DELETE /workers``. ``emulated``: prorsa_emulated's router,
     kept for the faults the real one cannot be made to produce (see docs/engine-agent.md)."""
-    from .stack import UpError
 
     if kind not in ROUTERS:
         raise UpError(f"--router must be one of {', '.join(ROUTERS)}, got {kind!r}")

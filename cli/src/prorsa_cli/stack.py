@@ -7,22 +7,19 @@ Pure planning (ports, environment, command lines, agent config files); the super
 from __future__ import annotations
 
 import os
-import random
 import secrets
 import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import httpx
 
+from .options import Ports, UpError, UpOptions, plan_ports, port_free
 from .routerproc import check_router_host, router_spec
 from .supervisor import ProcSpec
 
-Policy = Literal["prorsa", "static", "colocation"]
-RouterKind = Literal["sglang", "emulated"]
 PY = sys.executable
 
 NATS_USERS = {
@@ -51,112 +48,6 @@ def emulated_prefill_tokens_per_s(model: str, speed: float) -> float:
 
     p = emulated_profile(model)
     return speed * p.attn_dp * p.chunk_size / p.prefill_time(p.chunk_size)
-
-
-class UpError(RuntimeError):
-    """A clear, user-facing reason why the stack cannot start."""
-
-
-@dataclass
-class UpOptions:
-    """Everything `prorsa up` (and the demo) can be asked for."""
-
-    workdir: Path = Path(".prorsa/up")
-    nats: str | None = None  # an existing server's URL; None: run the embedded one
-    nats_config: Path | None = None  # nats-server -c file (accounts) for the embedded server
-    db: str | None = None  # default: SQLite in the workdir
-    emulated_cluster: bool = False
-    router: RouterKind = "sglang"
-    """With --emulated-cluster: the real router (sglang-router) or the emulated one."""
-    with_router: bool = False
-    """Without --emulated-cluster: also run sglang-router (PD mode) for a real cluster's agents."""
-    router_host: str | None = None  # where that router listens (default: ``host``)
-    router_args: list[str] = field(default_factory=list)  # more sglang-router flags
-    engines: int = 6
-    prefill: int | None = None  # engines that start as prefill (default: a third)
-    agents: int = 2  # engine agents ("servers") the engines are spread over
-    policy: Policy = "prorsa"
-    speed: float = 10.0
-    workload: str = "general"
-    batch_size: int = 24
-    steps: int = 2
-    max_turns: int = 6
-    seed: int = 0
-    emulated_model: str = "deepseek-v3.2"
-    run: str = "demo"
-    horizon: float = 5.0
-    port_base: int | None = None  # None: the standard ports; 0: any free block
-    host: str = "127.0.0.1"
-    compare_with: Path | None = None  # a workdir whose summary.json (the other policy) to compare with
-    max_restarts: int = 5  # restarts in a row (none up for 30 s) before a service is given up
-    extra_env: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class Ports:
-    nats: int
-    router: int
-    router_metrics: int  # sglang-router's Prometheus listener (--prometheus-port)
-    tracker_api: int
-    tracker_metrics: int
-    forecaster_metrics: int
-    allocator_metrics: int
-    agent_metrics: list[int]
-    engines: list[tuple[int, int]]  # (http, bootstrap)
-    nats_monitor: int = 8222  # with --nats-config: the server's monitoring port, on loopback
-
-    def named(self) -> list[tuple[str, int]]:
-        out = [("nats", self.nats), ("nats monitoring", self.nats_monitor), ("router", self.router),
-               ("router metrics", self.router_metrics), ("tracker API", self.tracker_api),
-               ("tracker metrics", self.tracker_metrics), ("forecaster metrics", self.forecaster_metrics),
-               ("allocator metrics", self.allocator_metrics)]
-        out += [(f"engine agent {i} metrics", p) for i, p in enumerate(self.agent_metrics)]
-        for i, (h, b) in enumerate(self.engines):
-            out += [(f"engine {i}", h), (f"engine {i} bootstrap", b)]
-        return out
-
-
-def port_free(port: int, host: str = "127.0.0.1") -> bool:
-    from prorsa_runtime.natsserver import port_in_use
-
-    return not port_in_use(port, host)
-
-
-def plan_ports(opts: UpOptions) -> Ports:
-    """Standard ports, or a block from ``port_base`` (0: a random free block)."""
-    n, k = opts.engines, opts.agents
-
-    def layout(b: int | None) -> Ports:
-        if b is None:
-            return Ports(4222, 30080, 29000, 8470, 9101, 9102, 9103, [9111 + i for i in range(k)],
-                         [(30001 + i, 31001 + i) for i in range(n)], 8222)
-        return Ports(b, b + 1, b + 7, b + 2, b + 3, b + 4, b + 5, [b + 10 + i for i in range(k)],
-                     [(b + 40 + 2 * i, b + 41 + 2 * i) for i in range(n)], b + 6)
-
-    if opts.port_base == 0:
-        # Below the OS's ephemeral range: a port in it that is free now can become the
-        # source port of an outgoing connection before its service binds it (the tracker
-        # once connected to NATS from the port it was about to serve metrics on).
-        span = max(p for _, p in layout(0).named()) + 1
-        low = ephemeral_low()
-        top = low - span if low - span > 20000 + 100 else 60000
-        rng = random.Random()
-        for _ in range(200):
-            ports = layout(rng.randrange(20000, top))
-            if all(port_free(p, opts.host) for _, p in ports.named()):
-                return ports
-        raise UpError("found no block of free ports; pass --port-base N")
-    return layout(opts.port_base)
-
-
-def ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
-    """The first port of the range the OS picks outgoing connections' source ports from
-    (Linux; 32768, its default, where it cannot be read)."""
-    try:
-        with open(path) as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
 
 
 def check_ports(ports: Ports, opts: UpOptions) -> None:

@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Start the whole system on this machine (Ctrl-C stops it)."""
         from .livedemo import run_up
-        from .stack import UpOptions
+        from .options import UpOptions
 
         given = dict(locals())
         given["router_args"] = list(router_arg or [])
@@ -95,7 +95,7 @@ def register(app: typer.Typer) -> None:
         Each policy runs in `<workdir>/<policy>`; when the other policy's run of the same
         scenario (same seed and options) is there, the summary adds the PD/colocation speedup."""
         from .livedemo import run_up
-        from .stack import UpOptions
+        from .options import UpOptions
 
         base = dict(locals())
         if compare and policy == "colocation":
