@@ -47,7 +47,7 @@ def exported_metrics(tmp_path: Path) -> set[str]:
     from prorsa_engine_agent.config import load_config
     from prorsa_forecaster.service import Forecaster
     from prorsa_forecaster.settings import ForecasterSettings
-    from prorsa_runtime.reader import DurableFigures
+    from prorsa_runtime.consumers import DurableFigures
     from prorsa_schemas import AllocationPlan
     from prorsa_tracker.metrics import tracker_registry
     from prorsa_tracker.service import Tracker

@@ -12,6 +12,9 @@ re-creates an ordered consumer under the same configuration, so with a fixed nam
 re-creation would collide with the consumer it replaces (a consumer's start sequence cannot
 be updated); :func:`subscribe_ordered` therefore deletes the old consumer first, both when
 it subscribes and when nats-py re-creates it.
+
+:class:`DurableFigures` reads the backlog of a durable consumer with acknowledgements;
+:func:`ack_sequences` reads the sequences of a delivery from its reply subject.
 """
 
 from __future__ import annotations
@@ -27,6 +30,12 @@ from nats.js.errors import NotFoundError
 from prorsa_schemas import Namespace
 
 log = logging.getLogger("prorsa.bus")
+
+STATUS_HEADER = "Status"
+LAST_CONSUMER_HEADER = "Nats-Last-Consumer"  # on an idle heartbeat: the last consumer sequence sent
+PENDING_MSGS_HEADER = "Nats-Pending-Messages"  # on a 408/409 status: what the pull request had left
+GONE_STATUSES = ("Consumer Deleted", "Leadership Change", "Consumer is push based")
+"""Descriptions of a 409 status that say the consumer is gone (it is re-created)."""
 
 ORDERED_INACTIVE_S = 30.0
 """How long the server keeps an ordered consumer nobody reads (a crashed service's) before
@@ -86,3 +95,41 @@ async def subscribe_ordered(
 
     jsi.recreate_consumer = delete_then_recreate
     return sub
+
+
+def ack_sequences(reply: str) -> tuple[int, int]:
+    """(stream sequence, consumer sequence) from a JetStream delivery's reply subject.
+
+    ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>`` (v1), or the v2
+    form with ``<domain>.<account hash>`` after ``$JS.ACK`` and a trailing token.
+    """
+    t = reply.split(".")
+    if len(t) == 9:
+        return int(t[5]), int(t[6])
+    return int(t[7]), int(t[8])
+
+
+class DurableFigures:
+    """The backlog of a durable consumer with acknowledgements (the engine agent's commands),
+    read from its consumer info by :meth:`read`, in the shape
+    :func:`~prorsa_runtime.metrics.consumer_metrics` reads."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.num_pending: int | None = None
+        self.num_ack_pending: int | None = None
+        self.resets = 0  # re-created by its owner after it was lost
+
+    async def read(self, js: JetStreamContext, stream: str) -> None:
+        try:
+            info = await js.consumer_info(stream, self.name, timeout=2.0)
+        except Exception as exc:  # noqa: BLE001 - being created, or the server is away
+            log.debug("consumer info %s: %r", self.name, exc)
+            return
+        self.num_pending, self.num_ack_pending = info.num_pending, info.num_ack_pending
+
+    def backlog(self) -> int | None:
+        """Messages not yet acknowledged: delivered or not."""
+        if self.num_pending is None:
+            return None
+        return self.num_pending + (self.num_ack_pending or 0)

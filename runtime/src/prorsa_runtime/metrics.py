@@ -63,7 +63,7 @@ def serve_metrics(
 def consumer_metrics(service: str, *readers) -> list:
     """The backlog figures of ``service``'s consumers, read from the server's consumer info
     (an :class:`~prorsa_runtime.reader.OrderedReader` refreshes it every few seconds; a
-    :class:`~prorsa_runtime.reader.DurableFigures` when its owner reads it):
+    :class:`~prorsa_runtime.consumers.DurableFigures` when its owner reads it):
 
     ``prorsa_<service>_consumer_pending{consumer}`` (the stream's messages not yet delivered:
     ``num_pending``), ``prorsa_<service>_backlog_messages{consumer}`` (not yet processed:

@@ -44,28 +44,11 @@ from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 from prorsa_schemas import Namespace
 
 from .bus import DROPPED_HOOK
-from .consumers import ORDERED_INACTIVE_S, delete_consumer
+from .consumers import (GONE_STATUSES, LAST_CONSUMER_HEADER, ORDERED_INACTIVE_S, PENDING_MSGS_HEADER,
+                        STATUS_HEADER, ack_sequences, delete_consumer)
 from .redact import mask_secrets
 
 log = logging.getLogger("prorsa.bus")
-
-_STATUS = "Status"
-_LAST_CONSUMER = "Nats-Last-Consumer"
-_PENDING_MSGS = "Nats-Pending-Messages"
-_GONE = ("Consumer Deleted", "Leadership Change", "Consumer is push based")
-
-
-def ack_sequences(reply: str) -> tuple[int, int]:
-    """(stream sequence, consumer sequence) from a JetStream delivery's reply subject.
-
-    ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>`` (v1), or the v2
-    form with ``<domain>.<account hash>`` after ``$JS.ACK`` and a trailing token.
-    """
-    t = reply.split(".")
-    if len(t) == 9:
-        return int(t[5]), int(t[6])
-    return int(t[7]), int(t[8])
-
 
 class OrderedReader:
     """An ordered pull consumer named ``name`` over ``subjects``, from ``start_seq``.
@@ -282,15 +265,15 @@ class OrderedReader:
 
     def _status(self, msg: Msg) -> None:
         hdr = msg.headers or {}
-        code = hdr.get(_STATUS, "")
+        code = hdr.get(STATUS_HEADER, "")
         desc = str(hdr.get("Description", ""))
         if code == "100":  # idle heartbeat
-            last = hdr.get(_LAST_CONSUMER)
+            last = hdr.get(LAST_CONSUMER_HEADER)
             if last is not None and int(last) > self._dseq:
                 self._gap(f"heartbeat says the consumer delivered {last}, the last handed over is {self._dseq}")
             return
-        pending = hdr.get(_PENDING_MSGS)
-        if code in ("408", "404") or (code == "409" and pending is not None and not desc.startswith(_GONE)):
+        pending = hdr.get(PENDING_MSGS_HEADER)
+        if code in ("408", "404") or (code == "409" and pending is not None and not desc.startswith(GONE_STATUSES)):
             # A request ended (expired, or a server limit) with this many messages unsent.
             self._requested = max(0, self._requested - int(pending or 0)) if pending is not None else 0
             self._top_up()
@@ -412,29 +395,3 @@ class OrderedReader:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)  # the loop keeps only weak references to tasks
         task.add_done_callback(self._tasks.discard)
-
-
-class DurableFigures:
-    """The backlog of a durable consumer with acknowledgements (the engine agent's commands),
-    read from its consumer info by :meth:`read`, in the shape
-    :func:`~prorsa_runtime.metrics.consumer_metrics` reads."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.num_pending: int | None = None
-        self.num_ack_pending: int | None = None
-        self.resets = 0  # re-created by its owner after it was lost
-
-    async def read(self, js: JetStreamContext, stream: str) -> None:
-        try:
-            info = await js.consumer_info(stream, self.name, timeout=2.0)
-        except Exception as exc:  # noqa: BLE001 - being created, or the server is away
-            log.debug("consumer info %s: %r", self.name, exc)
-            return
-        self.num_pending, self.num_ack_pending = info.num_pending, info.num_ack_pending
-
-    def backlog(self) -> int | None:
-        """Messages not yet acknowledged: delivered or not."""
-        if self.num_pending is None:
-            return None
-        return self.num_pending + (self.num_ack_pending or 0)

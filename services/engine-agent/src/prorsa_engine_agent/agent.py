@@ -21,7 +21,8 @@ import httpx
 from prorsa_runtime.bus import connect, open_stream
 from prorsa_runtime.deadletter import DeadLetters
 from prorsa_runtime.publisher import ReliablePublisher
-from prorsa_runtime.reader import DurableFigures, OrderedReader
+from prorsa_runtime.consumers import DurableFigures
+from prorsa_runtime.reader import OrderedReader
 from prorsa_schemas.events import Event
 
 from .clients import EngineClient, EngineHTTPError, RouterClient
