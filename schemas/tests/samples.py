@@ -35,7 +35,9 @@ FULL: dict[str, dict] = {
     "forecast.window": {"t": 10.0, "horizon": 10.0, "prefill_tokens": 1e6, "decode_admit_tokens": 5e5,
                         "decode_kv_tokens": 5e5, "decode_kv_now": 2e6,
                         "components": {"sampler": 1.0, "sandbox": 2.0, "ready": 3.0, "tool": 4.0,
-                                       "inflight": 5.0, "bias": -0.5}},
+                                       "inflight": 5.0, "bias": -0.5},
+                        "blend": {"prefill": {"lifecycle": 0.9, "last_value": 0.1}, "decode": {"lifecycle": 1.0},
+                                  "new": {"lifecycle": 0.5, "kalman": 0.5}}},
     "allocation.plan": {"t": 10.0, "n_prefill": 3, "n_decode": 5, "delta": 0.2, "feasible": True,
                         "switches": [{"engine": "e0", "to_role": "decode"}]},
     "engine.command": {"cmd": "c1", "engine": "e0", "action": "switch_role", "to_role": "decode", "deadline": 40.0},
@@ -54,7 +56,7 @@ OPTIONAL: dict[str, set[str]] = {
     "engine.stats": {"prefill_tokens_per_s", "decode_tokens_per_s", "cache_hit_rate"},
     "engine.switching": {"mode"},
     "engine.switched": {"mode"},
-    "forecast.window": {"components"},
+    "forecast.window": {"components", "blend"},
     "allocation.plan": {"switches"},
 }
 

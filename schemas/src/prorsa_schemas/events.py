@@ -302,6 +302,24 @@ class ForecastComponents(_Model):
     bias: float | None = None
 
 
+BlendWeight = Annotated[float, Field(ge=0.0, le=1.0)]
+PredictorName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+
+
+class ForecastBlend(_Model):
+    """What a forecast is made of: per series, the weight (0..1) of each predictor in the
+    published value (added optional field of forecast.window)."""
+
+    prefill: dict[PredictorName, BlendWeight] | None = Field(default=None, description=(
+        "weights of the predictors of prefill_tokens: lifecycle (the Appendix-B forecast) and the naive "
+        "predictors last_value, ema, kalman"))
+    decode: dict[PredictorName, BlendWeight] | None = Field(default=None, description=(
+        "the same for decode_admit_tokens"))
+    new: dict[PredictorName, BlendWeight] | None = Field(default=None, description=(
+        "inside the lifecycle forecast, the arrivals of trajectories not live at t: lifecycle (the sampler "
+        "term: launches after rewards, an announced sync batch) and the naive predictors of that series"))
+
+
 DEFAULT_WINDOW_S = 10.0
 """S, the forecast window length in seconds (the paper's default): the one default every
 service, the simulator and the tools share."""
@@ -318,6 +336,10 @@ class ForecastWindow(Event):
     decode_kv_tokens: float = Field(ge=0.0)
     decode_kv_now: float = Field(ge=0.0)
     components: ForecastComponents | None = None
+    # Added (optional, not in EVENTS.md v1): which predictors the forecast used.
+    blend: ForecastBlend | None = Field(default=None, description=(
+        "added optional field: the weight of each predictor in the published values, per series "
+        "(the lifecycle forecast beside the naive ones; docs/forecaster.md)"))
 
 
 class PlannedSwitch(_Model):
