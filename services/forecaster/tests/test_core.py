@@ -98,6 +98,7 @@ def test_sampler_admission_rate_times_injection_times_prompt():
     h.admitted, h.completed = 3.0, 4.0  # p-hat = 0.75
     h.launched, h.admitted_for_launch = 1.0, 1.0  # f(n) = n
     h.first_prompt.value = 1000.0
+    h.completions = 1  # rewards complete in this log
     snap = Snapshot(t=0.0, reward_elapsed=np.zeros(4), reward_cohort=np.full(4, -1))
     # 4 complete within ~2 s, 3 admitted and replaced, first requests ~1 s later: 3 x 1000.
     assert forecast(snap, h, CFG).components["sampler"] == pytest.approx(3000, rel=0.01)

@@ -148,7 +148,7 @@ def test_fold_learns_cache_hits_servers_and_the_pause():
     assert st.snapshot(7.5).ready_cached[0] == 1500.0
     st.apply(_ev("prefill.started", 7.5, traj="t1", req="t1c", engine="p0"))
     st.apply(_ev("policy.updated", 8.0, version=1))
-    assert st.state[st._slot["t1"]] == QUEUED
+    assert st.state[st.slot("r", "t1")] == QUEUED
     snap = st.snapshot(9.0)
     assert snap.ready_cached[0] == 0.0 and len(snap.inflight_prompt) == 0
     st.apply(_ev("prefill.finished", 13.0, traj="t1", req="t1c", engine="p0", cached_tokens=0))
@@ -208,7 +208,7 @@ def test_prefix_cache_lives_on_one_engine():
         st.apply(_ev("request.queued", 7.0, traj=t, req=f"{t}c", turn=2, prompt_tokens=2000,
                      **({"engine": engine} if engine else {})))
     snap = st.snapshot(8.0)
-    order = [st._req[st._slot[f"t{i}"]] for i in (0, 2, 4)]
+    order = [st._req[st.slot("r", f"t{i}")] for i in (0, 2, 4)]
     assert order == ["t0c", "t2c", "t4c"]
     assert list(snap.ready_cached) == [1500.0, 0.0, 1500.0]
     assert list(snap.ready_unrouted) == [0.0, 0.0, 1.0]

@@ -69,11 +69,19 @@ def snapshots(draw):
     )
 
 
+closed = st.lists(st.tuples(anyf, anyf, anyf), max_size=8)
+
+
 @settings(max_examples=300, deadline=None)
-@given(snapshots(), st.floats(0.5, 60), st.one_of(st.none(), st.tuples(st.floats(0, 1e4), anyf, st.floats(0, 1))))
-def test_forecast_is_finite_and_non_negative(snap, horizon, update):
+@given(snapshots(), st.floats(0.5, 60), st.one_of(st.none(), st.tuples(st.floats(0, 1e4), anyf, st.floats(0, 1))), closed)
+def test_forecast_is_finite_and_non_negative(snap, horizon, update, windows):
     cfg = ForecastConfig(horizon=horizon)
     hist = History(cfg)
+    for f_, a, b in windows:
+        # Closed windows of any values: the blends' weights, scales and naive predictors.
+        hist.prefill_blend.close(f_, a)
+        hist.decode_blend.close(b, a)
+        hist.new_arrivals.close(f_, b)
     if update is not None:
         # A trigger -> update delay and a weight-sync pause seen once, and an update
         # pending that lands inside the window: the re-prefill, the cut turns and the
@@ -83,6 +91,7 @@ def test_forecast_is_finite_and_non_negative(snap, horizon, update):
         hist.update_pause.observe(pause)
         snap = dataclasses.replace(snap, update_elapsed=max(delay - where * horizon, 0.0))
     f = forecast(snap, hist, cfg)
-    values = [f.prefill_tokens, f.decode_admit_tokens, f.decode_kv_tokens, f.decode_kv_now, *f.components.values()]
+    values = [f.prefill_tokens, f.decode_admit_tokens, f.decode_kv_tokens, f.decode_kv_now, *f.components.values(),
+              f.model_prefill, f.model_decode, *(w for ws in f.weights.values() for w in ws.values())]
     assert all(math.isfinite(v) and v >= 0 for v in values), f
     assert math.isfinite(f.bias)

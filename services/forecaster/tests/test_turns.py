@@ -73,7 +73,7 @@ def test_the_fold_learns_the_share_per_turn_and_the_snapshot_carries_each_turn()
     table = h.tool_turn_table()
     assert table[0] == pytest.approx((2 + 20 * pooled) / 22, rel=1e-4) and table[1] == pytest.approx(20 * pooled / 21)
     snap = st.snapshot(ts + 1.0)
-    assert st.state[st._slot["b"]] == DECODE and snap.decode_turn.tolist() == [1]
+    assert st.state[st.slot("r", "b")] == DECODE and snap.decode_turn.tolist() == [1]
     assert snap.tool_share("decode_turn", "decode_elapsed", pooled) == pytest.approx([table[1]])
 
 
@@ -87,6 +87,7 @@ def _history(cfg=CFG) -> History:
     h.launch = fixed("launch", *[1.0] * 50)
     h.decode_tool, h.decode_done = 3.0, 4.0
     h.output.value = 200.0
+    h.completions = 1  # rewards complete in this log: completions cause launches
     return h
 
 

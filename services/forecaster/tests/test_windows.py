@@ -130,7 +130,7 @@ def test_tool_growth_ema_uses_alpha():
         ctx = ctx + 10 + g
         st.apply(f("request.queued", turn + 0.9, traj="a", req=f"a{turn + 1}", turn=turn + 1, prompt_tokens=ctx))
     # First observation seeds the EMA (1000), then 0.9 * 1000 twice.
-    assert st.growth[st._slot["a"]] == pytest.approx(810.0)
+    assert st.growth[st.slot("r", "a")] == pytest.approx(810.0)
 
 
 def test_share_correction_learns_from_the_actual_arrivals_per_sub_step():

@@ -78,6 +78,19 @@ class Forecast:
     share_factor: float = 1.0
     raw_alpha: tuple[float, ...] = ()
     admit_detail: AdmitDetail = field(default_factory=AdmitDetail)
+    model_prefill: float = 0.0
+    """The lifecycle forecast of prefill demand (corrected), before the blend with the
+    naive predictors; ``model_decode`` likewise."""
+    model_decode: float = 0.0
+    new_model: float = 0.0
+    """New trajectories' arrivals: the sampler term (corrected), which the lifecycle
+    forecast counts with its weight ``weights["new"]["lifecycle"]``, plus ``new_series``
+    tokens from the naive predictors of that series (weighted)."""
+    new_series: float = 0.0
+    weights: dict[str, dict[str, float]] = field(default_factory=dict)
+    """The blend's weights per series (``prefill``, ``decode``: the lifecycle forecast, the
+    same scaled, and each naive predictor; ``new``: the sampler term and the naive
+    predictors of new trajectories' arrivals)."""
 
 
 _finite_sum, _clean, _BIG = finite_sum, clean, BIG
@@ -117,11 +130,13 @@ def _sampler(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarra
     counts = np.zeros(steps)
     prompt = max(hist.first_prompt.value, 0.0)
 
-    solo = cohort < 0
+    # Launches follow completed rewards only in a log that has shown some: a serving
+    # trace's requests end in Reward and stay there, and launch nothing.
+    solo = (cohort < 0) & (hist.completions > 0)
     # Beyond B.2: decoding trajectories that stop now and finish their reward within S
     # (only under "replace"; a cohort's completion needs every member in Reward).
     finishing = np.zeros(steps)
-    if len(snap.decode_elapsed) and snap.run.mode != "sync" and snap.run.injection == "replace":
+    if len(snap.decode_elapsed) and snap.run.mode != "sync" and snap.run.injection == "replace" and hist.completions > 0:
         rew_k = _kernel(hist.reward, S, steps)
         stops = 1.0 - snap.tool_share("decode_turn", "decode_elapsed", hist.tool_fraction)
         finishing = hist.decode.weighted_steps(_clean(snap.decode_elapsed), stops, S, steps) @ rew_k
@@ -132,7 +147,7 @@ def _sampler(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarra
         launches = hist.launches_per_admitted * admitted
         counts += np.convolve(launches, _delay_pmf(hist.launch, S, steps))[:steps]
 
-    grouped = ~solo
+    grouped = cohort >= 0
     if grouped.any() and len(snap.cohort_pending):
         ids = cohort[grouped]
         ncoh = len(snap.cohort_pending)
@@ -370,11 +385,20 @@ def _forecast(snap: Snapshot, hist: History, cfg: ForecastConfig) -> Forecast:
     predicted = comps["sampler"] + comps["sandbox"] + comps["tool"] + comps["reprefill"]
     known = comps["ready"] + comps["inflight"]
     fs = hist.prefill_factors(cfg.bias_per_source)
-    prefill = known + sum(fs[k] * comps[k] for k in ("sampler", "sandbox", "tool", "reprefill"))
-    bias = prefill - known - predicted
+    # New trajectories (launched in the window, or never announced): the sampler term
+    # beside a level of their arrivals, blended by how each has done (blend.NewArrivals).
+    w_samp, level = hist.new_arrivals.split()
+    new = w_samp * fs["sampler"] * comps["sampler"] + level
+    model = known + new + sum(fs[k] * comps[k] for k in ("sandbox", "tool", "reprefill"))
 
-    # Predicted arrivals (loads per sub-step), scaled like the prefill forecast.
-    future = _clean(samp * fs["sampler"] + start * fs["sandbox"] + tool * fs["tool"])
+    # Predicted arrivals (loads per sub-step), scaled like the prefill forecast; the
+    # level's arrivals come evenly through the window as requests of the mean first prompt.
+    future = _clean(samp * (fs["sampler"] * w_samp) + start * fs["sandbox"] + tool * fs["tool"])
+    mean_prompt = hist.first_prompt.value
+    if level > 0 and mean_prompt > 0:
+        one = _rows(snap, np.array([mean_prompt]))
+        per = class_sums(one, service_class(one, cost)) * (level / mean_prompt / cfg.steps)
+        future = future + _clean(per[:, :, None] * np.ones(cfg.steps)[None, None, :])
     update = None
     if cfg.update_interrupts and p_update.sum() > 0:
         # The re-prefills come with a pause and flushed caches: the queue model takes
@@ -397,7 +421,12 @@ def _forecast(snap: Snapshot, hist: History, cfg: ForecastConfig) -> Forecast:
         new_admit = corrected
         detail = replace(detail, alpha=tuple(float(a) for a in alpha))
     admit = known_admit + new_admit
-    decode = admit * hist.bias_decode.factor
+    decode_model = admit * hist.bias_decode.factor
+    # The published forecast: the lifecycle one blended with the naive predictors of
+    # each series by their running WAPE (blend.SeriesBlend).
+    prefill = hist.prefill_blend.combine(model)
+    decode = hist.decode_blend.combine(decode_model)
+    bias = prefill - known - predicted
     kv_hat = kv * (decode / admit) if admit > 0 else kv
 
     def ok(v: float) -> float:
@@ -419,4 +448,13 @@ def _forecast(snap: Snapshot, hist: History, cfg: ForecastConfig) -> Forecast:
         share_factor=float(share),
         raw_alpha=raw_alpha,
         admit_detail=detail,
+        model_prefill=ok(model),
+        model_decode=ok(decode_model),
+        new_model=ok(fs["sampler"] * comps["sampler"]),
+        new_series=ok(level),
+        weights={
+            "prefill": hist.prefill_blend.blend.named(),
+            "decode": hist.decode_blend.blend.named(),
+            "new": hist.new_arrivals.blend.named(),
+        },
     )

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from .blend import NewArrivals, SeriesBlend
 from .config import ForecastConfig
 from .prefill_queue import PrefillTimeModel
 from .snapshot import START_COLD, START_DISPATCHED, START_MODES, START_PREWARM, START_READY, TURN_BINS, size_bin, turn_bin
@@ -270,6 +271,14 @@ class History:
         self.bias_source = {
             name: BiasCorrector(cfg.bias_half_life, cfg.bias_clip, cfg.bias_prior_windows, shrink=False) for name in ("sampler", "sandbox", "tool", "reprefill")
         }
+        # reward.finished events seen: launches after completed rewards are forecast only
+        # in a log that has shown some (a serving trace's requests end without one).
+        self.completions = 0
+        # The robust layer (blend.py): the lifecycle forecast beside the naive predictors
+        # on each series, and the sampler term beside a level of new trajectories' arrivals.
+        self.prefill_blend = SeriesBlend()
+        self.decode_blend = SeriesBlend()
+        self.new_arrivals = NewArrivals()
 
     def prefill_factors(self, per_source: bool = True) -> dict[str, float]:
         """The correction factor of each predicted source (one shared factor unless

@@ -41,7 +41,7 @@ from prorsa_runtime import ReliablePublisher, connect, open_stream
 from prorsa_runtime.metrics import consumer_metrics
 from prorsa_runtime.reader import OrderedReader
 from prorsa_runtime.deadletter import DeadLetters
-from prorsa_schemas import EventError, ForecastComponents, ForecastWindow, SubjectMismatch, decode_event, decode_message
+from prorsa_schemas import EventError, ForecastBlend, ForecastComponents, ForecastWindow, SubjectMismatch, decode_event, decode_message
 
 from .config import ForecastConfig
 from .settings import ForecasterSettings
@@ -99,6 +99,7 @@ def window_event(w_t: float, f, run: str) -> ForecastWindow:
             sampler=c["sampler"] + c.get("reprefill", 0.0), sandbox=c["sandbox"], ready=c["ready"], tool=c["tool"],
             inflight=c["inflight"], bias=f.bias,
         ),
+        blend=ForecastBlend(**{k: v for k, v in f.weights.items() if k in ("prefill", "decode", "new")}) if f.weights else None,
     )
 
 
@@ -130,6 +131,12 @@ class Forecaster:
             "prorsa_forecaster_correction",
             "online correction factor of the latest forecast (1 = none): prefill per source, decode, admitted share",
             ["kind"], registry=self.registry,
+        )
+        self.m_blend = Gauge(
+            "prorsa_forecaster_blend_weight",
+            "weight of each predictor in the latest forecast (series prefill / decode: the lifecycle forecast and "
+            "the naive ones; new: the sampler term and the level of new trajectories' arrivals)",
+            ["series", "predictor"], registry=self.registry,
         )
         self.dead_letters = DeadLetters("forecaster", log)
         self.registry.register(self.dead_letters)
@@ -178,8 +185,11 @@ class Forecaster:
         h = self.loop.state.history
         for name, factor in h.prefill_factors(self.loop.config.bias_per_source).items():
             self.m_correction.labels(f"prefill_{name}").set(factor)
-        self.m_correction.labels("decode").set(f.decode_admit_tokens / f.raw_decode if f.raw_decode > 0 else 1.0)
+        self.m_correction.labels("decode").set(f.model_decode / f.raw_decode if f.raw_decode > 0 else 1.0)
         self.m_correction.labels("admitted_share").set(f.share_factor)
+        for series, weights in f.weights.items():
+            for predictor, w in weights.items():
+                self.m_blend.labels(series, predictor).set(w)
 
     def apply_bytes(self, data: bytes, subject: str | None = None, msg=None) -> list[WindowResult]:
         """Decode and fold one message; one it cannot handle is dead-lettered, never fatal.

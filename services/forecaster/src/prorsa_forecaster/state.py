@@ -39,7 +39,7 @@ class LiveState(EngineFold):
         self.history = history or History(self.config)
         self.run = RunInfo()
         self.ignored = 0
-        self._slot: dict[str, int] = {}
+        self._slot: dict[tuple[str, str], int] = {}  # (run, traj) -> slot
         self._free: list[int] = []
         self._n = 0
         cap = 1024
@@ -114,7 +114,7 @@ class LiveState(EngineFold):
                 setattr(self, name, new)
         self._req.extend([None] * (cap - len(self._req)))
 
-    def _new(self, traj: str, ts: float) -> int:
+    def _new(self, traj: tuple[str, str], ts: float) -> int:
         if self._free:
             i = self._free.pop()
         else:
@@ -141,7 +141,7 @@ class LiveState(EngineFold):
         self._req[i] = None
         return i
 
-    def _release(self, i: int, traj: str, ts: float) -> None:
+    def _release(self, i: int, traj: tuple[str, str], ts: float) -> None:
         if self.state[i] == DECODE:
             self.kv_now -= self.prompt[i]
         c = int(self.cohort[i])
@@ -182,8 +182,16 @@ class LiveState(EngineFold):
         return len(self._slot)
 
     def _get(self, ev) -> int:
-        i = self._slot.get(ev.traj)
-        return self._new(ev.traj, ev.ts) if i is None else i
+        i = self._slot.get((ev.run, ev.traj))
+        return self._new((ev.run, ev.traj), ev.ts) if i is None else i
+
+    def slot(self, run: str, traj: str) -> int | None:
+        """The slot of a live trajectory (None: not live)."""
+        return self._slot.get((run, traj))
+
+    def slot_of(self, ev) -> int | None:
+        """The slot of an event's trajectory (None: not live)."""
+        return self._slot.get((ev.run, ev.traj))
 
     def _on_run_started(self, ev) -> None:
         self.run = RunInfo(
@@ -202,7 +210,7 @@ class LiveState(EngineFold):
         return None
 
     def _on_trajectory_dispatched(self, ev) -> None:
-        if ev.traj in self._slot:
+        if (ev.run, ev.traj) in self._slot:
             self.ignored += 1
             return
         h = self.history
@@ -211,7 +219,7 @@ class LiveState(EngineFold):
         if self.sync_wait is not None:
             h.sync_start.observe(ev.ts - self.sync_wait)
             self.sync_wait = None
-        i = self._new(ev.traj, ev.ts)
+        i = self._new((ev.run, ev.traj), ev.ts)
         self.dprompt[i] = float(ev.prompt_tokens)
         key = self._cohort_key(ev)
         if key is not None:
@@ -304,7 +312,7 @@ class LiveState(EngineFold):
         self._req[i] = ev.req
 
     def _on_prefill_started(self, ev) -> None:
-        i = self._slot.get(ev.traj)
+        i = self._slot.get((ev.run, ev.traj))
         if i is None or self.state[i] != QUEUED or self._req[i] != ev.req:
             self.ignored += 1
             return
@@ -315,7 +323,7 @@ class LiveState(EngineFold):
             self.engine[i] = self._code(ev.engine)
 
     def _on_prefill_finished(self, ev) -> None:
-        i = self._slot.get(ev.traj)
+        i = self._slot.get((ev.run, ev.traj))
         if i is None or self.state[i] not in (QUEUED, PREFILL) or self._req[i] != ev.req:
             self.ignored += 1
             return
@@ -329,7 +337,7 @@ class LiveState(EngineFold):
         self.kv_now += self.prompt[i]
 
     def _on_decode_finished(self, ev) -> None:
-        i = self._slot.get(ev.traj)
+        i = self._slot.get((ev.run, ev.traj))
         if i is None or self.state[i] != DECODE or self._req[i] != ev.req:
             self.ignored += 1
             return
@@ -346,25 +354,26 @@ class LiveState(EngineFold):
         self.state[i] = {"tool": TOOL, "abort": ABORTED}.get(ev.finish, REWARD)
 
     def _on_tool_finished(self, ev) -> None:
-        i = self._slot.get(ev.traj)
+        i = self._slot.get((ev.run, ev.traj))
         if i is not None and self.state[i] == TOOL:
             self.result[i] = float(ev.result_tokens)
 
     def _on_reward_started(self, ev) -> None:
-        i = self._slot.get(ev.traj)
+        i = self._slot.get((ev.run, ev.traj))
         if i is not None and self.state[i] != REWARD:
             self.state[i] = REWARD
             self.entered[i] = ev.ts
 
     def _on_reward_finished(self, ev) -> None:
         h = self.history
-        i = self._slot.get(ev.traj)
+        i = self._slot.get((ev.run, ev.traj))
         if i is None:
             self.ignored += 1
             return
         if self.state[i] == REWARD:
             h.reward.observe(ev.ts - self.entered[i])
         h.completed += 1
+        h.completions += 1
         if ev.admitted:
             h.admitted += 1
             self.admitted_total += 1
@@ -378,14 +387,14 @@ class LiveState(EngineFold):
             self._pending.append(ev.ts)
             if len(self._pending) > _MAX_PENDING:
                 self._pending.popleft()
-        self._release(i, ev.traj, ev.ts)
+        self._release(i, (ev.run, ev.traj), ev.ts)
 
     def _on_trajectory_dropped(self, ev) -> None:
-        i = self._slot.get(ev.traj)
+        i = self._slot.get((ev.run, ev.traj))
         if i is None:
             self.ignored += 1
             return
-        self._release(i, ev.traj, ev.ts)
+        self._release(i, (ev.run, ev.traj), ev.ts)
 
     def _on_policy_updated(self, ev) -> None:
         # New weights: prefix caches are flushed, and prefills in progress start over

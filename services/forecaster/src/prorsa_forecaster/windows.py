@@ -162,7 +162,7 @@ class WindowLoop:
     def _source_of(self, ev) -> str:
         """Which forecast source an arrival in the current window belongs to."""
         st = self.state
-        i = st._slot.get(ev.traj)
+        i = st.slot_of(ev)
         t = self.window_start
         if i is None:
             return "other"  # a trajectory never dispatched in this log
@@ -217,6 +217,10 @@ class WindowLoop:
             expected = sum(a * x for a, x in zip(f.raw_alpha, self._arrivals_by_step, strict=True))
             h.bias_share.update(expected, decode - known)
         h.bias_decode.update(f.raw_decode, decode)
+        # The robust layer: each predictor scored on the window, then the naive ones see it.
+        h.prefill_blend.close(f.model_prefill, prefill)
+        h.decode_blend.close(f.model_decode, decode)
+        h.new_arrivals.close(f.new_model, self._sources.get("sampler", 0.0) + self._sources.get("other", 0.0))
         res = WindowResult(f.t, f.horizon, f, prefill, decode, self._backlog, self._sources, self._sd, known, self._dsd)
         self._k += 1
         if reopen:
