@@ -10,7 +10,8 @@ import dataclasses
 import pytest
 
 from prorsa_emulated.costmodel import PREFILL_FLOPS_PER_GPU, ModelProfile
-from prorsa_emulated.engine import EmulatedEngine, EngineOptions
+from prorsa_emulated.engine import EmulatedEngine
+from prorsa_emulated.options import EngineOptions
 from prorsa_emulated.prefix_cache import synthetic_keys
 from prorsa_emulated.scheduler import Rank, Req, plan_step, steps_done
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .engine import EngineOptions
+from .options import EngineOptions
 from .profiles import DEFAULT_MODEL, EMULATED_PROFILES
 
 

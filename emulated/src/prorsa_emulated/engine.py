@@ -1,13 +1,8 @@
 """The state of one emulated SGLang instance: role, scheduler, KV, switch and health.
 
-It mirrors the behaviour the engine agent depends on (SGLang 0.5.23):
-
-* ``/pd_role_switch`` is refused unless ``--enable-pd-role-switch`` is set, the instance
-  runs in PD mode, the transfer backend supports it (mooncake, mori), no switch is in
-  progress, no earlier switch failed, and the instance is fully idle;
-  ``safe_to_restore`` follows ``disaggregation/role_switch.py``.
-* a failed teardown/rebuild leaves the instance unhealthy ("restart required").
-* ``/health`` answers 503 while starting.
+It mirrors the behaviour the engine agent depends on (SGLang 0.5.23): ``/health`` answers
+503 while starting; ``/pd_role_switch`` (:mod:`.roleswitch`) refuses and fails as SGLang
+does, and a failed teardown/rebuild leaves the instance unhealthy ("restart required").
 
 Requests are served by a batched scheduler (``scheduler.py``) whose step times come from
 the cost-model profile named by ``--emulated-model`` (``profiles.py``). Time: every
@@ -21,62 +16,19 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass
-from typing import Literal
 
 import aiohttp
 
+from .options import EngineOptions, Mode
 from .pd import BootstrapServer, PdLink, RoomBoard
 from .prefix_cache import PAGE
-from .profiles import DEFAULT_MODEL, emulated_profile, prefill_seconds
+from .profiles import emulated_profile, prefill_seconds
 from .scheduler import EngineStep, Rank, Req, plan_step, steps_done
 
-Mode = Literal["null", "prefill", "decode"]
-SWITCH_BACKENDS = ("mooncake", "mori")
 MAX_LAG_WALL_S = 0.05
 """CHOICE: how far (wall seconds) a step may start in the past to make up for the loop's own
 CPU time (the next step starts where the last one ended, not when the loop got round to
 it); beyond that the engine is behind (CPU-starved) and restarts its clock from now."""
-
-
-@dataclass
-class EngineOptions:
-    """Launch options, named like SGLang's flags."""
-
-    model_path: str = "emulated/model"
-    weight_version: str = "default"
-    """--weight-version; moved by /update_weights_from_disk (weights.py)."""
-    host: str = "127.0.0.1"
-    port: int = 30000
-    disaggregation_mode: Mode = "null"
-    disaggregation_transfer_backend: str = "mooncake"
-    disaggregation_bootstrap_port: int = 8998
-    enable_pd_role_switch: bool = False
-    tp_size: int = 1
-    dp_size: int = 1
-    ep_size: int = 1
-    pp_size: int = 1
-    max_total_num_tokens: int | None = None
-    """KV tokens of the whole engine; default: the profile's capacity."""
-    max_running_requests: int = 256
-    chunked_prefill_size: int | None = None
-    """Default: the profile's chunk size."""
-    # emulation knobs (not SGLang flags)
-    emulated_model: str = DEFAULT_MODEL
-    emulated_dp_routing: str = "load"
-    """``load``: the attention-DP rank is the least loaded (SGLang's data-parallel controller
-    picks by load, not by prefix); ``prefix``: the rank holding the longest cached prefix
-    wins when it is no more loaded once the cached tokens are counted off (a DP-aware,
-    cache-aware router). As the simulator's ``SimConfig.dp_routing``."""
-    speed: float = 1.0
-    startup_seconds: float = 0.0
-    switch_seconds: float | None = None
-    """In-place switch time; default: the profile's ``in_place_switch_s``."""
-    decode_cuda_graph_memory_gb: float = 1.5
-    fail_switch: bool = False
-    serve_bootstrap: bool = False
-    """Listen on ``disaggregation_bootstrap_port`` while in the prefill role (pd.py); the
-    server process sets it, an engine built inside a test process does not."""
 
 
 log = logging.getLogger("prorsa.emulated")
@@ -400,52 +352,3 @@ class EmulatedEngine:
         for r in self.ranks:
             r.cache.clear()
         return True
-
-    async def role_switch(self, new_role: str, graph_gb: float | None) -> tuple[int, dict]:
-        """``POST /pd_role_switch``: (HTTP status, body) as SGLang 0.5.23 answers."""
-        old = self.mode
-
-        def out(success: bool, message: str, safe: bool = False) -> tuple[int, dict]:
-            body = {
-                "rid": None, "http_worker_ipc": None, "success": success, "message": message,
-                "old_role": old, "new_role": new_role, "safe_to_restore": safe,
-            }
-            return (200 if success else 400), body
-
-        if not self.opt.enable_pd_role_switch:
-            return out(False, "--enable-pd-role-switch is not set on this server", True)
-        if self.unhealthy:
-            return out(False, "instance is unhealthy after a failed role switch; restart required")
-        if self.switch_in_progress:
-            return out(False, "another role switch is already in progress")
-        if new_role not in ("prefill", "decode"):
-            return out(False, f"invalid new_role={new_role!r}", True)
-        if self.mode == "null":
-            return out(False, "instance is not running in PD disaggregation mode", True)
-        if self.opt.disaggregation_transfer_backend not in SWITCH_BACKENDS:
-            return out(False, f"transfer backend {self.opt.disaggregation_transfer_backend!r} "
-                       "does not support runtime role switch", True)
-        if new_role == old:
-            return out(True, "already in target role")
-        if not self.is_fully_idle():
-            return out(False, "instance is not idle; drain all requests before switching", True)
-        if graph_gb is not None and graph_gb < 0:
-            return out(False, "decode_cuda_graph_memory_gb must be non-negative", True)
-        self.switch_in_progress = True
-        try:
-            await self.sleep(self.opt.switch_seconds)
-            if self.opt.fail_switch:
-                self.unhealthy = True
-                return out(False, "role switch failed; instance unhealthy, restart required: "
-                           "emulated teardown failure")
-            self.mode = new_role  # type: ignore[assignment]
-            for r in self.ranks:  # the KV pool is rebuilt for the new role
-                r.cache.clear()
-            self.switches += 1
-            try:
-                await self.serve_bootstrap()
-            except OSError as exc:  # its decode peers' transfers fail (abort) until fixed
-                log.error("bootstrap port %s: %s", self.opt.disaggregation_bootstrap_port, exc)
-            return out(True, "ok")
-        finally:
-            self.switch_in_progress = False

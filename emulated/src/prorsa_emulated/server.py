@@ -15,7 +15,9 @@ from fastapi import Body, FastAPI, HTTPException, Query
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict
 
-from .engine import EmulatedEngine, EngineOptions, NotAccepted
+from .engine import EmulatedEngine, NotAccepted
+from .options import EngineOptions
+from .roleswitch import role_switch
 from .pd import PdLink
 from .weights import add_weight_routes
 from .prefix_cache import page_keys, parse_emulated_prompt, synthetic_keys
@@ -210,7 +212,7 @@ def create_engine_app(options: EngineOptions, engine: EmulatedEngine | None = No
 
     @app.post("/pd_role_switch")
     async def pd_role_switch(obj: PdRoleSwitchReq = Body(...)) -> JSONResponse:
-        status, body = await eng.role_switch(obj.new_role, obj.decode_cuda_graph_memory_gb)
+        status, body = await role_switch(eng, obj.new_role, obj.decode_cuda_graph_memory_gb)
         return JSONResponse(body, status)
 
     # -- test controls and PD pairing (not SGLang) ------------------------------------------

@@ -32,8 +32,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from prorsa_runtime.settings import ServiceSettings, check_http_url, settings_for
 
+from .inplace import SWITCH_BACKENDS
+
 Launch = Literal["sglang", "emulated", "external"]
-SWITCH_BACKENDS = ("mooncake", "mori")
 
 
 class ConfigError(ValueError):

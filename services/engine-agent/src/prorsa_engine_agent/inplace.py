@@ -13,6 +13,7 @@ decode has to capture decode CUDA graphs). The launch-side rules are
 from __future__ import annotations
 
 SWITCH_BACKENDS = ("mooncake", "mori")
+"""Transfer backends SGLang 0.5.23 can switch roles with at run time."""
 
 
 def _n(info: dict, key: str) -> int:
