@@ -15,9 +15,10 @@ from __future__ import annotations
 import argparse
 import math
 
-from prorsa_sim.policy import make_policy
+from prorsa_sim.catalog import make_policy
 from prorsa_sim.runner import StartAt
-from prorsa_sim.simulator import Simulator, build_config
+from prorsa_sim.simconfig import build_config
+from prorsa_sim.simulator import Simulator
 
 
 def main() -> None:

@@ -15,8 +15,9 @@ from pathlib import Path
 
 from prorsa_schemas import LogWriter
 from prorsa_emulated.costmodel import get_profile
-from prorsa_sim.policy import make_policy
-from prorsa_sim.simulator import SimConfig, Simulator
+from prorsa_sim.catalog import make_policy
+from prorsa_sim.simconfig import SimConfig
+from prorsa_sim.simulator import Simulator
 
 
 def one(model: str, policy: str, log: bool) -> tuple[float, dict]:

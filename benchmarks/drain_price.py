@@ -20,8 +20,10 @@ import json
 import statistics as st
 import time
 
-from prorsa_sim.policy import StaticPD, SwitchRequest, make_policy
-from prorsa_sim.simulator import SimConfig, Simulator
+from prorsa_sim.catalog import make_policy
+from prorsa_sim.policy import StaticPD, SwitchRequest
+from prorsa_sim.simconfig import SimConfig
+from prorsa_sim.simulator import Simulator
 
 PERIOD_S = 300.0
 """CHOICE: the fixed schedule's period; long enough for each switch to finish."""

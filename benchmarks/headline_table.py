@@ -39,8 +39,9 @@ from pathlib import Path
 
 from prorsa_sim.paper import FIG5_MATH_NORM, FIG5_SPEEDUP, FIG7_BEST, git_commit
 from prorsa_sim.progress import sweep_bar
-from prorsa_sim.runner import FULL_GRID, Matrix, Setting, code_versions, default_jobs, run_matrix, spread
-from prorsa_sim.simulator import SimConfig
+from prorsa_sim.compare import Matrix, Setting, run_matrix, spread
+from prorsa_sim.runner import FULL_GRID, code_versions, default_jobs
+from prorsa_sim.simconfig import SimConfig
 
 MODELS = ("deepseek-v3.2", "mimo-v2.5-pro")
 WORKLOADS = ("math", "coding", "general")
@@ -426,7 +427,7 @@ def parse(argv=None):
     for w in a.workloads:
         if w not in WORKLOADS:
             ap.error(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
-    from prorsa_sim.policy import make_policy
+    from prorsa_sim.catalog import make_policy
 
     for spec in a.bound.values():
         try:

@@ -18,7 +18,8 @@ import json
 import time
 from pathlib import Path
 
-from prorsa_sim.paper import options, report, to_markdown
+from prorsa_sim.paper import options, report
+from prorsa_sim.paper_text import to_markdown
 
 
 def _list(text: str | None, cast=str):

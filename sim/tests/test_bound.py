@@ -10,12 +10,16 @@ import itertools
 import pytest
 
 from prorsa_schemas import read_log
-from prorsa_sim import simulator as simmod
+from prorsa_sim import trajectories as trajmod
 from prorsa_sim import workloads as W
-from prorsa_sim.policies.bound import BoundPolicy, SchedulePolicy, parse_bound
-from prorsa_sim.policy import StaticPD, make_policy
-from prorsa_sim.runner import compare_seeds, run_to_dir, simulate
-from prorsa_sim.simulator import SimConfig, Simulator
+from prorsa_sim.policies.bound import BoundPolicy, parse_bound
+from prorsa_sim.policies.schedule import SchedulePolicy
+from prorsa_sim.catalog import make_policy
+from prorsa_sim.policy import StaticPD
+from prorsa_sim.compare import compare_seeds
+from prorsa_sim.runner import run_to_dir, simulate
+from prorsa_sim.simconfig import SimConfig
+from prorsa_sim.simulator import Simulator
 from prorsa_sim.workloads import TrajectoryPlan
 from prorsa_tracker.core import apply, new_state
 
@@ -35,7 +39,7 @@ PHASE_PROMPT, PHASE_OUT1, PHASE_OUT2 = 30_000, 16, 3_000
 def phase(monkeypatch):
     spec = dataclasses.replace(W.MATH, name="phase", group_size=1, reward_median_s=0.5, admission_rate=1.0)
     monkeypatch.setitem(W.WORKLOADS, "phase", spec)
-    real = simmod.plan_trajectory
+    real = trajmod.plan_trajectory
 
     def plan(spec_, seed, index):
         if spec_.name != "phase":
@@ -44,7 +48,7 @@ def phase(monkeypatch):
                               tool_s=[1.0], cold_start_s=0.0, prewarm_s=0.0, reward_s=0.5, admitted=True,
                               reward=1.0)
 
-    monkeypatch.setattr(simmod, "plan_trajectory", plan)
+    monkeypatch.setattr(trajmod, "plan_trajectory", plan)
     return SimConfig(workload="phase", model="qwen3-235b", staleness=0, steps=1, batch_size=64, total_gpus=12)
 
 

@@ -5,7 +5,7 @@ import pytest
 
 from prorsa_schemas import read_log
 from prorsa_sim.runner import run_to_dir
-from prorsa_sim.simulator import SimConfig
+from prorsa_sim.simconfig import SimConfig
 from prorsa_tracker.core import apply, new_state
 
 

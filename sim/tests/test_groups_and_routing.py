@@ -10,8 +10,9 @@ from prorsa_emulated.costmodel import get_profile
 from prorsa_schemas import events as E
 from prorsa_sim.cluster import ClusterSim
 from prorsa_sim.engines import Req
-from prorsa_sim.policy import make_policy
-from prorsa_sim.simulator import SimConfig, Simulator
+from prorsa_sim.catalog import make_policy
+from prorsa_sim.simconfig import SimConfig
+from prorsa_sim.simulator import Simulator
 from prorsa_sim.workloads import get_workload, group_of, plan_trajectory
 
 

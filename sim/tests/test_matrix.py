@@ -5,8 +5,9 @@ that follow the code each policy depends on."""
 import json
 from dataclasses import replace
 
-from prorsa_sim.runner import CodeVersions, Job, Setting, code_version, code_versions, run_matrix
-from prorsa_sim.simulator import SimConfig
+from prorsa_sim.compare import Setting, run_matrix
+from prorsa_sim.runner import CodeVersions, Job, code_version, code_versions
+from prorsa_sim.simconfig import SimConfig
 
 TINY = SimConfig(workload="general", model="qwen3-235b", staleness=2, steps=2, batch_size=8, total_gpus=16)
 POLICIES = ["colocation", "static", "reactive", "prorsa"]

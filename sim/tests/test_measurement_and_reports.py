@@ -12,9 +12,11 @@ from prorsa_sim.calibrate import calibrate_profile, prefill_stream_rate
 from prorsa_emulated.costmodel import get_profile
 from prorsa_sim.idealsplit import decode_batch_limit, ideal_windows, movement, prefill_rate_per_engine
 from prorsa_sim.paper import miss
-from prorsa_sim.policy import make_policy
-from prorsa_sim.runner import Job, compare_seeds, run_jobs
-from prorsa_sim.simulator import SimConfig, Simulator
+from prorsa_sim.catalog import make_policy
+from prorsa_sim.compare import compare_seeds
+from prorsa_sim.runner import Job, run_jobs
+from prorsa_sim.simconfig import SimConfig
+from prorsa_sim.simulator import Simulator
 
 SMALL = SimConfig(workload="general", model="deepseek-v3.2", staleness=0, steps=3, batch_size=16, total_gpus=64)
 

@@ -8,8 +8,10 @@ from typer.testing import CliRunner
 
 from prorsa_cli.main import app
 from prorsa_schemas import read_log
-from prorsa_sim.policy import Observation, SwitchRequest, make_policy, static_sweep_ratios
-from prorsa_sim.simulator import SimConfig, Simulator
+from prorsa_sim.catalog import make_policy
+from prorsa_sim.policy import Observation, SwitchRequest, static_sweep_ratios
+from prorsa_sim.simconfig import SimConfig
+from prorsa_sim.simulator import Simulator
 from prorsa_tracker.core import apply, new_state
 
 

@@ -10,10 +10,12 @@ from types import SimpleNamespace
 import pytest
 
 from prorsa_emulated.costmodel import get_profile
-from prorsa_sim.cluster import DRAIN_DEADLINE_S, ClusterSim
+from prorsa_sim.cluster import ClusterSim
+from prorsa_sim.switching import DRAIN_DEADLINE_S
 from prorsa_sim.engines import Req
-from prorsa_sim.policy import make_policy
-from prorsa_sim.simulator import SimConfig, Simulator
+from prorsa_sim.catalog import make_policy
+from prorsa_sim.simconfig import SimConfig
+from prorsa_sim.simulator import Simulator
 
 PROF = get_profile("mimo-v2.5-pro")  # 2 attention-DP ranks per engine, 4096-token chunks
 SWITCH_S = PROF.in_place_switch_s

@@ -3,8 +3,9 @@ on hand-built switch logs, and the summary keys of a run."""
 
 from dataclasses import replace
 
-from prorsa_sim.policies.bound import SchedulePolicy
-from prorsa_sim.simulator import SimConfig, Simulator
+from prorsa_sim.policies.schedule import SchedulePolicy
+from prorsa_sim.simconfig import SimConfig
+from prorsa_sim.simulator import Simulator
 from prorsa_sim.summary import switch_stats
 
 

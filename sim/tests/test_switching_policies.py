@@ -8,12 +8,13 @@ import pytest
 
 from prorsa_schemas import LogWriter, read_log
 from prorsa_sim.policies import ProrsaPolicy, ReactivePolicy
-from prorsa_sim.policy import expand_policies, make_policy
-from prorsa_sim.simulator import SimConfig, Simulator
+from prorsa_sim.catalog import expand_policies, make_policy
+from prorsa_sim.simconfig import SimConfig
+from prorsa_sim.simulator import Simulator
 
 
 def test_switching_policies_are_found_by_name_in_a_fresh_interpreter():
-    code = "from prorsa_sim.policy import make_policy; print([make_policy(n).name for n in ('prorsa', 'reactive:restart', 'oracle:in_place')])"
+    code = "from prorsa_sim.catalog import make_policy; print([make_policy(n).name for n in ('prorsa', 'reactive:restart', 'oracle:in_place')])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "['prorsa', 'reactive:restart', 'oracle:in_place']"

@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from prorsa_sim.policy import make_policy
-from prorsa_sim.simulator import SimConfig, Simulator
+from prorsa_sim.catalog import make_policy
+from prorsa_sim.simconfig import SimConfig
+from prorsa_sim.simulator import Simulator
 from prorsa_sim.workloads import get_workload, plan_trajectory
 
 

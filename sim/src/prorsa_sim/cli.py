@@ -30,7 +30,7 @@ DpRoutingOpt = Annotated[str, typer.Option(
 def _config(workload, model, staleness, steps, seed, batch_size, gpus, dp_routing="load"):
     from prorsa_runtime.cli import fail
 
-    from .simulator import build_config
+    from .simconfig import build_config
 
     try:
         return build_config(
@@ -82,7 +82,7 @@ def register(app: typer.Typer) -> None:
         from prorsa_runtime.cli import console, fail, out as stdout
         from rich.progress import Progress
 
-        from .policy import make_policy
+        from .catalog import make_policy
         from .runner import default_jobs, parse_start, run_to_dir
 
         cfg = _config(workload, model, staleness, steps, seed, batch_size, gpus, dp_routing)
@@ -131,9 +131,10 @@ def register(app: typer.Typer) -> None:
         from prorsa_runtime.cli import console, fail, out as stdout
         from rich.table import Table
 
-        from .policy import expand_policies, make_policy
+        from .catalog import expand_policies, make_policy
         from .progress import sweep_bar
-        from .runner import compare_seeds, default_jobs, parse_start
+        from .compare import compare_seeds
+        from .runner import default_jobs, parse_start
 
         cfg = _config(workload, model, staleness, steps, 0, batch_size, gpus, dp_routing)
         _check(cfg)
@@ -213,8 +214,9 @@ def register(app: typer.Typer) -> None:
         from prorsa_runtime.cli import console, fail, out as stdout
 
         from prorsa_emulated.costmodel import PROFILES
-        from .paper import options, report, to_markdown
-        from .policy import make_policy
+        from .paper import options, report
+        from .paper_text import to_markdown
+        from .catalog import make_policy
         from .progress import sweep_bar
         from .workloads import WORKLOADS
 
@@ -364,7 +366,7 @@ def _print_calibration(stdout, rep: dict) -> None:
 def _print_paper(stdout, rep: dict) -> None:
     from rich.table import Table
 
-    from .paper import _fmt, _miss_text
+    from .paper_text import fmt_value, miss_text
 
     m = rep["meta"]
     t = Table(title=f"paper vs sim ({m['steps']} steps, 1 warm-up; seeds {m['seeds']}; PD = {m['pd']}"
@@ -373,12 +375,12 @@ def _print_paper(stdout, rep: dict) -> None:
         t.add_column(c)
     for r in rep["figures"]:
         within = "-" if r["within"] is None else ("yes" if r["within"] else "no")
-        t.add_row(r["section"], r["figure"], r["setting"], _fmt(r["paper"], r["unit"]), _fmt(r["sim"], r["unit"]),
-                  _fmt(r["sim_spread"], r["unit"]), within, _miss_text(r), r["status"])
+        t.add_row(r["section"], r["figure"], r["setting"], fmt_value(r["paper"], r["unit"]), fmt_value(r["sim"], r["unit"]),
+                  fmt_value(r["sim_spread"], r["unit"]), within, miss_text(r), r["status"])
     stdout.print(t)
     t = Table(title="must show")
     for c in ("bar", "setting", "value", "ok"):
         t.add_column(c)
     for b in rep["must_show"]:
-        t.add_row(b["bar"], b["setting"], _fmt(b["value"]), "yes" if b["ok"] else "NO")
+        t.add_row(b["bar"], b["setting"], fmt_value(b["value"]), "yes" if b["ok"] else "NO")
     stdout.print(t)

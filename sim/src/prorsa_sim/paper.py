@@ -8,7 +8,7 @@ paper's range and by how much it misses (:func:`miss`).
 
 "PD" is the best static P:D ratio of the setting (the sweep, per seed) unless a switching
 policy is named (``pd_policy``: it then starts from that best static ratio, as every
-comparison does, :mod:`prorsa_sim.runner`). The paper's PD figures are Prorsa's, i.e. PD
+comparison does, :mod:`prorsa_sim.compare`). The paper's PD figures are Prorsa's, i.e. PD
 with role switching; the static ratio is the paper's ablation baseline (Fig. 7).
 
 Calibrated or checked: every paper figure here is a **check** -- no constant of the cost
@@ -25,11 +25,12 @@ the simulator's code), so an interrupted or extended report resumes where it sto
 from __future__ import annotations
 
 import subprocess
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
-from .runner import FULL_GRID, Setting, code_versions, default_jobs, run_matrix
-from .simulator import SimConfig
+from .compare import Setting, run_matrix
+from .runner import FULL_GRID, code_versions, default_jobs
+from .simconfig import SimConfig
 
 MODELS = ("qwen3-235b", "deepseek-v3.2", "mimo-v2.5-pro")
 WORKLOADS = ("math", "coding", "general")
@@ -131,7 +132,7 @@ def _policies(o: Options) -> list[str]:
 
 def run_settings(o: Options, out: Path, progress=None, on_total=None, version=None) -> list[dict]:
     """Run (or load from ``out``'s cache) every setting; one aggregated entry per setting
-    (:func:`prorsa_sim.runner.run_matrix`: colocation and the sweep of every setting at
+    (:func:`prorsa_sim.compare.run_matrix`: colocation and the sweep of every setting at
     once, then the switching policy from each seed's best static ratio)."""
     version = version or code_versions()
     settings = [(m, w, s) for m in o.models for w in o.workloads for s in o.staleness]
@@ -342,70 +343,6 @@ def report(o: Options, out: Path, progress=None, on_total=None) -> dict:
         "figures": figures(entries, o),
         "must_show": must_show(entries),
     }
-
-
-def _fmt(v, unit=""):
-    if v is None:
-        return "-"
-    if isinstance(v, list):
-        return "[" + ", ".join(_fmt(x, unit) for x in v) + "]"
-    if isinstance(v, str):
-        return v
-    if unit == "ratio":
-        return f"{100 * v:.1f}%"
-    return f"{v:.2f}" if isinstance(v, float) else str(v)
-
-
-def _miss_text(r: dict) -> str:
-    if r["within"] is None:
-        return "-"
-    if r["within"]:
-        return "in range"
-    rel = r["miss_rel"]
-    return f"{r['miss_abs']:+.3g} ({100 * rel:+.0f}%)" if rel is not None else f"{r['miss_abs']:+.3g}"
-
-
-def to_markdown(rep: dict) -> str:
-    """The report as markdown tables (for benchmarks/paper_report.py)."""
-    m = rep["meta"]
-    lines = [
-        "# Simulator vs paper",
-        "",
-        f"Settings: models {', '.join(m['models'])}; workloads {', '.join(m['workloads'])}; staleness "
-        f"{', '.join(map(str, m['staleness']))}; seeds {', '.join(map(str, m['seeds']))}; {m['steps']} steps "
-        f"(1 warm-up + {m['measured_steps']} measured); static grid {m['grid']}; batch {m['batch_size']}; "
-        f"{m['gpus']} GPUs; PD = {m['pd']}{'; QUICK preset' if m['quick'] else ''}. Code {m['code_version']}"
-        f" (commit {m['commit']}).",
-        "",
-        f"Calibration: {m['calibration']}. Point figures count as met within +-{100 * m['point_tolerance']:.0f}%.",
-        "",
-        "| source | figure | setting | paper | sim (mean) | sim spread | within | miss | status |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rep["figures"]:
-        within = "-" if r["within"] is None else ("yes" if r["within"] else "no")
-        lines.append(
-            f"| {r['section']} | {r['figure']} | {r['setting']} | {_fmt(r['paper'], r['unit'])} | "
-            f"{_fmt(r['sim'], r['unit'])} | {_fmt(r['sim_spread'], r['unit'])} | {within} | {_miss_text(r)} | "
-            f"{r['status']} |"
-        )
-    lines += ["", "## Must show", "", "| bar | setting | value | ok |", "|---|---|---|---|"]
-    for b in rep["must_show"]:
-        lines.append(f"| {b['bar']} | {b['setting']} | {_fmt(b['value'])} | {'yes' if b['ok'] else 'NO'} |")
-    lines += ["", "## Per setting", "",
-              "| model | workload | staleness | colocation s | PD s | PD | speedup (min-max) | coloc idle | "
-              "traj s coloc -> PD | ideal split moves |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
-    for e in rep["settings"]:
-        sp = e["speedup"]
-        lines.append(
-            f"| {e['model']} | {e['workload']} | {e['staleness']} | {_fmt(e['colocation']['rollout_time_s']['mean'])} | "
-            f"{_fmt(e['pd']['rollout_time_s']['mean'])} | {e['pd_policy']} | {_fmt(sp['mean'])} "
-            f"({_fmt(sp['min'])}-{_fmt(sp['max'])}) | {_fmt(e['colocation']['gpu_idle_ratio']['mean'], 'ratio')} | "
-            f"{_fmt(e['colocation']['mean_trajectory_s']['mean'])} -> {_fmt(e['pd']['mean_trajectory_s']['mean'])} | "
-            f"{_fmt(e['ideal_split_moves_per_seed'])} |"
-        )
-    return "\n".join(lines) + "\n"
 
 
 def options(models=None, workloads=None, staleness=None, seeds=None, steps=None, grid=None, jobs=None,

@@ -1,5 +1,5 @@
-"""Issue #6's simulator policies, registered in ``POLICY_FACTORIES`` on import (which
-:func:`prorsa_sim.policy.make_policy` does on first use): ``prorsa`` (forecaster +
+"""The simulator's switching policies, by name in :data:`BUILTIN_POLICIES` (which
+:mod:`prorsa_sim.catalog` offers with the baselines): ``prorsa`` (forecaster +
 allocator cores on what the live system sees), ``reactive`` (load-threshold autoscaler,
 +-1 engine per step), ``oracle`` (the allocator fed the true future demand) and ``bound`` (the hindsight-best
 dynamic P:D schedule a search over forked simulations finds; ``bound[:<grid_s>][:beam=<B>]``).
@@ -16,7 +16,9 @@ time as well as KV, no decode step more than ``slack`` slower than an idle engin
 
 from __future__ import annotations
 
-from ..policy import POLICY_FACTORIES
+from collections.abc import Callable
+
+from ..policy import Policy
 from .bound import BoundPolicy, parse_bound
 from .oracle import OraclePolicy
 from .prorsa import AllocatorDriver, ProrsaPolicy
@@ -71,10 +73,13 @@ def _allocating(cls, spec: str):
     return _named(cls(driver=AllocatorDriver(switch_mode=mode, tpot_slack=slack, rule=rule), switch_mode=mode), spec)
 
 
-POLICY_FACTORIES.setdefault("prorsa", lambda spec: _allocating(ProrsaPolicy, spec))
-POLICY_FACTORIES.setdefault("reactive", lambda spec: _named(ReactivePolicy(switch_mode=parse_mode(spec)), spec))
-POLICY_FACTORIES.setdefault("oracle", lambda spec: _allocating(OraclePolicy, spec))
-# The hindsight-best dynamic schedule (bound.py): searched before the run, then replayed.
-POLICY_FACTORIES.setdefault("bound", parse_bound)
+BUILTIN_POLICIES: dict[str, Callable[[str], Policy]] = {
+    "prorsa": lambda spec: _allocating(ProrsaPolicy, spec),
+    "reactive": lambda spec: _named(ReactivePolicy(switch_mode=parse_mode(spec)), spec),
+    "oracle": lambda spec: _allocating(OraclePolicy, spec),
+    # The hindsight-best dynamic schedule (bound.py): searched before the run, then replayed.
+    "bound": parse_bound,
+}
+"""Each switching policy's factory: ``BUILTIN_POLICIES[name](spec)`` builds it from its CLI text."""
 
-__all__ = ["BoundPolicy", "OraclePolicy", "ProrsaPolicy", "ReactivePolicy", "parse_mode", "parse_options", "parse_spec"]
+__all__ = ["BUILTIN_POLICIES", "BoundPolicy", "OraclePolicy", "ProrsaPolicy", "ReactivePolicy", "parse_mode", "parse_options", "parse_spec"]

@@ -46,78 +46,16 @@ from dataclasses import dataclass, field
 from prorsa_emulated.costmodel import ModelProfile, get_profile
 
 from ..policy import Observation, SwitchRequest, static_sweep_ratios
+from .schedule import GRID_S, SchedulePolicy, changes
 
-GRID_S = 60.0
-"""CHOICE: segment length of a schedule. Four in-place switch times (15 s, costmodel) and
-longer than the 10 s drain deadline plus the switch (25 s), so that a segment's switch
-has landed before the next decision; fine enough to follow a step's prefill burst and
-decode tail (steps last 300-4,500 s at paper scale)."""
 BEAM = 2
 """CHOICE: members kept per segment. Each member costs ~2 x (candidates - 1) lookaheads
 per segment; 2 keeps a paper-scale DeepSeek run within tens of minutes on one core."""
+StaticSweep = Callable[..., tuple]
+"""``static_sweep(cfg) -> (best spec, its Result, {spec: rollout s})``: the runner's ``best_static``."""
 NEIGHBOURS = 2
 """CHOICE: besides the static-sweep ratios, a member's candidates include its planned
 target +-1 and +-2 engines (all ratios of an 8-engine cluster are sweep ratios anyway)."""
-
-
-# --- the schedule and how it is applied ------------------------------------------------------
-
-
-def moves(obs: Observation, target: int, mode: str) -> list[SwitchRequest]:
-    """The switches that bring the committed prefill count (engines in the prefill role
-    and not switching, plus engines switching to prefill) to ``target``. CHOICE of which
-    engines: from decode, the ones holding the least KV (fewest sequences a drain can
-    abort); from prefill, the least queued. A switch in flight cannot be cancelled, so a
-    target may be reached only at a later boundary."""
-    committed = [(v.to_role if v.switching else v.role) for v in obs.engines]
-    n_p = sum(r == "prefill" for r in committed)
-    if target > n_p:
-        donors = sorted((v for v in obs.engines if v.role == "decode" and not v.switching),
-                        key=lambda v: (v.kv_used_tokens, v.running_reqs + v.queued_reqs, v.engine))
-        return [SwitchRequest(v.engine, "prefill", mode) for v in donors[: target - n_p]]
-    if target < n_p:
-        donors = sorted((v for v in obs.engines if v.role == "prefill" and not v.switching),
-                        key=lambda v: (v.queued_reqs + v.running_reqs, v.kv_used_tokens, v.engine))
-        return [SwitchRequest(v.engine, "decode", mode) for v in donors[: n_p - target]]
-    return []
-
-
-def _mode(profile: ModelProfile, mode: str | None) -> str:
-    return mode or ("in_place" if "in_place" in profile.switch_modes else "restart")
-
-
-@dataclass
-class SchedulePolicy:
-    """Apply a piecewise-constant schedule: ``schedule[k]`` prefill engines from
-    ``k * grid_s`` on (the last entry holds to the end). What the search's forks run and
-    what the bound's reported run replays."""
-
-    schedule: list[int]
-    grid_s: float = GRID_S
-    switch_mode: str | None = None
-    name: str = "bound"
-    wants_future: bool = False
-
-    def initial_roles(self, profile: ModelProfile, n_engines: int) -> list[str]:
-        p = self.schedule[0]
-        if not 1 <= p <= n_engines - 1:
-            raise ValueError(f"{self.name}: {p} prefill engines do not split {n_engines} engines")
-        return ["prefill"] * p + ["decode"] * (n_engines - p)
-
-    def on_window(self, obs: Observation) -> list[SwitchRequest]:
-        k = round(obs.t / self.grid_s)
-        if abs(obs.t - k * self.grid_s) > 1e-6 or k == 0:
-            return []
-        return moves(obs, self.schedule[min(k, len(self.schedule) - 1)], _mode(obs.profile, self.switch_mode))
-
-
-def changes(schedule: list[int], grid_s: float) -> list[list[float]]:
-    """``[[t, prefill engines], ...]`` where the schedule's target changes (t = 0 first)."""
-    out: list[list[float]] = []
-    for k, p in enumerate(schedule):
-        if not out or out[-1][1] != p:
-            out.append([round(k * grid_s, 3), p])
-    return out
 
 
 # --- the search --------------------------------------------------------------------------------
@@ -181,11 +119,11 @@ def _candidates(planned: int, n: int, sweep: list[int]) -> list[int]:
     return seen
 
 
-def search(cfg, grid_s: float = GRID_S, beam: int = BEAM, switch_mode: str | None = None,
+def search(cfg, static_sweep: StaticSweep, grid_s: float = GRID_S, beam: int = BEAM, switch_mode: str | None = None,
            progress: Callable[[int, int, dict], None] | None = None) -> tuple[list[int], dict]:
-    """Search a schedule for ``cfg`` (see the module doc). Returns the chosen schedule and
-    the ``bound_search`` report."""
-    from ..runner import best_static
+    """Search a schedule for ``cfg`` (see the module doc). ``static_sweep(cfg)`` runs the
+    static sweep (the runner's ``best_static``). Returns the chosen schedule and the
+    ``bound_search`` report."""
     from ..simulator import Simulator
 
     wall0 = time.perf_counter()
@@ -197,7 +135,7 @@ def search(cfg, grid_s: float = GRID_S, beam: int = BEAM, switch_mode: str | Non
         raise ValueError(f"bound: the grid ({grid_s} s) must be a positive multiple of the {cfg.window_s} s window")
     if beam < 1:
         raise ValueError("bound: beam must be >= 1")
-    best_spec, best_res, tried = best_static(cfg)
+    best_spec, best_res, tried = static_sweep(cfg)
     p_star = int(best_spec.split(":")[1])
     r_star = best_res.summary["rollout_time_s"]
     sweep = [p for p, _ in static_sweep_ratios(n)]
@@ -322,7 +260,6 @@ def search(cfg, grid_s: float = GRID_S, beam: int = BEAM, switch_mode: str | Non
     fork_result = build_result(found.sim).summary["rollout_time_s"]
     use_found = r_found is not None and (r_star is None or r_found < r_star)
     schedule = list(found_plan) if use_found else [p_star]
-    segs = max(stats.segments, 1)
     cand_mean = sum(stats.candidates) / len(stats.candidates) if stats.candidates else 0.0
     report = {
         "grid_s": grid_s,
@@ -359,8 +296,9 @@ def search(cfg, grid_s: float = GRID_S, beam: int = BEAM, switch_mode: str | Non
 
 @dataclass
 class BoundPolicy:
-    """``prepare(cfg)`` searches (the runner calls it before the run); the run then
-    replays the chosen schedule as a normal simulation (events and all)."""
+    """``prepare(cfg, static_sweep)`` searches (the runner calls it before the run, with its
+    static sweep); the run then replays the chosen schedule as a normal simulation (events
+    and all)."""
 
     grid_s: float = GRID_S
     beam: int = BEAM
@@ -372,8 +310,9 @@ class BoundPolicy:
     schedule: list[int] | None = None
     search_report: dict | None = None
 
-    def prepare(self, cfg, progress: Callable[[int, int, dict], None] | None = None) -> None:
-        self.schedule, self.search_report = search(cfg, self.grid_s, self.beam, self.switch_mode, progress)
+    def prepare(self, cfg, static_sweep: StaticSweep, progress: Callable[[int, int, dict], None] | None = None) -> None:
+        """Search the schedule; ``static_sweep(cfg)`` runs the static sweep it starts from."""
+        self.schedule, self.search_report = search(cfg, static_sweep, self.grid_s, self.beam, self.switch_mode, progress)
         self._replay = SchedulePolicy(self.schedule, self.grid_s, self.switch_mode, name=self.name)
 
     def initial_roles(self, profile: ModelProfile, n_engines: int) -> list[str]:

@@ -3,7 +3,7 @@ system would see (the window's events and the engine table)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from prorsa_allocator.config import AllocatorConfig
 from prorsa_allocator.planner import Allocator

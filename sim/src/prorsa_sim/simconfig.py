@@ -1,0 +1,60 @@
+"""One simulation's settings (:class:`SimConfig`, every field a CLI option of ``prorsa sim
+run``) and their validation (:func:`build_config`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prorsa_emulated.costmodel import CLUSTER_GPUS, get_profile
+from prorsa_schemas import events as E
+
+from .cluster import DP_ROUTING
+from .workloads import get_workload
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """One simulation. Every field is a CLI option of ``prorsa sim run``."""
+
+    workload: str = "coding"
+    model: str = "deepseek-v3.2"
+    staleness: int = 0
+    """0: synchronous (on-policy); >0: asynchronous with this maximum staleness."""
+    steps: int = 6
+    """Rollout steps (sync) / policy updates (async). The first is the warm-up step (it
+    starts from an empty cluster) and is reported apart; the rollout time is the mean of
+    the others. CHOICE: 6 = one warm-up + 5 measured steps."""
+    seed: int = 0
+    batch_size: int = 512
+    """Trajectories per training step ([P] paper scale: 512)."""
+    total_gpus: int = CLUSTER_GPUS
+    window_s: float = E.DEFAULT_WINDOW_S
+    """Policy window S ([P] Appendix B default 10 s)."""
+    train_s: float = 30.0
+    """CHOICE: training time of one step on the trainer GPUs (not rollout GPUs)."""
+    weight_sync_s: float = 5.0
+    """CHOICE: rollout engines paused while new weights load."""
+    over_dispatch: float | None = None
+    """CHOICE: async keeps up to over_dispatch x batch_size trajectories live; default
+    1 + staleness / 4 (1.5x at staleness 2, 3x at 8): a looser bound lets the sampler run
+    further ahead, within the AReaL-style launch budget below."""
+    dp_routing: str = "load"
+    """How the attention-DP rank of a request is chosen (``engines.DP_ROUTING``): ``load``
+    (default: SGLang's data-parallel controller balances ranks by load, so a prefix is reused
+    only when the chosen rank holds it) or ``prefix`` (a DP-aware, cache-aware router)."""
+    run: str = "sim"
+    max_sim_s: float = 200_000.0
+    """Safety stop (simulated seconds)."""
+
+    @property
+    def mode(self) -> str:
+        return "sync" if self.staleness == 0 else "async"
+
+
+def build_config(**kw) -> SimConfig:
+    """Validate and build a :class:`SimConfig` (raises ValueError with a clear reason)."""
+    get_workload(kw.get("workload", "coding"))
+    get_profile(kw.get("model", "deepseek-v3.2"))
+    if kw.get("dp_routing", "load") not in DP_ROUTING:
+        raise ValueError(f"unknown dp routing {kw['dp_routing']!r}; choose one of: {', '.join(DP_ROUTING)}")
+    return SimConfig(**kw)
