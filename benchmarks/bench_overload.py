@@ -1,3 +1,5 @@
+# Over 400 lines on purpose: a standalone benchmark script (load generator, rate search for
+# SQLite and PostgreSQL, raw JetStream rate, report) that runs by itself with no helper module.
 """Overload benchmark: the highest sustained event rate at which the tracker's lag stays
 bounded, into SQLite and into PostgreSQL, beside the raw JetStream consume rate measured
 in the same run.

@@ -1,3 +1,5 @@
+# Over 400 lines on purpose: a standalone benchmark script (the sweep, its tables and the paper
+# figures they are checked against, the markdown and JSON it writes) that runs by itself.
 """The headline comparison: rollout time of every policy on every setting of the paper
 (math, coding, general x staleness 0 / 2 / 8) on DeepSeek-V3.2 (speedups over colocation)
 and MiMo-V2.5-Pro (speedups over the paper's fixed ratio, the paper's Fig. 7 ablation).

@@ -1,3 +1,5 @@
+# Over 400 lines on purpose: every fault runs against the one live stack this module starts
+# (a module-scoped fixture, about a minute to bring up); split, each part would start its own.
 """The fault suite: one live `prorsa up --emulated-cluster` run under the shipped
 deploy/nats/server.conf (a NATS user per service), and the faults an unlucky operator or a
 hostile RL framework brings, one after the other while the run goes on:
