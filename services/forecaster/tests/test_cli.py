@@ -104,7 +104,7 @@ def test_option_overrides_a_config_field_and_rejects_bad_ones(tmp_path):
     log = tmp_path / "events.jsonl"
     write(log, rollout(seed=9, concurrency=16, duration=60))
     base = json.loads(runner.invoke(app, ["forecast-eval", str(log), "--json"]).stdout)
-    off = runner.invoke(app, ["forecast-eval", str(log), "--json", "-o", "bias_half_life=0", "-o", "second_pass=true"])
+    off = runner.invoke(app, ["forecast-eval", str(log), "--json", "-o", "bias_half_life=0", "-o", "tool_ema_alpha=0.5"])
     assert off.exit_code == 0, off.output
     off = json.loads(off.stdout)
     # Same windows and actuals, another forecast.
@@ -112,8 +112,8 @@ def test_option_overrides_a_config_field_and_rejects_bad_ones(tmp_path):
     assert off["prefill"]["forecast_tokens"] != base["prefill"]["forecast_tokens"]
     for bad, says in (
         (["-o", "nope=1"], "unknown field 'nope'"),
-        (["-o", "second_pass"], "expected KEY=VALUE"),
-        (["-o", "second_pass=maybe"], "expected true or false"),
+        (["-o", "tool_ema_alpha"], "expected KEY=VALUE"),
+        (["-o", "tool_ema_alpha=half"], "could not convert"),
         (["-o", "steps=many"], "invalid literal"),
         (["-o", "steps=0"], "steps must be in 1..1000"),
     ):

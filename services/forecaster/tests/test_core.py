@@ -40,29 +40,6 @@ def test_ready_queue_and_inflight_count_in_full():
     assert f.prefill_tokens == pytest.approx(350)
 
 
-def test_second_pass_a_tool_return_can_come_back_again_within_the_window():
-    h = History(CFG)
-    h.tool = fixed("tool", *[1.0] * 50)
-    h.prefill_wait = fixed("wait", *[1.0] * 50)
-    h.decode = fixed("decode", *[1.0] * 50)
-    h.decode_tool, h.decode_done = 3.0, 4.0  # 3 in 4 responses call a tool
-    h.output.value = 200.0
-    snap = Snapshot(
-        t=0.0, tool_elapsed=np.array([0.0]), tool_context=np.array([1000.0]), tool_growth=np.array([100.0]),
-        tool_result=np.array([-1.0]),
-    )
-    # Back at ~1 s with 1000 + 100; queued, prefilled (1 s), decoded (1 s), tool (1 s):
-    # back again at ~4 s with probability 3/4 and 1100 + 200 + 100 tokens.
-    on = ForecastConfig(horizon=10.0, steps=10, bias_half_life=0, second_pass=True)
-    f = forecast(snap, h, on)
-    assert f.components["tool"] == pytest.approx(1100 + 0.75 * 1400, rel=1e-6)
-    off = forecast(snap, h, CFG)  # off by default
-    assert off.components["tool"] == pytest.approx(1100, rel=1e-6)
-    # With 2 s left in the window there is no time for the second pass.
-    late = forecast(snap, h, ForecastConfig(horizon=2.0, steps=10, bias_half_life=0, second_pass=True))
-    assert late.components["tool"] == pytest.approx(1100, rel=1e-6)
-
-
 def test_tool_returns_with_context_plus_growth():
     h = quiet_history()
     h.tool = fixed("tool", *[4.0] * 50)

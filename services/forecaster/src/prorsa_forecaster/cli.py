@@ -29,7 +29,7 @@ def forecast_eval(
         Optional[list[str]],
         typer.Option(
             "--option", "-o",
-            help="Override a ForecastConfig field, KEY=VALUE (repeatable), e.g. -o second_pass=false "
+            help="Override a ForecastConfig field, KEY=VALUE (repeatable), e.g. -o bias_half_life=0 "
             "-o bias_prior_windows=5: to measure what one part of the forecaster is worth.",
         ),
     ] = None,

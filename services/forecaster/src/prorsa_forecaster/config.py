@@ -63,8 +63,9 @@ class ForecastConfig:
         duration_half_life: observations over which old durations are forgotten.
         prior_reward_s, prior_sandbox_prewarm_s, prior_sandbox_cold_s, prior_start_s,
         prior_tool_s, prior_launch_s: prior means (seconds) used before any history.
-        prior_sync_start_s: prior mean of policy.updated -> the next sync batch's first
-            dispatch (the weight sync).
+        prior_sync_start_s: prior mean of the announcement of a sync batch (run.started,
+            or policy.updated after the last batch drained) -> its first dispatch: at once
+            (a trainer dispatches the next batch when the weights are loaded).
         prior_prompt_tokens: initial prompt length assumed before any is observed (a
             ``run.started.prompt_tokens_mean`` overrides it).
     """
@@ -76,7 +77,6 @@ class ForecastConfig:
     bias_clip: float = 2.0
     bias_per_source: bool = True
     bias_prior_windows: float = 2.0
-    second_pass: bool = False
     cache_same_pseudo: float = 20.0
     tool_turn_pseudo: float = 20.0
     share_half_life: float = 6.0
@@ -93,7 +93,7 @@ class ForecastConfig:
     prior_start_s: float = 2.0
     prior_tool_s: float = 5.0
     prior_launch_s: float = 1.0
-    prior_sync_start_s: float = 5.0
+    prior_sync_start_s: float = 1.0
     prior_prompt_tokens: int = 2048
 
     def __post_init__(self) -> None:

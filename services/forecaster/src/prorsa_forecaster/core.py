@@ -176,12 +176,15 @@ def _sampler(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarra
 
 
 def sync_batch(snap: Snapshot, hist: History, S: float, steps: int) -> tuple[float, np.ndarray]:
-    """The next sync batch: its size and Pr(its first requests arrive in sub-step k).
+    """The next sync batch, announced: its size (``run.started.batch_size``) and Pr(its
+    first requests arrive in sub-step k).
 
-    It is dispatched after the learnt update -> dispatch delay, its first requests after
-    the start-up delay. Before the update (the batch drained, training runs), the learnt
-    drain -> update delay comes first. One event for the whole batch (it comes in the
-    window or it does not): ``uncertainty`` flips it as one coin."""
+    Once announced (``run.started`` before the first batch, ``policy.updated`` after the
+    last one drained) it is dispatched after the learnt announcement -> dispatch delay
+    (prior: at once, ``prior_sync_start_s``), its first requests after the start-up
+    delay. Before the update (the batch drained, training runs) the learnt training pause
+    (drain -> update) comes first, once one has been seen. One event for the whole batch
+    (it comes in the window or it does not): ``uncertainty`` flips it as one coin."""
     none = (0.0, np.zeros(steps))
     if snap.run.mode != "sync":
         return none
@@ -189,7 +192,7 @@ def sync_batch(snap: Snapshot, hist: History, S: float, steps: int) -> tuple[flo
     size = float(snap.run.batch_size or (hist.cohort_size.value if hist.cohort_size.n else 0.0))
     if np.isfinite(e):
         due = hist.sync_start.conditional_steps(np.array([max(e, 0.0)]), S, steps)[0]
-    elif np.isfinite(snap.update_elapsed) and hist.train.count >= 2:
+    elif np.isfinite(snap.update_elapsed) and hist.train.count >= 1:
         due = hist.train.conditional_steps(np.array([max(snap.update_elapsed, 0.0)]), S, steps)[0]
         due = due @ _kernel(hist.sync_start, S, steps)
     else:
@@ -225,16 +228,7 @@ def _tool(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray) 
     x = np.clip(_clean(snap.tool_context) + np.clip(growth, 0.0, None), 0.0, _BIG)
     cached = snap.column("tool_cached", "tool_elapsed")
     elapsed = _clean(snap.tool_elapsed)
-    out = _spread(hist.tool, elapsed, x, cached, snap, cost, cfg)
-    if cfg.second_pass:
-        # Beyond B.1: a trajectory back from its tool early in the window can be back again
-        # before its end: its request waits and prefills, decodes, calls a tool (the learnt
-        # tool fraction) and returns with the response and the next result appended.
-        x2 = x + max(hist.output.value, 0.0) + np.clip(_clean(snap.tool_growth), 0.0, None)
-        chain = _kernel(hist.prefill_wait, cfg.horizon, steps) @ _turn_kernels(hist, cfg.horizon, steps)[1]
-        again = snap.tool_share("tool_turn", "tool_elapsed", hist.tool_fraction, later=1)
-        out = out + _spread(hist.tool, elapsed, x2, x, snap, cost, cfg, again) @ chain
-    return out
+    return _spread(hist.tool, elapsed, x, cached, snap, cost, cfg)
 
 
 def _kernel(model, horizon: float, steps: int) -> np.ndarray:

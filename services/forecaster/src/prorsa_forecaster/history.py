@@ -220,7 +220,9 @@ class History:
         # A cohort's last completion (sync batch, GRPO group) -> first request of the next.
         self.cohort_launch = DurationModel("cohort_launch", 30.0, half_life=hl)
         # Sync runs: policy.updated -> the next batch's first dispatch.
-        self.sync_start = DurationModel("sync_start", cfg.prior_sync_start_s, half_life=hl)
+        # A duration seen once per step (this one, the training pause below) takes a
+        # prior worth one observation (CHOICE): one step's measurement then outweighs it.
+        self.sync_start = DurationModel("sync_start", cfg.prior_sync_start_s, prior_weight=1.0, half_life=hl)
         # Admission: Beta(1, 1)-like prior on the admitted fraction.
         self.admitted = 1.0
         self.completed = 2.0
@@ -229,7 +231,7 @@ class History:
         self.admitted_for_launch = 2.0
         self.cohort_size = RunningMean(0.0, alpha=0.3)
         # Async weight updates: trigger (one batch of admitted samples) -> policy.updated.
-        self.train = DurationModel("train", 30.0, half_life=hl)
+        self.train = DurationModel("train", 30.0, prior_weight=1.0, half_life=hl)
         self.first_prompt = RunningMean(float(cfg.prior_prompt_tokens))
         self.first_overhead = RunningMean(0.0)
         self.tool_growth = RunningMean(512.0)

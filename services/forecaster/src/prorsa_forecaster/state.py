@@ -201,6 +201,8 @@ class LiveState(EngineFold):
         )
         if ev.prompt_tokens_mean is not None and self.history.first_prompt.n == 0:
             self.history.first_prompt.value = float(ev.prompt_tokens_mean)
+        if ev.mode == "sync" and not self._cohort_live:
+            self.sync_wait = ev.ts  # the first batch is announced: it is due at once
 
     def _cohort_key(self, ev) -> str | None:
         if self.run.mode == "sync":
