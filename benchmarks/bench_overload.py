@@ -27,7 +27,7 @@ pull consumer, :class:`prorsa_runtime.reader.OrderedReader`) and nats-py's order
 consumer, each reading ``--raw`` stored events and doing nothing with them.
 
 All of it shares the machine: the publisher, the nats-server, the tracker and its receiver
-(and PostgreSQL) compete for the same cores, so the figures are this machine's, not the
+(and PostgreSQL) compete for the same cores, so the figures are the host's, not the
 tracker's alone. ``--pg auto`` creates (and drops) a database next to PRORSA_TEST_PG_URL
 (default postgresql://postgres@127.0.0.1:5432/test).
 """

@@ -1,14 +1,14 @@
-"""Regression (issue #6 follow-up): a request retracted under KV pressure and re-admitted
-must finish exactly once, with exactly its output tokens.
+"""A request retracted under KV pressure and re-admitted finishes exactly once, with
+exactly its output tokens.
 
-The crash reported on ``coding / qwen3-235b / staleness 2 / batch 512`` colocation
-(``KeyError`` in ``Rank.remove_running`` from ``_step_end``; at other commits a negative
-``kv_used_tokens`` in ``engine.stats``) had one root cause: a retracted request kept its
-old entry in the rank's lazy finish heap, and once re-admitted (so back in ``running``)
-that stale entry looked live, finishing the request early or twice in one step. Also the
-recompute prefill of a retracted request counted a fresh first token. Fixed in the
-cluster core (heap entries are live only if their finish count is the request's current
-one; a resumed request goes back to decoding without a new first token).
+What this guards: a retracted request whose old entry stayed in the rank's lazy finish
+heap would, once re-admitted (back in ``running``), look live through that stale entry
+and finish early or twice in one step (on ``coding / qwen3-235b / staleness 2 / batch
+512`` colocation: a ``KeyError`` in ``Rank.remove_running`` from ``_step_end``, or a
+negative ``kv_used_tokens`` in ``engine.stats``); and the recompute prefill of a retracted
+request would count a fresh first token. The cluster core keeps a heap entry live only if
+its finish count is the request's current one, and a resumed request goes back to
+decoding without a new first token.
 """
 
 import random
