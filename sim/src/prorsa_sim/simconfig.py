@@ -39,7 +39,7 @@ class SimConfig:
     1 + staleness / 4 (1.5x at staleness 2, 3x at 8): a looser bound lets the sampler run
     further ahead, within the AReaL-style launch budget below."""
     dp_routing: str = "load"
-    """How the attention-DP rank of a request is chosen (``engines.DP_ROUTING``): ``load``
+    """How the attention-DP rank of a request is chosen (``cluster.DP_ROUTING``): ``load``
     (default: SGLang's data-parallel controller balances ranks by load, so a prefix is reused
     only when the chosen rank holds it) or ``prefix`` (a DP-aware, cache-aware router)."""
     run: str = "sim"
