@@ -40,20 +40,11 @@ UNDECLARED_ALLOWED: dict[str, str] = {
 # Imports of a private name from another module that stay, each with its reason.
 # Entry: "importing.module -> imported.module._name".
 PRIVATE_ALLOWED: dict[str, str] = {
-    "prorsa_forecaster.uncertainty -> prorsa_forecaster.core._kernel":
-        "the uncertainty band re-runs the forecaster core's kernels; the forecaster's internals are "
-        "left as they are (its logic is owned elsewhere)",
-    "prorsa_forecaster.uncertainty -> prorsa_forecaster.core._not_interrupted": "as core._kernel",
-    "prorsa_forecaster.uncertainty -> prorsa_forecaster.core._turn_kernels": "as core._kernel",
-    "prorsa_forecaster.uncertainty -> prorsa_forecaster.core._update_steps": "as core._kernel",
 }
 
 # Module import cycles that stay, each with its reason. Entry: the sorted modules of the
 # cycle's strongly connected component, joined with " <-> ".
 MODULE_CYCLES_ALLOWED: dict[str, str] = {
-    "prorsa_forecaster.snapshot_build <-> prorsa_forecaster.state":
-        "snapshot_build reads LiveState (type-only import, and its role constants inside a function); "
-        "state calls build_snapshot inside a function; the forecaster's internals are left as they are",
 }
 
 
