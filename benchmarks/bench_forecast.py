@@ -11,7 +11,7 @@ next to a baseline measured in the same run: one pass of Python over the traject
 (N prefill queues per engine in the queue simulation), as SGLang DP-attention engines do,
 and names each live request's rank in ``request.queued.dp_rank``.
 ``-o KEY=VALUE`` overrides a ``ForecastConfig`` field (as ``prorsa forecast-eval -o``
-does), to time what one part costs, e.g. ``-o queue_spread=false``. ``--pending-update``
+does), to time what one part costs, e.g. ``-o use_dp_rank=false``. ``--pending-update``
 makes the run async with a weight update triggered and not yet landed, the worst case of
 the decode admissions (a mixture over every sub-step it may land in).
 """
@@ -129,7 +129,7 @@ def main() -> None:
         # Baseline: a single Python loop touching each live trajectory once.
         a = time.perf_counter()
         total = 0.0
-        for i in range(st._n):
+        for i in range(st.n):
             if st.state[i]:
                 total += float(st.prompt[i])
         loop_s = time.perf_counter() - a

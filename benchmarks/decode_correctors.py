@@ -25,7 +25,7 @@ import numpy as np
 
 from prorsa_forecaster.config import ForecastConfig
 from prorsa_forecaster.evaluate import evaluate_log
-from prorsa_forecaster.history import BiasCorrector
+from prorsa_forecaster.terms.correction import BiasCorrector
 
 
 def main() -> None:

@@ -34,7 +34,7 @@ import numpy as np
 
 from prorsa_forecaster.config import ForecastConfig
 from prorsa_forecaster.snapshot import size_bin
-from prorsa_forecaster.state import PREFILL, QUEUED, TOOL
+from prorsa_forecaster.trajstate import PREFILL, QUEUED, TOOL
 from prorsa_forecaster.windows import WindowLoop
 from prorsa_schemas import read_log
 
@@ -90,7 +90,7 @@ class _Probe(WindowLoop):
     def _open(self) -> None:
         super()._open()
         st, t, cfg = self.state, self.window_start, self.config
-        n = st._n
+        n = st.n
         tool = np.flatnonzero(st.state[:n] == TOOL)
         if len(tool):
             e = t - st.entered[:n][tool]
@@ -112,9 +112,9 @@ class _Revealed(WindowLoop):
 
     def _snapshot(self, t: float):
         st = self.state
-        n = st._n
+        n = st.n
         snap = st.snapshot(t)
-        reqs = np.array(st._req[:n], dtype=object)
+        reqs = np.array([st.request_of(i) for i in range(n)], dtype=object)
 
         def revealed(mask, old):
             got = np.array([self.cached.get(r, np.nan) for r in reqs[mask]], dtype=float)
@@ -193,7 +193,7 @@ def main() -> None:
             continue
         results.extend(loop.feed(ev))
         if loop.window_start is not None and ev.type == "request.queued":
-            row = loop.tool_rows.get((loop.state._slot.get(ev.traj), loop.window_start))
+            row = loop.tool_rows.get((loop.state.slot_of(ev), loop.window_start))
             if row is not None:
                 row[2] = 1.0
     # The window the log ends in is cut short (forecast-eval leaves it out too).

@@ -5,7 +5,8 @@ import pytest
 
 from prorsa_forecaster.config import ForecastConfig
 from prorsa_forecaster.core import forecast
-from prorsa_forecaster.history import BiasCorrector, History
+from prorsa_forecaster.history import History
+from prorsa_forecaster.terms.correction import BiasCorrector
 from prorsa_forecaster.snapshot import START_COLD, START_PREWARM, RunInfo, Snapshot
 from prorsa_forecaster.survival import DurationModel
 
@@ -154,36 +155,14 @@ def test_inflight_progress_counts_before_t():
     assert f.decode_admit_tokens == pytest.approx(4000)
 
 
-def test_bias_correction_scales_the_predicted_part_only():
-    h = quiet_history()
-    h.tool = fixed("tool", *[4.0] * 50)
-    b = BiasCorrector(half_life=4, clip=2.0)
-    for _ in range(10):
-        b.update(predicted=100.0, realised=150.0)
-    h.bias_prefill = b
-    snap = Snapshot(
-        t=0.0, tool_elapsed=np.zeros(1), tool_context=np.array([1000.0]), tool_growth=np.zeros(1),
-        tool_result=np.array([-1.0]),
-        ready_prompt=np.array([500.0]), ready_since=np.array([-1.0]), ready_instance=np.array([-1]),
-        ready_growth=np.zeros(1),
-    )
-    f = forecast(snap, h, ForecastConfig(bias_half_life=4, bias_per_source=False))
-    assert b.factor == pytest.approx(1.5)
-    assert f.prefill_tokens == pytest.approx(500 + 1.5 * 1000)
-    assert f.bias == pytest.approx(500)
-
-
-def test_bias_correction_per_source_scales_each_source_by_its_own_factor():
+def test_bias_correction_scales_each_predicted_source_by_its_own_factor():
     h = History(ForecastConfig(bias_half_life=4, bias_prior_windows=0))
     h.decode_tool, h.decode_done = 0.0, 1.0
     h.tool = fixed("tool", *[4.0] * 50)
     h.start[START_PREWARM] = fixed("prewarm", *[3.0] * 20)
     for name, ratio in (("tool", 1.5), ("sandbox", 0.5)):
         for _ in range(10):
-            h.bias_source[name].update(predicted=100.0, realised=100.0 * ratio)
-    # The shared factor (not used per source) would say 2.
-    for _ in range(10):
-        h.bias_prefill.update(predicted=100.0, realised=200.0)
+            h.correction.source[name].update(predicted=100.0, realised=100.0 * ratio)
     snap = Snapshot(
         t=0.0, tool_elapsed=np.zeros(1), tool_context=np.array([1000.0]), tool_growth=np.zeros(1),
         tool_result=np.array([-1.0]),
@@ -193,10 +172,9 @@ def test_bias_correction_per_source_scales_each_source_by_its_own_factor():
     )
     f = forecast(snap, h, ForecastConfig(bias_half_life=4))
     assert f.components["tool"] == pytest.approx(1000) and f.components["sandbox"] == pytest.approx(400)
+    # The backlog (the ready queue) is observed: it is never scaled.
     assert f.prefill_tokens == pytest.approx(500 + 1.5 * 1000 + 0.5 * 400)
     assert f.bias == pytest.approx(500 - 200)
-    shared = forecast(snap, h, ForecastConfig(bias_half_life=4, bias_per_source=False))
-    assert shared.prefill_tokens == pytest.approx(500 + 2.0 * 1400)
 
 
 def test_bias_factor_shrinks_towards_one_with_few_windows():
@@ -320,9 +298,9 @@ def test_share_correction_scales_the_arrivals_admissions_only():
     assert plain.raw_decode_known == pytest.approx(1000)
     assert plain.decode_admit_tokens == pytest.approx(1000 + 2000, rel=1e-3)
     # The queue model admitted 20% less of the arrivals than came through, window after window.
-    h.bias_share = BiasCorrector(half_life=1e9, clip=2.0, shrink=True)
+    h.correction.share = BiasCorrector(half_life=1e9, clip=2.0, shrink=True)
     for _ in range(10):
-        h.bias_share.update(predicted=1000.0, realised=800.0)
+        h.correction.share.update(predicted=1000.0, realised=800.0)
     f = forecast(snap, h, CFG)
     assert f.share_factor == pytest.approx(0.8)
     assert f.raw_decode_known == pytest.approx(1000)  # the known requests are not scaled
@@ -332,9 +310,9 @@ def test_share_correction_scales_the_arrivals_admissions_only():
     assert f.raw_alpha == plain.admit_detail.alpha
     assert f.admit_detail.alpha[4] == pytest.approx(0.8 * plain.admit_detail.alpha[4])
     # 25% more than the model admits, but it admits all of it already: a share stays <= 1.
-    h.bias_share = BiasCorrector(half_life=1e9, clip=2.0, shrink=True)
+    h.correction.share = BiasCorrector(half_life=1e9, clip=2.0, shrink=True)
     for _ in range(10):
-        h.bias_share.update(predicted=1000.0, realised=1250.0)
+        h.correction.share.update(predicted=1000.0, realised=1250.0)
     up = forecast(snap, h, CFG)
     assert up.share_factor == pytest.approx(1.25)
     assert up.decode_admit_tokens == pytest.approx(plain.decode_admit_tokens)
@@ -362,9 +340,9 @@ def test_a_queued_request_start_spreads_with_the_cache_flips_ahead_of_it():
     # A finishes by 5 s either way. B: a hit needs start < 9 s, a miss start < 4 s.
     w_b = 0.5 * phi((9.0 - 3.0) / 2.0) + 0.5 * phi((4.0 - 3.0) / 2.0)
     assert spread.decode_admit_tokens == pytest.approx(5000 + 6000 * w_b, rel=1e-6)
-    # At the mean start (3 s) both of B's outcomes finish in time: the hard cut says 1.
-    cut = forecast(snap, quiet_history(), ForecastConfig(horizon=10.0, steps=10, bias_half_life=0, queue_spread=False))
-    assert cut.decode_admit_tokens == pytest.approx(11000)
+    # (At the mean start, 3 s, both of B's outcomes would finish in time: a hard cut
+    # there would say 11000.)
+    assert spread.decode_admit_tokens < 11000 - 500
     # The first in line has nothing ahead of it: no spread.
     first = forecast(Snapshot(**{**snap.__dict__, "ready_prompt": np.array([6000.0, 5000.0]),
                                  "ready_cached": np.array([5000.0, 4000.0])}), quiet_history(), CFG)
@@ -378,11 +356,9 @@ def test_arrivals_behind_a_queue_average_over_its_cache_flips():
     # 1 s or 5 s (3 s +- 2 s). A tool return of 2000 uncached tokens (2 s) arrives ~4 s.
     h, snap = return_behind_queued(5000.0, 1e-3, ready_cached=np.array([4000.0]), cache_hit=0.5)
     cfg = dict(horizon=10.0, steps=10, bias_half_life=0, share_half_life=0)
-    at_mean = forecast(snap, h, ForecastConfig(**cfg, arrival_spread=False))
-    spread = forecast(snap, h, ForecastConfig(**cfg, arrival_spread=True))
-    # At the mean end of queue (3 s) the server is free when the return comes: all admitted.
-    assert at_mean.decode_admit_tokens - at_mean.raw_decode_known == pytest.approx(2000)
-    # Averaged over the queue's end 3 + 2z: a sub-step's work (w = its 2 s of prefill)
+    spread = forecast(snap, h, ForecastConfig(**cfg))
+    # (At the mean end of queue, 3 s, the server is free when the return comes: all
+    # 2000 would be admitted.) Averaged over the queue's end 3 + 2z: a sub-step's work (w = its 2 s of prefill)
     # starting at s = max(kh, 3 + 2z) is admitted in the share min((S - s - g) / w,
     # (S - kh - g) / h), clipped to [0, 1]. The exact expectation by quadrature:
     z = np.linspace(-8.0, 8.0, 160_001)
@@ -423,8 +399,6 @@ def test_an_update_before_a_turn_ends_cuts_its_next_request():
     assert early.components["reprefill"] == pytest.approx(1100, rel=1e-6)
     late = _decoding_with_update(8.5)
     assert late.components["tool"] == pytest.approx(1300, rel=1e-6)
-    off = _decoding_with_update(2.5, ForecastConfig(horizon=10.0, steps=10, bias_half_life=0, update_interrupts=False))
-    assert off.components["tool"] == pytest.approx(1300, rel=1e-6)
 
 
 def test_no_update_is_forecast_before_its_delay_was_seen_once():
@@ -437,12 +411,10 @@ def test_no_update_is_forecast_before_its_delay_was_seen_once():
 def test_a_queued_request_turns_again_when_the_queue_model_finishes_its_prefill():
     # One server at 1 ms/token and two queued 5500-token prompts: prefilled at 5.5 s and
     # 11 s. Decode takes 3 s and the tool 1 s: the first is back at ~9.5 s with 5500 +
-    # 200 (answer) + 100 (growth), the second not in the window. After the learnt wait
-    # (1 s, whatever the queue) both would be back.
+    # 200 (answer) + 100 (growth), the second not in the window.
     h = History(CFG)
     h.decode = fixed("decode", *[3.0] * 50)
     h.tool = fixed("tool", *[1.0] * 50)
-    h.prefill_wait = fixed("wait", *[1.0] * 50)
     h.decode_tool, h.decode_done = 1.0, 1.0
     h.output.value = 200.0
     snap = Snapshot(
@@ -452,8 +424,6 @@ def test_a_queued_request_turns_again_when_the_queue_model_finishes_its_prefill(
         instance_per_pair=np.array([0.0]), instance_servers=np.array([1]),
     )
     assert forecast(snap, h, CFG).components["tool"] == pytest.approx(5800, rel=1e-6)
-    off = ForecastConfig(horizon=10.0, steps=10, bias_half_life=0, chain_from_queue=False)
-    assert forecast(snap, h, off).components["tool"] == pytest.approx(2 * 5800, rel=1e-6)
 
 
 def test_prefill_spread_of_a_queued_turn_follows_its_cache_flip():

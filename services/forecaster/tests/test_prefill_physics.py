@@ -9,17 +9,11 @@ import numpy as np
 import pytest
 
 from prorsa_forecaster.config import ForecastConfig
-from prorsa_forecaster.decode_admit import (
-    N_CLASSES,
-    PendingUpdate,
-    decode_admissions,
-    decode_admissions_split,
-    known_queue,
-    request_loads,
-    request_rows,
-)
+from prorsa_forecaster.terms.common import N_CLASSES, request_loads, request_rows
+from prorsa_forecaster.terms.decode_admit import PendingUpdate, decode_admissions, decode_admissions_split
+from prorsa_forecaster.terms.known_queue import known_queue
 from prorsa_forecaster.history import Ratio, SizeBinnedRatio
-from prorsa_forecaster.prefill_queue import PrefillTimeModel
+from prorsa_forecaster.terms.prefill_queue import PrefillTimeModel
 from prorsa_forecaster.snapshot import RunInfo, Snapshot
 from prorsa_forecaster.state import QUEUED, LiveState
 from prorsa_schemas import EVENT_TYPES

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from prorsa_forecaster.prefill_queue import PrefillTimeModel, simulate_queues
+from prorsa_forecaster.terms.prefill_queue import PrefillTimeModel, simulate_queues
 
 
 def test_single_instance_recursion_by_hand():

@@ -79,9 +79,9 @@ def test_forecast_is_finite_and_non_negative(snap, horizon, update, windows):
     hist = History(cfg)
     for f_, a, b in windows:
         # Closed windows of any values: the blends' weights, scales and naive predictors.
-        hist.prefill_blend.close(f_, a)
-        hist.decode_blend.close(b, a)
-        hist.new_arrivals.close(f_, b)
+        hist.correction.prefill_blend.close(f_, a)
+        hist.correction.decode_blend.close(b, a)
+        hist.correction.new.close(f_, b)
     if update is not None:
         # A trigger -> update delay and a weight-sync pause seen once, and an update
         # pending that lands inside the window: the re-prefill, the cut turns and the

@@ -49,9 +49,9 @@ async def test_service_publishes_one_forecast_per_window_and_tracks_wape(nats_ur
     # The corrections the latest forecast was made with, as the history holds them.
     h = svc.loop.state.history
     reg = svc.registry
-    assert reg.get_sample_value("prorsa_forecaster_correction", {"kind": "prefill_tool"}) == h.prefill_factors()["tool"]
-    assert reg.get_sample_value("prorsa_forecaster_correction", {"kind": "admitted_share"}) == h.bias_share.factor
-    assert reg.get_sample_value("prorsa_forecaster_correction", {"kind": "decode"}) == pytest.approx(h.bias_decode.factor)
+    assert reg.get_sample_value("prorsa_forecaster_correction", {"kind": "prefill_tool"}) == h.correction.factors()["tool"]
+    assert reg.get_sample_value("prorsa_forecaster_correction", {"kind": "admitted_share"}) == h.correction.share.factor
+    assert reg.get_sample_value("prorsa_forecaster_correction", {"kind": "decode"}) == pytest.approx(h.correction.decode.factor)
     # A tracker watermark past the next boundary closes the open window without events.
     before = svc.published
     await nc.publish(ns.watermark(), b'{"ts": %f}' % (last_t + 25))

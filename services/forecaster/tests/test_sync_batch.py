@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from prorsa_forecaster.config import ForecastConfig
-from prorsa_forecaster.core import forecast, sync_batch
+from prorsa_forecaster.core import forecast
+from prorsa_forecaster.terms.sampler import sync_batch
 from prorsa_forecaster.snapshot import START_DISPATCHED, RunInfo, Snapshot
 from prorsa_forecaster.state import LiveState
 from prorsa_schemas import EVENT_TYPES

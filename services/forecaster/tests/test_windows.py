@@ -137,7 +137,7 @@ def test_share_correction_learns_from_the_actual_arrivals_per_sub_step():
     """The admitted-share corrector sees, per closed window, sum_k alpha_k x (tokens queued
     in sub-step k) against the tokens queued in the window and prefilled before its end:
     measured here straight from the events and fed to a corrector of our own."""
-    from prorsa_forecaster.history import BiasCorrector
+    from prorsa_forecaster.terms.correction import BiasCorrector
 
     events = rollout(seed=5, concurrency=48, duration=150)
     cfg = ForecastConfig(horizon=10.0, steps=5, share_half_life=4.0, bias_clip=2.0)
@@ -160,8 +160,8 @@ def test_share_correction_learns_from_the_actual_arrivals_per_sub_step():
         assert w.decode_actual - w.decode_known == pytest.approx(admitted)
         ours.update(sum(a * x for a, x in zip(w.forecast.raw_alpha, by_step)), admitted)
     assert ours.windows >= 5
-    assert loop.state.history.bias_share.factor == pytest.approx(ours.factor)
-    assert loop.state.history.bias_share.windows == ours.windows
+    assert loop.state.history.correction.share.factor == pytest.approx(ours.factor)
+    assert loop.state.history.correction.share.windows == ours.windows
 
 
 def test_every_requeue_after_an_abort_counts_as_reprefill():
@@ -190,8 +190,5 @@ def test_every_requeue_after_an_abort_counts_as_reprefill():
     ]
     ws = list(replay(events, CFG, gate=False))
     assert ws[1].t == 10.0
+    # a was in Tool at t = 10 and b decoding; both re-queues after the abort are re-prefills.
     assert ws[1].sources["tool"] == 200 and ws[1].sources["reprefill"] == 210 + 130
-    # Without update_interrupts only what was decoding at t is a re-prefill (session 5).
-    off = dataclasses.replace(CFG, update_interrupts=False)
-    ws = list(replay(events, off, gate=False))
-    assert ws[1].sources["tool"] == 200 + 210 and ws[1].sources["reprefill"] == 130

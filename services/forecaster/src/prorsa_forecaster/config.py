@@ -25,9 +25,6 @@ class ForecastConfig:
             volume at ratio 1 (shrinking a factor learnt from a few noisy windows towards
             1). The decode correction instead keeps the part of its ratio that stands
             out of its own noise (see ``BiasCorrector``).
-        bias_per_source: one correction per predicted source (sampler, sandbox, tool,
-            reprefill), each learnt from the arrivals of the trajectories that were in
-            that source's state at t; False: one factor for their sum.
         cache_same_pseudo: the share of requests routed back to the engine that caches
             their prefix is learnt per log2 bin of the prefix's size, each bin shrunk
             towards the pooled share by this many observations of it (inf: one share
@@ -35,30 +32,16 @@ class ForecastConfig:
         tool_turn_pseudo: the share of responses that call a tool (the rest end the
             trajectory) is learnt per turn index (bins 0-15, then octaves), each bin
             shrunk towards the pooled share by this many observations of it (inf: one
-            share for every turn, as before session 7).
+            share for every turn).
         share_half_life: windows over which the admitted share of predicted arrivals is
             corrected: each closed window compares the requests that arrived in it and
             were prefilled before its end with what the queue model's per-sub-step
             admitted share makes of the window's actual arrivals (0: no correction).
-        queue_spread: a queued request's admission is the probability that it finishes
-            in time given the spread of its start, the sum of the cache flips (hit or
-            miss) of the requests ahead of it on its server; False: the indicator at the
-            mean start.
-        arrival_spread: the predicted arrivals' admitted share is averaged over the same
-            spread of when each server gets to them (the cache flips of everything
-            queued on it); False: taken at the mean end of the queue.
-        update_interrupts: a pending weight update (triggered, landing in the window
-            with the learnt trigger -> update delay) cuts the turns still decoding when
-            it lands: their tool call and next request are not forecast after it; False:
-            only its re-prefill is.
-        chain_from_queue: the next turn of a request queued or in prefill at t starts
-            when the queue model finishes its prefill (its place in its server's queue,
-            a weight-sync pause); False: after the learnt prefill wait given its
-            elapsed wait.
         use_dp_rank: a queued or in-flight request whose ``request.queued`` names the
             attention data-parallel rank it was placed on (the optional ``dp_rank``) is
-            served by that rank's queue; False (or no rank in the log): the requests of
-            an instance are dealt over its ranks in arrival order.
+            served by that rank's queue; False: the requests of an instance are dealt
+            over its ranks in arrival order (for a router whose named rank is not the one
+            that serves the request; a log without the field is served that way).
         kv_page_tokens: kappa^D rounds a prompt up to whole KV pages of this many tokens.
         duration_half_life: observations over which old durations are forgotten.
         prior_reward_s, prior_sandbox_prewarm_s, prior_sandbox_cold_s, prior_start_s,
@@ -75,15 +58,10 @@ class ForecastConfig:
     tool_ema_alpha: float = 0.1
     bias_half_life: float = 6.0
     bias_clip: float = 2.0
-    bias_per_source: bool = True
     bias_prior_windows: float = 2.0
     cache_same_pseudo: float = 20.0
     tool_turn_pseudo: float = 20.0
     share_half_life: float = 6.0
-    queue_spread: bool = True
-    arrival_spread: bool = True
-    update_interrupts: bool = True
-    chain_from_queue: bool = True
     use_dp_rank: bool = True
     kv_page_tokens: int = 1
     duration_half_life: float | None = 5000.0

@@ -1,8 +1,9 @@
-"""What the forecaster has learnt so far: duration statistics, rates, prompt sizes, bias.
+"""What the forecaster has learnt so far: duration statistics, rates, prompt sizes, and
+the corrections learnt from closed windows.
 
 The pure core (:func:`prorsa_forecaster.core.forecast`) only reads a :class:`History`;
 :class:`~prorsa_forecaster.state.LiveState` writes it as events arrive, and the window
-loop updates the bias correctors once a window's actuals are known.
+loop hands each closed window to ``correction.learn`` (terms/correction.py).
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ import math
 
 import numpy as np
 
-from .blend import NewArrivals, SeriesBlend
 from .config import ForecastConfig
-from .prefill_queue import PrefillTimeModel
+from .terms.correction import Correction
+from .terms.prefill_queue import PrefillTimeModel
 from .snapshot import START_COLD, START_DISPATCHED, START_MODES, START_PREWARM, START_READY, TURN_BINS, size_bin, turn_bin
 from .survival import DurationModel
 
@@ -118,76 +119,6 @@ class TurnBinnedRatio(SizeBinnedRatio):
         return turn_bin(size)
 
 
-class BiasCorrector:
-    """Online multiplicative correction of the predicted (not observed) part of a forecast.
-
-    After each window, ``update(predicted, realised)`` folds the window's residual into
-    exponentially weighted sums; ``factor`` = realised / predicted over recent windows,
-    clipped to [1/clip, clip]. It only ever uses windows that have closed, so a forecast
-    for [t, t+S) is corrected by residuals of windows ending at or before t.
-    """
-
-    __slots__ = ("_num", "_den", "_sq", "_den2", "_eff", "_keep", "clip", "prior", "shrink", "windows")
-
-    def __init__(self, half_life: float, clip: float, prior: float = 0.0, shrink: bool = False) -> None:
-        self._keep = 0.5 ** (1.0 / half_life) if half_life > 0 else 0.0
-        self._num = 0.0  # sum of w r
-        self._den = 0.0  # sum of w
-        self._sq = 0.0  # sum of w r^2
-        self._den2 = 0.0  # sum of w^2 (weights decayed as they are: keep^2 per window)
-        self._eff = 0.0  # the windows in the sums, weighted as they are
-        self.clip = clip
-        self.prior = prior
-        self.shrink = shrink
-        self.windows = 0
-
-    @property
-    def enabled(self) -> bool:
-        return self._keep > 0
-
-    # A window whose realised/predicted ratio is beyond this is a miss, not a bias (e.g.
-    # the first wave of a sync step nothing announced): it is left out, so that one such
-    # window cannot drive the factor to its clip for the windows after it.
-    OUTLIER = 4.0
-
-    def update(self, predicted: float, realised: float) -> None:
-        if not self.enabled or not (math.isfinite(predicted) and math.isfinite(realised)):
-            return
-        if predicted <= 0 or realised <= 0:
-            return
-        r = realised / predicted
-        if not (1.0 / self.OUTLIER <= r <= self.OUTLIER):
-            return
-        # Each window's ratio counts within the clip, weighted by its predicted volume.
-        r = min(max(r, 1.0 / self.clip), self.clip)
-        k = self._keep
-        self._num = self._num * k + r * predicted
-        self._den = self._den * k + predicted
-        self._sq = self._sq * k + r * r * predicted
-        self._den2 = self._den2 * k * k + predicted * predicted
-        self._eff = self._eff * k + 1.0
-        self.windows += 1
-
-    @property
-    def factor(self) -> float:
-        if not self.enabled or self.windows < 2 or self._den <= 0:
-            return 1.0
-        w = self.prior * self._den / self._eff
-        r = (self._num + w) / (self._den + w)
-        if self.shrink:
-            # The ratio is an average of noisy windows: its variance is the windows'
-            # spread over their effective number (Kish). Only the part of r - 1 that
-            # stands out of that noise is applied (gain b^2 / (b^2 + var), b^2 the squared
-            # excess over the noise): a bias of 30% seen window after window is kept
-            # whole, a 3% wobble of two noisy windows mostly is not.
-            mean = self._num / self._den
-            spread = max(self._sq / self._den - mean * mean, 0.0)
-            var = spread * self._den2 / (self._den * self._den)
-            b2 = max((r - 1.0) ** 2 - var, 0.0)
-            r = 1.0 + (r - 1.0) * (b2 / (b2 + var) if b2 + var > 0 else 1.0)
-        return float(min(max(r, 1.0 / self.clip), self.clip))
-
-
 class History:
     """Learnt statistics the predictor conditions on (see the module docstring)."""
 
@@ -206,7 +137,6 @@ class History:
         self.tool = DurationModel("tool", cfg.prior_tool_s, half_life=hl)
         # Beyond the paper (B.1 ignores a second pass within a horizon): trajectories now
         # queued, in prefill or decoding may call a tool and return within the window.
-        self.prefill_wait = DurationModel("prefill_wait", 1.0, half_life=hl)
         self.decode = DurationModel("decode", 10.0, half_life=hl)
         self.decode_tool = 1.0  # decode.finished with finish=tool (prior 1 of 2)
         self.decode_done = 2.0
@@ -257,37 +187,12 @@ class History:
         # Seconds from policy.updated until prefill resumes (the weight-sync pause).
         self.update_pause = RunningMean(0.0, alpha=0.2)
         self.prefill: dict[str, PrefillTimeModel] = {}
-        # Prefill (the shared factor, when not per source): shrunk towards 1 by pseudo
-        # windows. Decode: its raw error can carry a large persistent bias (the queue
-        # model on a saturated system, ~1.3 on the 10-step general-8-qwen3 log), which a
-        # fixed pull towards 1 would hold back; it keeps what stands out of the noise.
-        self.bias_prefill = BiasCorrector(cfg.bias_half_life, cfg.bias_clip, cfg.bias_prior_windows, shrink=False)
-        self.bias_decode = BiasCorrector(cfg.bias_half_life, cfg.bias_clip, 0.0, shrink=True)
-        # The queue model's admitted share of the predicted arrivals, against what it
-        # makes of the arrivals that actually came (so the arrival forecast's own error is
-        # not in it): the requests that arrive in a window and are prefilled before its
-        # end, over sum_k alpha_k x (actual arrival tokens in sub-step k).
-        self.bias_share = BiasCorrector(cfg.share_half_life, cfg.bias_clip, 0.0, shrink=True)
-        # One per predicted source (config.bias_per_source): the window loop attributes each
-        # arrival to the source its trajectory was in at t.
-        self.bias_source = {
-            name: BiasCorrector(cfg.bias_half_life, cfg.bias_clip, cfg.bias_prior_windows, shrink=False) for name in ("sampler", "sandbox", "tool", "reprefill")
-        }
         # reward.finished events seen: launches after completed rewards are forecast only
         # in a log that has shown some (a serving trace's requests end without one).
         self.completions = 0
-        # The robust layer (blend.py): the lifecycle forecast beside the naive predictors
-        # on each series, and the sampler term beside a level of new trajectories' arrivals.
-        self.prefill_blend = SeriesBlend()
-        self.decode_blend = SeriesBlend()
-        self.new_arrivals = NewArrivals()
-
-    def prefill_factors(self, per_source: bool = True) -> dict[str, float]:
-        """The correction factor of each predicted source (one shared factor unless
-        ``per_source``)."""
-        if per_source:
-            return {name: b.factor for name, b in self.bias_source.items()}
-        return dict.fromkeys(self.bias_source, self.bias_prefill.factor)
+        # What is learnt from closed windows: the bias factors and the blend with the
+        # naive predictors (terms/correction.py).
+        self.correction = Correction(cfg)
 
     @property
     def admit_rate(self) -> float:

@@ -182,8 +182,8 @@ class Forecaster:
     def _set_corrections(self, f) -> None:
         """The correction factors a forecast was made with: far from 1 for long, the
         model itself is off in that part (an operator's first look when WAPE drifts)."""
-        h = self.loop.state.history
-        for name, factor in h.prefill_factors(self.loop.config.bias_per_source).items():
+        corr = self.loop.state.history.correction
+        for name, factor in corr.factors().items():
             self.m_correction.labels(f"prefill_{name}").set(factor)
         self.m_correction.labels("decode").set(f.model_decode / f.raw_decode if f.raw_decode > 0 else 1.0)
         self.m_correction.labels("admitted_share").set(f.share_factor)

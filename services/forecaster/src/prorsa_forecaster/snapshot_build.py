@@ -1,53 +1,44 @@
-"""Build a :class:`~prorsa_forecaster.snapshot.Snapshot` from a :class:`LiveState`.
+"""Build a :class:`~prorsa_forecaster.snapshot.Snapshot` from a
+:class:`~prorsa_forecaster.state.LiveState` (its public slot arrays and accessors).
 
 Vectorised: one mask per source over the slot arrays.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from .snapshot import Snapshot
-
-if TYPE_CHECKING:
-    from .state import LiveState
+from .snapshot import START_DISPATCHED, Snapshot
+from .trajstate import DECODE, PREFILL, QUEUED, REWARD, START, TOOL
 
 
-def prefill_instances(state: "LiveState") -> list[str | None]:
-    """Prefill instances to simulate: known prefill/mixed engines, else the pool (None)."""
-    names = [n for n, r in state._role.items() if r in ("prefill", "mixed")]
-    if not names:
-        # No engine events: the engines seen serving prefills, if any model learnt them.
-        names = [n for n in state.history.prefill if state.history.prefill[n].n > 0]
-    return sorted(names) if names else [None]
+def _instance_costs(state, names: list[str | None]) -> list[tuple[float, float, float]]:
+    """g = a + b n + d n ctx of each prefill instance: its own model once it has measured
+    some prefills, else the pool's (service times measured without engine names), else
+    the best-measured engine's (same model, same hardware, in practice), else the prior."""
+    h = state.history
+    coefs = [h.prefill_model(name).coefficients3() for name in names]
+    if names == [None]:
+        return coefs
+    measured = [h.prefill_model(nm).n > 0 for nm in names]
+    if h.pool_prefill.n > 0:
+        coefs = [c if m else h.pool_prefill.coefficients3() for c, m in zip(coefs, measured)]
+    learnt = [h.prefill_model(nm) for nm, m in zip(names, measured) if m]
+    if learnt:
+        best = max(learnt, key=lambda model: model.n).coefficients3()
+        coefs = [c if m else best for c, m in zip(coefs, measured)]
+    return coefs
 
 
-def build_snapshot(state: "LiveState", t: float) -> Snapshot:
-    from .state import DECODE, PREFILL, QUEUED, REWARD, START, TOOL
-
-    n = state._n
+def build_snapshot(state, t: float) -> Snapshot:
+    """The snapshot of ``state`` (a LiveState) at ``t``."""
+    n = state.n
     st = state.state[:n]
     h = state.history
 
-    names = prefill_instances(state)
-    # Engine code -> instance index (-1 when the engine is not a known prefill instance).
-    lookup = np.full(len(state._engine_names) + 1, -1, dtype=np.int64)
-    for k, name in enumerate(names):
-        if name is not None and name in state._engine_code:
-            lookup[state._engine_code[name]] = k
-    coefs = [h.prefill_model(name).coefficients3() for name in names]
-    if names != [None] and h.pool_prefill.n > 0:
-        # Engines named but the service times were measured on the pool: use those.
-        coefs = [c if h.prefill_model(nm).n > 0 else h.pool_prefill.coefficients3() for c, nm in zip(coefs, names)]
-    if names != [None]:
-        # An engine not measured yet borrows what the others have learnt (same model,
-        # same hardware, in practice) rather than the generic prior.
-        learnt = [h.prefill_model(nm) for nm in names if h.prefill_model(nm).n > 0]
-        if learnt:
-            best = max(learnt, key=lambda m: m.n).coefficients3()
-            coefs = [c if h.prefill_model(nm).n > 0 else best for c, nm in zip(coefs, names)]
+    names = state.prefill_instances()
+    lookup = state.engine_index(names)  # engine code -> instance index (-1: not a prefill instance)
+    coefs = _instance_costs(state, names)
 
     def inst(mask: np.ndarray) -> np.ndarray:
         codes = state.engine[:n][mask]
@@ -58,15 +49,14 @@ def build_snapshot(state: "LiveState", t: float) -> Snapshot:
     ready = st == QUEUED
     tool = st == TOOL
     inflight = st == PREFILL
+    decode = st == DECODE
 
     cohort = state.cohort[:n]
-    ncoh = state._cohort_next
     pending_mask = (st != 0) & ~reward & (cohort >= 0)
-    cohort_pending = np.bincount(cohort[pending_mask], minlength=ncoh).astype(float)
+    cohort_pending = np.bincount(cohort[pending_mask], minlength=state.cohorts).astype(float)
 
     all_growth = np.where(np.isnan(state.growth[:n]), h.tool_growth.value, state.growth[:n])
     growth = all_growth[tool]
-    decode = st == DECODE
 
     # Expected cached prefixes (the prefill instance keeps a trajectory's last prompt
     # until a weight update flushes it).
@@ -87,18 +77,14 @@ def build_snapshot(state: "LiveState", t: float) -> Snapshot:
 
     tool_x = state.context[:n][tool] + np.clip(growth, 0.0, None)
     pause = max(state.last_update_ts + h.update_pause.value - t, 0.0) if h.update_pause.n else 0.0
-
-    if state._decode_kv:
-        kv_now = float(sum(state._decode_kv.values()))
-    else:
-        kv_now = max(float(state.kv_now), 0.0)
+    ranks = h.config.use_dp_rank
 
     return Snapshot(
         t=t,
         run=state.run,
         reward_elapsed=t - state.entered[:n][reward],
         reward_cohort=cohort[reward].copy(),
-        start_elapsed=t - np.where(state.mode[:n][start] == 2, state.dispatched_at[:n][start], state.mode_at[:n][start]),
+        start_elapsed=t - np.where(state.mode[:n][start] == START_DISPATCHED, state.dispatched_at[:n][start], state.mode_at[:n][start]),
         start_mode=state.mode[:n][start].copy(),
         start_prompt=state.dprompt[:n][start].copy(),
         ready_prompt=state.prompt[:n][ready].copy(),
@@ -118,7 +104,7 @@ def build_snapshot(state: "LiveState", t: float) -> Snapshot:
         decode_prompt=state.prompt[:n][decode].copy(),
         decode_growth=all_growth[decode],
         cohort_pending=cohort_pending,
-        decode_kv_now=kv_now,
+        decode_kv_now=state.decode_kv(),
         decode_live=int(np.count_nonzero(decode)),
         instance_overhead=np.array([c[0] for c in coefs]),
         instance_per_token=np.array([c[1] for c in coefs]),
@@ -137,8 +123,8 @@ def build_snapshot(state: "LiveState", t: float) -> Snapshot:
         ready_turn=state.turn[:n][ready].copy(),
         inflight_turn=state.turn[:n][inflight].copy(),
         tool_turn=state.turn[:n][tool].copy(),
-        ready_rank=state.rank[:n][ready].copy() if h.config.use_dp_rank else np.zeros(0, np.int64),
-        inflight_rank=state.rank[:n][inflight].copy() if h.config.use_dp_rank else np.zeros(0, np.int64),
+        ready_rank=state.rank[:n][ready].copy() if ranks else np.zeros(0, np.int64),
+        inflight_rank=state.rank[:n][inflight].copy() if ranks else np.zeros(0, np.int64),
         tool_turn_table=h.tool_turn_table(),
         next_batch_elapsed=t - state.sync_wait if state.sync_wait is not None else float("nan"),
         cache_cold=h.cache_cold.value,

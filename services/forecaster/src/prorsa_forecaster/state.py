@@ -23,15 +23,17 @@ from prorsa_schemas import Event
 
 from .config import ForecastConfig
 from .history import History
-from .state_engines import EngineFold
 from .snapshot import START_COLD, START_DISPATCHED, START_PREWARM, START_READY, RunInfo, Snapshot
+from .snapshot_build import build_snapshot
+from .state_engines import EngineFold
+from .state_sampler import SamplerFold
+from .trajstate import ABORTED, DECODE, FREE, PREFILL, QUEUED, REWARD, START, TOOL
 
-# Trajectory states (slot.state); FREE marks an unused slot.
-FREE, START, QUEUED, PREFILL, DECODE, TOOL, REWARD, ABORTED = range(8)
-_MAX_PENDING = 100_000
+__all__ = ["ABORTED", "DECODE", "FREE", "PREFILL", "QUEUED", "REWARD", "START", "TOOL", "LiveState"]
 
 
-class LiveState(EngineFold):
+
+class LiveState(SamplerFold, EngineFold):
     """Incremental state of one run (all runs in a log are folded together)."""
 
     def __init__(self, config: ForecastConfig | None = None, history: History | None = None) -> None:
@@ -101,6 +103,7 @@ class LiveState(EngineFold):
         self._pause_pending = False
         # Sync: when the last update came with the batch drained (next batch not yet out).
         self.sync_wait: float | None = None
+        self._sync_after_update = False  # sync_wait is a policy.updated (not run.started)
 
     # -- slots -------------------------------------------------------------------------
     def _grow(self) -> None:
@@ -144,19 +147,7 @@ class LiveState(EngineFold):
     def _release(self, i: int, traj: tuple[str, str], ts: float) -> None:
         if self.state[i] == DECODE:
             self.kv_now -= self.prompt[i]
-        c = int(self.cohort[i])
-        if c >= 0 and c in self._cohort_live:
-            self._cohort_live[c] -= 1
-            if self._cohort_live[c] <= 0:
-                del self._cohort_live[c]
-                if self.run.mode == "sync" and not self._cohort_live and self.update_trigger is None:
-                    # The sync batch drained: training starts, then policy.updated, then
-                    # the next batch (the trigger -> update delay is learnt as ``train``).
-                    self.update_trigger = ts
-                self._cohort_free.append(c)
-                self._cohort_pending.append(ts)
-                if len(self._cohort_pending) > _MAX_PENDING:
-                    self._cohort_pending.popleft()
+        self._left_cohort(i, ts)
         self.state[i] = FREE
         del self._slot[traj]
         self._free.append(i)
@@ -193,62 +184,14 @@ class LiveState(EngineFold):
         """The slot of an event's trajectory (None: not live)."""
         return self._slot.get((ev.run, ev.traj))
 
-    def _on_run_started(self, ev) -> None:
-        self.run = RunInfo(
-            mode=ev.mode, batch_size=ev.batch_size, group_size=ev.group_size or 1,
-            injection=ev.injection or "replace", max_staleness=ev.max_staleness,
-            prompt_tokens_mean=ev.prompt_tokens_mean,
-        )
-        if ev.prompt_tokens_mean is not None and self.history.first_prompt.n == 0:
-            self.history.first_prompt.value = float(ev.prompt_tokens_mean)
-        if ev.mode == "sync" and not self._cohort_live:
-            self.sync_wait = ev.ts  # the first batch is announced: it is due at once
-
-    def _cohort_key(self, ev) -> str | None:
-        if self.run.mode == "sync":
-            return f"batch:{self._batch}"
-        if self.run.injection == "group" and ev.group is not None:
-            return f"group:{ev.group}"
-        return None
-
     def _on_trajectory_dispatched(self, ev) -> None:
         if (ev.run, ev.traj) in self._slot:
             self.ignored += 1
             return
-        h = self.history
-        if self.run.mode == "sync" and not self._cohort_live:
-            self._batch += 1  # a dispatch after the batch drained starts the next batch
-        if self.sync_wait is not None:
-            h.sync_start.observe(ev.ts - self.sync_wait)
-            self.sync_wait = None
+        self._next_batch(ev.ts)
         i = self._new((ev.run, ev.traj), ev.ts)
         self.dprompt[i] = float(ev.prompt_tokens)
-        key = self._cohort_key(ev)
-        if key is not None:
-            c = self._cohort_of.get(key)
-            if c is None or c not in self._cohort_live:
-                c = self._cohort_free.pop() if self._cohort_free else self._cohort_next
-                self._cohort_next = max(self._cohort_next, c + 1)
-                self._cohort_of[key] = c
-                self._cohort_live[c] = 0
-                # Cohort sizes are learnt from cohorts launched for a finished one.
-                if self._launch_caused and self._launch_count:
-                    h.cohort_size.observe(self._launch_count)
-                self._launch_count = 0
-                self._launch_caused = bool(self._cohort_pending)
-                if self._cohort_pending:  # this cohort was launched for one that finished
-                    self._cause_now = self._cohort_pending.popleft()
-                else:
-                    self._cause_now = np.nan
-            self.cohort_cause[i] = self._cause_now if self._launch_count == 0 else np.nan
-            self._launch_count += 1
-            self.cohort[i] = c
-            self._cohort_live[c] += 1
-        elif self._seen_completion:
-            # f's slope: dispatches after the first completion per admitted completion.
-            h.launched += 1
-            if self._pending:
-                self.cause[i] = self._pending.popleft()
+        self._launched(i, ev)
 
     def _on_sandbox_started(self, ev) -> None:
         i = self._get(ev)
@@ -333,7 +276,6 @@ class LiveState(EngineFold):
             self.engine[i] = self._code(ev.engine)
         self._prefill_progress(ev.ts)
         self._learn_prefill(i, ev.ts, ev.cached_tokens)
-        self.history.prefill_wait.observe(ev.ts - self.queued_at[i])
         self.state[i] = DECODE
         self.entered[i] = ev.ts
         self.kv_now += self.prompt[i]
@@ -366,31 +308,6 @@ class LiveState(EngineFold):
             self.state[i] = REWARD
             self.entered[i] = ev.ts
 
-    def _on_reward_finished(self, ev) -> None:
-        h = self.history
-        i = self._slot.get((ev.run, ev.traj))
-        if i is None:
-            self.ignored += 1
-            return
-        if self.state[i] == REWARD:
-            h.reward.observe(ev.ts - self.entered[i])
-        h.completed += 1
-        h.completions += 1
-        if ev.admitted:
-            h.admitted += 1
-            self.admitted_total += 1
-            B = self.run.batch_size
-            if self.run.mode == "async" and B and self.update_trigger is None and self.admitted_total >= (self.updates + 1) * B:
-                self.update_trigger = ev.ts
-        if self.cohort[i] < 0:
-            self._seen_completion = True
-            h.admitted_for_launch += ev.admitted
-            # Every completion may cause a launch (the launch delay is measured from it).
-            self._pending.append(ev.ts)
-            if len(self._pending) > _MAX_PENDING:
-                self._pending.popleft()
-        self._release(i, (ev.run, ev.traj), ev.ts)
-
     def _on_trajectory_dropped(self, ev) -> None:
         i = self._slot.get((ev.run, ev.traj))
         if i is None:
@@ -398,28 +315,45 @@ class LiveState(EngineFold):
             return
         self._release(i, (ev.run, ev.traj), ev.ts)
 
-    def _on_policy_updated(self, ev) -> None:
-        # New weights: prefix caches are flushed, and prefills in progress start over
-        # once the engines resume (the weight-sync pause, learnt below).
-        n = self._n
-        busy = self.state[:n] == PREFILL
-        self.state[:n][busy] = QUEUED
-        self.started_at[:n][busy] = np.nan
-        self._pause_pending = bool(busy.any() or (self.state[:n] == QUEUED).any())
-        self.last_update_ts = ev.ts
-        if self.run.mode == "sync" and not self._cohort_live:
-            self.sync_wait = ev.ts
-        if self.update_trigger is not None:
-            self.history.train.observe(ev.ts - self.update_trigger)
-        self.update_trigger = None
-        self.updates += 1
-        B = self.run.batch_size
-        if self.run.mode == "async" and B and self.admitted_total >= (self.updates + 1) * B:
-            self.update_trigger = ev.ts
-
     # -- snapshot ------------------------------------------------------------------------
     def snapshot(self, t: float) -> Snapshot:
         """The columnar snapshot at ``t`` (call it after folding every event with ts < t)."""
-        from .snapshot_build import build_snapshot
-
         return build_snapshot(self, t)
+
+    # -- what the snapshot builder reads ------------------------------------------------
+    @property
+    def n(self) -> int:
+        """Slots in use so far (the live ones and the freed ones): the arrays' length."""
+        return self._n
+
+    @property
+    def cohorts(self) -> int:
+        """Cohort ids handed out so far (``cohort`` < this)."""
+        return self._cohort_next
+
+    def request_of(self, i: int) -> str | None:
+        """The ``req`` of slot ``i``'s current request."""
+        return self._req[i]
+
+    def prefill_instances(self) -> list[str | None]:
+        """Prefill instances to simulate: the known prefill/mixed engines, else the
+        engines seen serving prefills, else the pool (None)."""
+        names = [n for n, r in self._role.items() if r in ("prefill", "mixed")]
+        if not names:
+            names = [n for n, m in self.history.prefill.items() if m.n > 0]
+        return sorted(names) if names else [None]
+
+    def engine_index(self, names: list[str | None]) -> np.ndarray:
+        """Engine code -> index in ``names`` (-1: not one of them); the last entry stands
+        for the code -1 (no engine)."""
+        lookup = np.full(len(self._engine_names) + 1, -1, dtype=np.int64)
+        for k, name in enumerate(names):
+            if name is not None and name in self._engine_code:
+                lookup[self._engine_code[name]] = k
+        return lookup
+
+    def decode_kv(self) -> float:
+        """K^D: the decode engines' KV in use (engine.stats), else the prompts decoding."""
+        if self._decode_kv:
+            return float(sum(self._decode_kv.values()))
+        return max(float(self.kv_now), 0.0)

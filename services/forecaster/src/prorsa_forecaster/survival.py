@@ -26,8 +26,8 @@ import numpy as np
 # edge are clamped to it (they still count as "longer than everything else"). An
 # observation is spread evenly over its bin, so the bin width is how sharp a duration
 # can be: the training step and the weight sync of an RL run take nearly the same time
-# every step, and an 8% bin (240 bins, before session 7) spread a 30 s step over
-# +-1.2 s, which moved a sync batch's launch across a window edge.
+# every step, and an 8% bin would spread a 30 s step over +-1.2 s, which moves a sync
+# batch's launch across a window edge.
 _EDGES = np.concatenate(([0.0], np.geomspace(1e-3, 1e5, 1921)))
 _EPS = 1e-12
 # Elapsed-time buckets for the aggregated queries: 0..10 ms exact-ish, then ~2% wide.

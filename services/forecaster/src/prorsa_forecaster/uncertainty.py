@@ -25,11 +25,15 @@ import math
 import numpy as np
 
 from .config import ForecastConfig
-from .core import _kernel, _not_interrupted, _turn_kernels, _update_steps, sync_batch
-from .decode_admit import AdmitDetail, known_queue
 from .guards import clean
 from .history import History
 from .snapshot import START_MODES, Snapshot
+from .terms.common import kernel
+from .terms.decode_admit import AdmitDetail
+from .terms.known_queue import known_queue
+from .terms.sampler import sync_batch
+from .terms.tool import turn_kernels
+from .terms.update import not_interrupted, update_steps
 
 ABS_NORMAL = math.sqrt(2.0 / math.pi)
 """E|Z| for a standard normal Z: expected absolute error per unit of standard deviation."""
@@ -51,13 +55,13 @@ def _coin_flips(snap: Snapshot, hist: History, cfg: ForecastConfig):
         result = np.nan_to_num(np.asarray(snap.tool_result, dtype=float), nan=-1.0)
         growth = np.where(result >= 0, result + hist.tool_overhead.value, clean(snap.tool_growth))
         yield q, clean(snap.tool_context) + np.clip(growth, 0.0, None), False
-    # The same turn kernels as the forecast (core._next_turn): cut by a pending update,
+    # The same turn kernels as the forecast (terms.tool.next_turn): cut by a pending update,
     # a queued request's turn from when the queue model finishes its prefill, each
     # request's tool call with its turn's tool share.
-    back, _ = _turn_kernels(hist, S, steps)
+    back, _ = turn_kernels(hist, S, steps)
     pooled = hist.tool_fraction
-    back = _not_interrupted(_update_steps(snap, hist, cfg), cfg)[:, None] * back
-    chain = _kernel(hist.decode, S, steps) @ back
+    back = not_interrupted(update_steps(snap, hist, cfg), cfg)[:, None] * back
+    chain = kernel(hist.decode, S, steps) @ back
     extra = max(hist.output.value, 0.0)
     if len(snap.decode_elapsed):
         q = hist.decode.bucket_table(clean(snap.decode_elapsed), S, steps) @ back
@@ -65,11 +69,8 @@ def _coin_flips(snap: Snapshot, hist: History, cfg: ForecastConfig):
         yield q, clean(snap.decode_prompt) + extra + clean(snap.decode_growth), False
     since = np.concatenate((np.asarray(snap.ready_since, float), np.asarray(snap.inflight_since, float)))
     if len(since):
-        if cfg.chain_from_queue:
-            pmf_in, pmf_rd = known_queue(snap, cfg.queue_spread).finish_steps(S, steps)
-            q = np.concatenate((pmf_rd, pmf_in)) @ chain
-        else:
-            q = hist.prefill_wait.bucket_table(clean(snap.t - since), S, steps) @ chain
+        pmf_in, pmf_rd = known_queue(snap).finish_steps(S, steps)
+        q = np.concatenate((pmf_rd, pmf_in)) @ chain
         calls = np.concatenate((snap.tool_share("ready_turn", "ready_prompt", pooled), snap.tool_share("inflight_turn", "inflight_prompt", pooled)))
         q = q * calls[:, None]
         p = np.concatenate((clean(snap.ready_prompt), clean(snap.inflight_prompt)))
@@ -88,14 +89,12 @@ def _coin_flips(snap: Snapshot, hist: History, cfg: ForecastConfig):
     if len(snap.reward_elapsed) and solo.any():
         # Launches after completed rewards, placed by the learnt launch delay (members of
         # a cohort launch with it, not one by one).
-        q = hist.reward.bucket_table(clean(snap.reward_elapsed)[solo], S, steps) @ _kernel(hist.launch, S, steps)
+        q = hist.reward.bucket_table(clean(snap.reward_elapsed)[solo], S, steps) @ kernel(hist.launch, S, steps)
         lam = np.clip(np.nan_to_num(q), 0.0, 1.0).sum(axis=0) * hist.admit_rate * hist.launches_per_admitted
         yield lam[None, :], np.array([prompt]), True
     size, due = sync_batch(snap, hist, S, steps)
     if size > 0 and due.any():
         # The next sync batch comes in the window or it does not: one coin for all of it.
-        # (Before session 7 the floor left it out, and counted the batch's rewards as
-        # launches one by one.)
         yield due[None, :], np.array([size * prompt]), False
 
 

@@ -10,8 +10,9 @@ Windows start at the first event's ``ts`` rounded down to a multiple of S and st
 * decode admissions: prompt tokens of every request whose ``prefill.finished`` falls in
   [t, t+S) (the prompt of the ``request.queued`` with the same traj and req).
 
-When a window closes, its residuals feed the online bias correction, so only windows
-that ended at or before t ever influence the forecast for t.
+When a window closes, it feeds the online correction and the blend
+(``History.correction``, terms/correction.py), so only windows that ended at or before t
+ever influence the forecast for t.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from prorsa_schemas import Event
 from .config import ForecastConfig
 from .core import Forecast, forecast
 from .snapshot import Snapshot
-from .state import ABORTED, DECODE, PREFILL, QUEUED, START, TOOL, LiveState
+from .state import LiveState
+from .trajstate import ABORTED, DECODE, PREFILL, QUEUED, START, TOOL
 
 SOURCES = ("sampler", "sandbox", "tool", "reprefill", "other")
 
@@ -169,11 +171,11 @@ class WindowLoop:
         if st.dispatched_at[i] >= t or i >= len(self._wstate):
             return "sampler"
         was = int(self._wstate[i])
-        if st.state[i] == ABORTED and (was == DECODE or self.config.update_interrupts):
-            # Aborted (a weight update) and re-queued. With update_interrupts the forecast
-            # counts all of the update's re-prefills in one term, whatever each was at t
-            # (the decoding set at t stands in for the set when the update lands; the
-            # turns it cuts are not forecast as tool returns).
+        if st.state[i] == ABORTED:
+            # Aborted (a weight update) and re-queued. The forecast counts all of the
+            # update's re-prefills in one term, whatever each was at t (the decoding set
+            # at t stands in for the set when the update lands; the turns it cuts are not
+            # forecast as tool returns).
             return "reprefill"
         return {START: "sandbox", TOOL: "tool", QUEUED: "tool", PREFILL: "tool", DECODE: "tool"}.get(was, "other")
 
@@ -198,29 +200,17 @@ class WindowLoop:
         self.opened.append(self._current)
         self._backlog = self.meter.start_window()
         # Each trajectory's state at t, to attribute the window's arrivals to a source.
-        self._wstate = self.state.state[: self.state._n].copy()
+        self._wstate = self.state.state[: self.state.n].copy()
         self._sources = dict.fromkeys(SOURCES, 0.0)
         self._arrivals_by_step = [0.0] * self.config.steps
 
     def _close(self, reopen: bool = True) -> WindowResult:
         f = self._current
         assert f is not None
-        h = self.state.history
         prefill = self._backlog + self.meter.arrivals
         decode = self.meter.admissions
-        h.bias_prefill.update(f.predicted_prefill, prefill - self._backlog)
-        for name, corrector in h.bias_source.items():
-            corrector.update(f.components.get(name, 0.0), self._sources.get(name, 0.0))
         known = self.meter.admissions_known
-        if len(f.raw_alpha) == len(self._arrivals_by_step):
-            # What the queue model's admitted share makes of the arrivals that came.
-            expected = sum(a * x for a, x in zip(f.raw_alpha, self._arrivals_by_step, strict=True))
-            h.bias_share.update(expected, decode - known)
-        h.bias_decode.update(f.raw_decode, decode)
-        # The robust layer: each predictor scored on the window, then the naive ones see it.
-        h.prefill_blend.close(f.model_prefill, prefill)
-        h.decode_blend.close(f.model_decode, decode)
-        h.new_arrivals.close(f.new_model, self._sources.get("sampler", 0.0) + self._sources.get("other", 0.0))
+        self.state.history.correction.learn(f, prefill, decode, known, self._sources, self._arrivals_by_step)
         res = WindowResult(f.t, f.horizon, f, prefill, decode, self._backlog, self._sources, self._sd, known, self._dsd)
         self._k += 1
         if reopen:

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from prorsa_forecaster.blend import ETA, HEAD_START, Blend, NewArrivals, SeriesBlend, WapeScale
+from prorsa_forecaster.terms.correction import ETA, HEAD_START, Blend, NewArrivals, SeriesBlend, WapeScale
 
 
 def test_before_any_window_the_lifecycle_forecast_is_all_there_is():

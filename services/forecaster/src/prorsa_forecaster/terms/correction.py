@@ -1,0 +1,325 @@
+"""Online correction (Appendix B.8) and the robust blend: everything the forecast learns
+from the windows that have closed.
+
+* **Per-source bias** (:class:`BiasCorrector`): each predicted source (sampler, sandbox,
+  tool, re-prefill) is scaled by the ratio of realised to predicted over closed windows
+  (half-life ``bias_half_life``), learnt from the arrivals of the trajectories that were
+  in that source's state at t, each window's ratio clipped to [1/clip, clip] and a window
+  beyond 4x either way left out (a miss, not a bias), shrunk towards 1 by
+  ``bias_prior_windows`` windows of average volume at ratio 1.
+* **The admitted share** of the predicted arrivals and **the decode forecast** each have
+  a factor of the same kind that keeps only the part of its ratio standing out of its
+  own noise.
+* **Never worse than a naive predictor** (:class:`SeriesBlend`, :class:`NewArrivals`):
+  the lifecycle forecast (Appendix B) knows what each live trajectory will do next, but
+  not what its view of the rollout leaves out: trajectories nobody announced (a serving
+  trace's requests, an open-loop generator), a workload whose durations it has not learnt
+  yet, a window much longer than a turn. Beside it the forecaster runs the naive
+  predictors on the same windows (the ones ``prorsa forecast-eval`` scores it against:
+  last value, EMA, a local-level Kalman filter), and what it publishes is a weighted
+  average of them all, the weights following each one's running WAPE (:class:`Blend`),
+  plus the lifecycle forecast shrunk by the factor that minimises its past WAPE
+  (:class:`WapeScale`). The arrivals of new trajectories, which only the sampler term and
+  an announced batch explain, get the same treatment on their own series: the sampler
+  term beside the naive predictors of those arrivals, so that what the lifecycle view
+  does not explain is forecast as a time series.
+
+Why a weighted average is safe: WAPE is a sum of absolute errors, which is convex, so the
+average's error in a window is at most the same average of the predictors' errors; with
+weights that concentrate on the one whose running WAPE is lowest, the blend's running
+WAPE stays within a small margin of the best predictor's (exponential weights, Hedge).
+Only windows that have closed are ever used.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..baselines import make_baselines
+from ..config import ForecastConfig
+from ..guards import BIG, clean, finite_sum
+
+SOURCES = ("sampler", "sandbox", "tool", "reprefill")
+"""The predicted prefill sources, each with its own bias factor."""
+
+
+class BiasCorrector:
+    """Online multiplicative correction of the predicted (not observed) part of a forecast.
+
+    After each window, ``update(predicted, realised)`` folds the window's residual into
+    exponentially weighted sums; ``factor`` = realised / predicted over recent windows,
+    clipped to [1/clip, clip]. It only ever uses windows that have closed, so a forecast
+    for [t, t+S) is corrected by residuals of windows ending at or before t.
+    """
+
+    __slots__ = ("_num", "_den", "_sq", "_den2", "_eff", "_keep", "clip", "prior", "shrink", "windows")
+
+    def __init__(self, half_life: float, clip: float, prior: float = 0.0, shrink: bool = False) -> None:
+        self._keep = 0.5 ** (1.0 / half_life) if half_life > 0 else 0.0
+        self._num = 0.0  # sum of w r
+        self._den = 0.0  # sum of w
+        self._sq = 0.0  # sum of w r^2
+        self._den2 = 0.0  # sum of w^2 (weights decayed as they are: keep^2 per window)
+        self._eff = 0.0  # the windows in the sums, weighted as they are
+        self.clip = clip
+        self.prior = prior
+        self.shrink = shrink
+        self.windows = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self._keep > 0
+
+    # A window whose realised/predicted ratio is beyond this is a miss, not a bias (e.g.
+    # the first wave of a sync step nothing announced): it is left out, so that one such
+    # window cannot drive the factor to its clip for the windows after it.
+    OUTLIER = 4.0
+
+    def update(self, predicted: float, realised: float) -> None:
+        if not self.enabled or not (math.isfinite(predicted) and math.isfinite(realised)):
+            return
+        if predicted <= 0 or realised <= 0:
+            return
+        r = realised / predicted
+        if not (1.0 / self.OUTLIER <= r <= self.OUTLIER):
+            return
+        # Each window's ratio counts within the clip, weighted by its predicted volume.
+        r = min(max(r, 1.0 / self.clip), self.clip)
+        k = self._keep
+        self._num = self._num * k + r * predicted
+        self._den = self._den * k + predicted
+        self._sq = self._sq * k + r * r * predicted
+        self._den2 = self._den2 * k * k + predicted * predicted
+        self._eff = self._eff * k + 1.0
+        self.windows += 1
+
+    @property
+    def factor(self) -> float:
+        if not self.enabled or self.windows < 2 or self._den <= 0:
+            return 1.0
+        w = self.prior * self._den / self._eff
+        r = (self._num + w) / (self._den + w)
+        if self.shrink:
+            # The ratio is an average of noisy windows: its variance is the windows'
+            # spread over their effective number (Kish). Only the part of r - 1 that
+            # stands out of that noise is applied (gain b^2 / (b^2 + var), b^2 the squared
+            # excess over the noise): a bias of 30% seen window after window is kept
+            # whole, a 3% wobble of two noisy windows mostly is not.
+            mean = self._num / self._den
+            spread = max(self._sq / self._den - mean * mean, 0.0)
+            var = spread * self._den2 / (self._den * self._den)
+            b2 = max((r - 1.0) ** 2 - var, 0.0)
+            r = 1.0 + (r - 1.0) * (b2 / (b2 + var) if b2 + var > 0 else 1.0)
+        return float(min(max(r, 1.0 / self.clip), self.clip))
+
+
+LIFECYCLE = "lifecycle"
+SCALED = "lifecycle_scaled"
+NAIVE = tuple(b.name for b in make_baselines())  # last_value, ema, kalman
+
+ETA = 1.0
+"""CHOICE: sharpness of the weights. A predictor whose score (:meth:`Blend.scores`) is
+higher by 1 than the best one's, one average window's worth of absolute error more (1
+point of running WAPE over 100 windows), weighs exp(-1) = 37% of it; by 5, 0.7%. Chosen
+on the Azure code trace, a 2-step sync simulator log at S = 50 s and the simulator logs
+(docs/forecaster.md): sharper weights follow the predictor that led so far, and pay
+when the lead changes hands."""
+
+HEAD_START = 1.0
+"""CHOICE: the other predictors start one window's worth of error behind the lifecycle
+forecast. Until a window has closed they know nothing (the naive ones predict 0) and the
+forecast is the lifecycle one alone."""
+
+
+class Blend:
+    """Exponential weights over predictors on one series, from their running WAPE.
+
+    Each predictor's score is its cumulative absolute error divided by the mean actual
+    per window so far, i.e. n x (its running WAPE) after n windows: the error in units of
+    an average window. The weights are ``exp(-ETA x (score - best score))``, normalised.
+    """
+
+    __slots__ = ("names", "err", "actual", "windows", "head")
+
+    def __init__(self, names: tuple[str, ...], head_start: float = HEAD_START) -> None:
+        self.names = names
+        self.err = np.zeros(len(names))
+        self.actual = 0.0
+        self.windows = 0
+        self.head = np.array([0.0 if i == 0 else head_start for i in range(len(names))])
+
+    def scores(self) -> np.ndarray:
+        if self.actual <= 0 or self.windows == 0:
+            return self.head.copy()
+        return self.err / (self.actual / self.windows) + self.head
+
+    def weights(self) -> np.ndarray:
+        if self.windows == 0:
+            return np.eye(len(self.names))[0]  # the others know nothing yet
+        s = self.scores()
+        w = np.exp(-ETA * (s - s.min()))
+        return w / w.sum()
+
+    def update(self, forecasts, actual: float) -> None:
+        """One closed window: each predictor's forecast for it and what happened."""
+        actual = _actual(actual)
+        if actual is None:
+            return
+        self.err += np.abs(clean(forecasts) - actual)
+        self.actual += actual
+        self.windows += 1
+
+    def named(self) -> dict[str, float]:
+        return {n: min(max(float(w), 0.0), 1.0) for n, w in zip(self.names, self.weights())}
+
+
+def _actual(a: float) -> float | None:
+    """A window's actual as the blends take it (None: not a number of tokens)."""
+    return min(float(a), BIG) if math.isfinite(a) and a >= 0 else None
+
+
+class WapeScale:
+    """The factor k <= 1 that minimises sum |k f - a| over the closed windows: the
+    weighted median of a / f, each window weighted by its forecast f.
+
+    The lifecycle forecast is an expectation; under absolute error the best forecast is
+    the median, which is lower where the windows' demand is skewed (bursts between idle
+    windows: a serving trace). The bias correctors already take out a steady mean error,
+    so this one only shrinks (CHOICE). The ratios are kept on a log grid of 1.7% bins
+    from 1e-3 to 1 (0 and >= 1 in bins of their own), so an update is O(1).
+    """
+
+    EDGES = np.geomspace(1e-3, 1.0, 401)
+    MIN_WINDOWS = 5  # CHOICE: a median of fewer windows is mostly noise
+
+    __slots__ = ("mass", "windows")
+
+    def __init__(self) -> None:
+        self.mass = np.zeros(len(self.EDGES) + 1)  # [r < 1e-3, bins..., r >= 1]
+        self.windows = 0
+
+    def update(self, forecast: float, actual: float) -> None:
+        forecast, actual = float(clean(forecast)), _actual(actual)
+        if actual is None or forecast <= 0:
+            return
+        self.mass[int(np.searchsorted(self.EDGES, actual / forecast, side="right"))] += forecast
+        self.windows += 1
+
+    @property
+    def factor(self) -> float:
+        if self.windows < self.MIN_WINDOWS:
+            return 1.0
+        cum = np.cumsum(self.mass)
+        i = int(np.searchsorted(cum, 0.5 * cum[-1]))
+        if i == 0:
+            return 0.0
+        if i >= len(self.EDGES):
+            return 1.0
+        return float(np.sqrt(self.EDGES[i - 1] * self.EDGES[i]))
+
+
+class SeriesBlend:
+    """One series: the lifecycle forecast, the same times its :class:`WapeScale`, and the
+    naive predictors of the series."""
+
+    def __init__(self) -> None:
+        self.naive = make_baselines()
+        self.scale = WapeScale()
+        self.blend = Blend((LIFECYCLE, SCALED, *NAIVE))
+
+    def forecasts(self, lifecycle: float) -> list[float]:
+        f = float(clean(lifecycle))
+        return [f, f * self.scale.factor, *(b.predict() for b in self.naive)]
+
+    def combine(self, lifecycle: float) -> float:
+        """The published forecast: the weighted average of every predictor's."""
+        return float(self.blend.weights() @ clean(self.forecasts(lifecycle)))
+
+    def close(self, lifecycle: float, actual: float) -> None:
+        """A window closed: score every predictor on it, then let each learn from it."""
+        a = _actual(actual)
+        if a is None:
+            return
+        self.blend.update(self.forecasts(lifecycle), a)
+        self.scale.update(lifecycle, a)
+        for b in self.naive:
+            b.observe(a)
+
+
+class NewArrivals:
+    """Arrivals of trajectories not live at t (launched in the window, or never announced):
+    the sampler term (launches after rewards, an announced sync batch) beside the naive
+    predictors of this series, blended like the totals."""
+
+    def __init__(self) -> None:
+        self.naive = make_baselines()
+        self.blend = Blend((LIFECYCLE, *NAIVE))
+
+    def split(self) -> tuple[float, float]:
+        """``(w, level)``: the sampler term counts with weight w, and the naive
+        predictors add ``level`` tokens (their weighted forecasts)."""
+        w = self.blend.weights()
+        level = float(w[1:] @ clean([b.predict() for b in self.naive]))
+        return float(w[0]), level
+
+    def close(self, lifecycle: float, actual: float) -> None:
+        a = _actual(actual)
+        if a is None:
+            return
+        self.blend.update([lifecycle, *(b.predict() for b in self.naive)], a)
+        for b in self.naive:
+            b.observe(a)
+
+
+class Correction:
+    """Every correction the forecast applies, and :meth:`learn` at each window's close."""
+
+    def __init__(self, cfg: ForecastConfig) -> None:
+        self.source = {name: BiasCorrector(cfg.bias_half_life, cfg.bias_clip, cfg.bias_prior_windows) for name in SOURCES}
+        # Decode: its raw error can carry a large persistent bias (the queue model on a
+        # saturated system), which a fixed pull towards 1 would hold back; it keeps what
+        # stands out of the noise.
+        self.decode = BiasCorrector(cfg.bias_half_life, cfg.bias_clip, 0.0, shrink=True)
+        # The queue model's admitted share of the predicted arrivals, against what it
+        # makes of the arrivals that actually came (so the arrival forecast's own error is
+        # not in it): the requests that arrive in a window and are prefilled before its
+        # end, over sum_k alpha_k x (actual arrival tokens in sub-step k).
+        self.share = BiasCorrector(cfg.share_half_life, cfg.bias_clip, 0.0, shrink=True)
+        self.prefill_blend = SeriesBlend()
+        self.decode_blend = SeriesBlend()
+        self.new = NewArrivals()
+
+    def factors(self) -> dict[str, float]:
+        """The bias factor of each predicted prefill source."""
+        return {name: b.factor for name, b in self.source.items()}
+
+    def admitted_share(self, alpha, arrival_tokens, admitted: float) -> tuple[float, np.ndarray]:
+        """The arrivals' admissions with the queue model's admitted share per sub-step
+        (``alpha``) corrected by :attr:`share`, each sub-step's share at most 1 (no more
+        can be admitted than arrives): ``(admitted tokens, corrected alpha)``."""
+        alpha = np.asarray(alpha, dtype=float)
+        factor = self.share.factor
+        if factor == 1.0 or admitted <= 0 or len(arrival_tokens) != len(alpha):
+            return admitted, alpha
+        alpha = np.minimum(alpha * factor, 1.0)
+        return finite_sum(alpha * np.asarray(arrival_tokens, dtype=float)), alpha
+
+    def learn(self, f, prefill: float, decode: float, decode_known: float, sources: dict[str, float],
+              arrivals_by_step: list[float]) -> None:
+        """A window closed. ``f`` is the forecast made at its start (a ``core.Forecast``);
+        the rest is what happened: prefill demand, decode admissions (``decode_known`` of
+        them by requests queued before t), the arrivals per source (``sources``, by the
+        trajectory's state at t; ``other``: trajectories never announced) and per sub-step."""
+        for name, corrector in self.source.items():
+            corrector.update(f.components.get(name, 0.0), sources.get(name, 0.0))
+        if len(f.raw_alpha) == len(arrivals_by_step):
+            # What the queue model's admitted share makes of the arrivals that came.
+            expected = sum(a * x for a, x in zip(f.raw_alpha, arrivals_by_step, strict=True))
+            self.share.update(expected, decode - decode_known)
+        self.decode.update(f.raw_decode, decode)
+        # Each predictor scored on the window, then the naive ones see it.
+        self.prefill_blend.close(f.model_prefill, prefill)
+        self.decode_blend.close(f.model_decode, decode)
+        self.new.close(f.new_model, sources.get("sampler", 0.0) + sources.get("other", 0.0))

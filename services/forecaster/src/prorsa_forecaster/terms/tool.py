@@ -1,0 +1,90 @@
+"""Tool execution (Appendix B.5): requests of trajectories coming back from a tool.
+
+A trajectory in Tool returns with the tool-duration hazard on its elapsed time and a
+prompt of its context plus its EMA of prompt growth per tool turn (alpha 0.1), or plus
+the known result size once ``tool.finished`` said it. Beyond the paper's one pass per
+horizon (B.1), the next turns of trajectories decoding, queued or in prefill at t come
+back too (:func:`next_turn`): their decode ends (or the queue model finishes their
+prefill first), they call a tool with their turn's learnt share, unless a pending weight
+update cuts the decode, and the tool returns.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import ForecastConfig
+from ..guards import BIG, clean
+from ..history import History
+from ..snapshot import Snapshot
+from .common import N_CLASSES, by_step, kernel, rows, service_class, spread
+from .known_queue import KnownQueue
+from .update import not_interrupted
+
+
+def returns(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray) -> np.ndarray:
+    """Expected next requests of trajectories in Tool: loads (4, N_CLASSES, steps)."""
+    steps = cfg.steps
+    if len(snap.tool_elapsed) == 0:
+        return np.zeros((4, N_CLASSES, steps))
+    result = np.nan_to_num(np.asarray(snap.tool_result, dtype=float), nan=-1.0)
+    growth = np.where(result >= 0, result + hist.tool_overhead.value, clean(snap.tool_growth))
+    x = np.clip(clean(snap.tool_context) + np.clip(growth, 0.0, None), 0.0, BIG)
+    cached = snap.column("tool_cached", "tool_elapsed")
+    elapsed = clean(snap.tool_elapsed)
+    return spread(hist.tool, elapsed, x, cached, snap, cost, cfg)
+
+
+def turn_kernels(hist: History, horizon: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """Kernels of the rest of a turn: a response ending in sub-step k that calls a tool
+    is back in sub-step j; and the same from a decode start (decode, then tool). Whether
+    it calls one at all is the caller's weight on each request (its turn's tool share,
+    :meth:`Snapshot.tool_share`)."""
+    back = kernel(hist.tool, horizon, steps)
+    return back, kernel(hist.decode, horizon, steps) @ back
+
+
+def next_turn(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray, kq: KnownQueue, update: np.ndarray) -> np.ndarray:
+    """Requests after a tool call from trajectories now queued, in prefill or decoding.
+
+    Beyond the paper's simplification (B.1: no second pass within a horizon), which
+    misses whole turns when decode + tool take less than S: a decoding trajectory finishes
+    with Pr(T_dec < e + S | T_dec > e), calls a tool with its turn's tool share, and
+    returns after a fresh tool duration. A queued one is prefilled first, when the queue
+    model says (``kq``: its place in its server's queue, the pause after a weight update,
+    the caches it flushed). ``update``: Pr(a pending weight update lands in sub-step k)
+    (:func:`.update.update_steps`): a decode it cuts short calls no tool.
+    """
+    steps, S = cfg.steps, cfg.horizon
+    out = np.zeros((4, N_CLASSES, steps))
+    extra = max(hist.output.value, 0.0)
+    # The current prompt will be cached by then: it is the next request's prefix.
+    tool_k, _ = turn_kernels(hist, S, steps)
+    # A decode that a weight update cuts short does not end in a tool call (see
+    # not_interrupted): the decode ends are weighted before the tool kernel.
+    tool_k = not_interrupted(update, cfg)[:, None] * tool_k
+    pooled = hist.tool_fraction
+    if len(snap.decode_elapsed):
+        p = clean(snap.decode_prompt)
+        x = p + extra + clean(snap.decode_growth)
+        calls = snap.tool_share("decode_turn", "decode_elapsed", pooled)
+        out += spread(hist.decode, clean(snap.decode_elapsed), x, p, snap, cost, cfg, calls) @ tool_k
+    since = np.concatenate((np.asarray(snap.ready_since, float), np.asarray(snap.inflight_since, float)))
+    if len(since):
+        p = np.concatenate((clean(snap.ready_prompt), clean(snap.inflight_prompt)))
+        x = p + extra + np.concatenate((clean(snap.ready_growth), clean(snap.inflight_growth)))
+        calls = np.concatenate((snap.tool_share("ready_turn", "ready_prompt", pooled), snap.tool_share("inflight_turn", "inflight_prompt", pooled)))
+        chain = kernel(hist.decode, S, steps) @ tool_k
+        pmf_in, pmf_rd = kq.finish_steps(S, steps)
+        pmf = np.concatenate((pmf_rd, pmf_in))  # the order of ``since``: ready, then in flight
+        some = pmf.sum(axis=1) > 0  # deep in a queue: not prefilled in the window
+        if some.any():
+            load = rows(snap, x[some], p[some], calls[some])
+            out += by_step(load, service_class(load, cost), np.concatenate((pmf[some], pmf[some]))) @ chain
+    return clean(out)
+
+
+def term(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray, kq: KnownQueue, update: np.ndarray) -> np.ndarray:
+    """The tool term: returns of trajectories in Tool, and the next turns of those
+    decoding, queued or in prefill: loads ``(4, N_CLASSES, steps)``."""
+    return returns(snap, hist, cfg, cost) + next_turn(snap, hist, cfg, cost, kq, update)
