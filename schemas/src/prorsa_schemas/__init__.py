@@ -12,17 +12,9 @@ from .codec import (
     read_log,
 )
 from .errors import EventError, SubjectMismatch, Violation
+from .envelope import CONTRACT_VERSION, MAX_TOKENS, Event
 from .events import *  # noqa: F403
-from .events import (
-    CONTRACT_VERSION,
-    CONTROL_TYPES,
-    ENGINE_TYPES,
-    EVENT_TYPES,
-    MAX_TOKENS,
-    ROLLOUT_TYPES,
-    AnyEvent,
-    Event,
-)
+from .events import CONTROL_TYPES, ENGINE_TYPES, EVENT_TYPES, ROLLOUT_TYPES, AnyEvent
 from .subjects import DEFAULT, Namespace, category
 
 __all__ = [

@@ -7,60 +7,17 @@ strict_fields=True)`` reports it. Optional fields default to ``None`` so that an
 event carries exactly the fields its producer set. ``v`` defaults to 1 for events built in
 Python; on the wire it is required (:func:`prorsa_schemas.decode_event` checks it). The
 class docstrings and field descriptions are the ``description`` of the JSON Schemas
-(``prorsa schema``, docs/schema/).
+(``prorsa schema``, docs/schema/). The envelope (common fields, types, the base model) is
+:mod:`prorsa_schemas.envelope`.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field
 
-CONTRACT_VERSION = 1
-
-MAX_TOKENS = 10_000_000
-"""Upper bound of every token count (EVENTS.md: integers >= 0 and <= 10,000,000)."""
-
-# Ids: 1..128 printable characters. "Printable" excludes C0/C1 control characters and
-# DEL; everything else (including non-ASCII letters) is allowed.
-_PRINTABLE = r"^[^\x00-\x1f\x7f-\x9f]+$"
-
-Id = Annotated[str, Field(min_length=1, max_length=128, pattern=_PRINTABLE)]
-RunId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$")]
-Tokens = Annotated[int, Field(ge=0, le=MAX_TOKENS)]
-Role = Literal["prefill", "decode", "mixed"]
-SwitchRole = Literal["prefill", "decode"]
-SwitchMode = Literal["in_place", "restart"]
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, strict=True, extra="allow", allow_inf_nan=False)
-
-
-class Event(_Model):
-    """The envelope every event carries."""
-
-    v: Literal[1] = Field(1, description="contract version, 1 (required on the wire)")
-    id: Id = Field(description="unique per event; the JetStream Nats-Msg-Id used for de-duplication")
-    type: str = Field(description="the event type")
-    ts: float = Field(ge=0.0, description="event time in seconds (epoch seconds in production; any origin "
-                                          "within one run). Finite, >= 0")
-    run: RunId = Field(description="the RL job this event belongs to")
-
-    @field_validator("ts")
-    @classmethod
-    def _finite_ts(cls, value: float) -> float:
-        if not math.isfinite(value):
-            raise ValueError("ts must be a finite number")
-        return value
-
-
-class TrajectoryEvent(Event):
-    """A rollout event about one trajectory."""
-
-    traj: Id = Field(description="the trajectory id")
-
+from .envelope import ContractModel, Event, Id, Role, SwitchMode, SwitchRole, Tokens, TrajectoryEvent
 
 # --- rollout events (published by the RL framework through the SDK) -----------------
 
@@ -197,7 +154,7 @@ class PolicyUpdated(Event):
 # --- engine events (published by engine agents) --------------------------------------
 
 
-class Parallel(_Model):
+class Parallel(ContractModel):
     tp: int | None = Field(default=None, ge=1)
     dp: int | None = Field(default=None, ge=1)
     ep: int | None = Field(default=None, ge=1)
@@ -291,7 +248,7 @@ class EngineDeregistered(Event):
 # --- control events (published by the services) --------------------------------------
 
 
-class ForecastComponents(_Model):
+class ForecastComponents(ContractModel):
     """Per-source terms of a prefill forecast (Appendix B.8) and the bias applied."""
 
     sampler: float | None = Field(default=None, ge=0.0)
@@ -306,7 +263,7 @@ BlendWeight = Annotated[float, Field(ge=0.0, le=1.0)]
 PredictorName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
 
 
-class ForecastBlend(_Model):
+class ForecastBlend(ContractModel):
     """What a forecast is made of: per series, the weight (0..1) of each predictor in the
     published value (added optional field of forecast.window)."""
 
@@ -342,7 +299,7 @@ class ForecastWindow(Event):
         "(the lifecycle forecast beside the naive ones; docs/forecaster.md)"))
 
 
-class PlannedSwitch(_Model):
+class PlannedSwitch(ContractModel):
     engine: Id
     to_role: SwitchRole
 
@@ -405,34 +362,15 @@ EVENT_TYPES: dict[str, type[Event]] = {
 }
 """Every contract event type, by its ``type`` string."""
 
-ROLLOUT_TYPES = frozenset(
-    {
-        "run.started",
-        "trajectory.dispatched",
-        "sandbox.started",
-        "sandbox.ready",
-        "request.queued",
-        "prefill.started",
-        "prefill.finished",
-        "decode.finished",
-        "tool.started",
-        "tool.finished",
-        "reward.started",
-        "reward.finished",
-        "trajectory.dropped",
-        "policy.updated",
-    }
-)
-ENGINE_TYPES = frozenset(
-    {
-        "engine.registered",
-        "engine.stats",
-        "engine.switching",
-        "engine.switched",
-        "engine.switch_failed",
-        "engine.deregistered",
-    }
-)
+ROLLOUT_TYPES = frozenset({
+    "run.started", "trajectory.dispatched", "sandbox.started", "sandbox.ready", "request.queued", "prefill.started",
+    "prefill.finished", "decode.finished", "tool.started", "tool.finished", "reward.started", "reward.finished",
+    "trajectory.dropped", "policy.updated",
+})
+ENGINE_TYPES = frozenset({
+    "engine.registered", "engine.stats", "engine.switching", "engine.switched", "engine.switch_failed",
+    "engine.deregistered",
+})
 CONTROL_TYPES = frozenset({"forecast.window", "allocation.plan", "engine.command"})
 
 assert ROLLOUT_TYPES | ENGINE_TYPES | CONTROL_TYPES == set(EVENT_TYPES)

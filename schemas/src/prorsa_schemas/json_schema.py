@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .events import CONTRACT_VERSION, EVENT_TYPES, Event
+from .envelope import CONTRACT_VERSION, Event
+from .events import EVENT_TYPES
 from .subjects import category
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
