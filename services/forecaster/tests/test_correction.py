@@ -89,3 +89,53 @@ def test_garbage_in_gives_finite_non_negative_out():
         sb.close(f, a)
         out = sb.combine(f)
         assert math.isfinite(out) and out >= 0.0
+
+
+def test_a_closed_window_teaches_each_correction_its_own_part():
+    from types import SimpleNamespace
+
+    from prorsa_forecaster.config import ForecastConfig
+    from prorsa_forecaster.terms.correction import Correction
+
+    corr = Correction(ForecastConfig(bias_half_life=1e9, bias_prior_windows=0, share_half_life=1e9))
+    f = SimpleNamespace(
+        components={"sampler": 0.0, "sandbox": 100.0, "tool": 1000.0, "reprefill": 0.0},
+        raw_alpha=(1.0, 0.5), raw_decode=800.0, model_prefill=1600.0, model_decode=800.0, new_model=0.0,
+    )
+    for _ in range(2):  # a factor needs two windows
+        corr.learn(f, prefill=2000.0, decode=900.0, decode_known=300.0,
+                   sources={"sandbox": 50.0, "tool": 1500.0, "other": 200.0}, arrivals_by_step=[400.0, 400.0])
+    factors = corr.factors()
+    assert factors["tool"] == pytest.approx(1.5) and factors["sandbox"] == pytest.approx(0.5)
+    assert factors["sampler"] == 1.0  # nothing predicted: nothing learnt
+    # The admitted share: the arrivals admitted (900 - 300) against what the queue model's
+    # shares make of the arrivals that came (1 x 400 + 0.5 x 400): 1.0 exactly, no change.
+    assert corr.share.factor == pytest.approx(1.0)
+    # The never-announced trajectories' 200 tokens feed the new-arrivals series.
+    assert corr.new.naive[0].predict() == 200.0
+    assert corr.prefill_blend.naive[0].predict() == 2000.0 and corr.decode_blend.naive[0].predict() == 900.0
+
+
+def test_the_admitted_share_correction_keeps_each_sub_step_at_most_one():
+    from prorsa_forecaster.config import ForecastConfig
+    from prorsa_forecaster.terms.correction import Correction
+
+    corr = Correction(ForecastConfig(share_half_life=1e9))
+    for _ in range(10):
+        corr.share.update(predicted=1000.0, realised=1500.0)
+    k = corr.share.factor
+    assert k == pytest.approx(1.5, rel=1e-6)  # steady: it stands out of its (zero) noise
+    admitted, alpha = corr.admitted_share((0.8, 0.4), (1000.0, 1000.0), 1200.0)
+    assert alpha.tolist() == pytest.approx([1.0, 0.6])
+    assert admitted == pytest.approx(1000.0 + 600.0)
+
+
+def test_the_scaled_lifecycle_forecast_shrinks_only_what_was_not_known_at_t():
+    sb = SeriesBlend()
+    # Five windows: 1000 tokens of backlog (known at t) and 500 predicted, of which 250
+    # came: the predicted part is worth half of itself.
+    for _ in range(5):
+        sb.close(1500.0, 1250.0, known=1000.0)
+    assert sb.scale.factor == pytest.approx(0.5, rel=0.02)
+    lifecycle, scaled, *_ = sb.forecasts(1500.0, known=1000.0)
+    assert lifecycle == 1500.0 and scaled == pytest.approx(1250.0, rel=0.01)

@@ -67,7 +67,8 @@ def forecast_eval(
             out_csv.writerow(
                 ["t", "prefill_forecast", "prefill_actual", "decode_forecast", "decode_actual", *COMPONENTS, "bias",
                  "decode_known_forecast", "decode_known_actual", "decode_bias", "share_factor",
-                 *(f"actual_{name}" for name in SOURCES)]
+                 *(f"actual_{name}" for name in SOURCES), "lifecycle_prefill", "lifecycle_decode",
+                 "weight_lifecycle_prefill", "weight_lifecycle_decode"]
             )
             for w in ev.windows:
                 f = w.forecast
@@ -75,7 +76,10 @@ def forecast_eval(
                 tokens += [f.components.get(name, 0.0) for name in COMPONENTS]
                 tokens += [f.bias, f.raw_decode_known, w.decode_known, f.decode_bias]
                 actual = (f"{w.sources.get(name, 0.0):.0f}" for name in SOURCES)
-                out_csv.writerow([w.t, *(f"{v:.0f}" for v in tokens), f"{f.share_factor:.4f}", *actual])
+                weights = (sum(v for k, v in f.weights.get(series, {}).items() if k.startswith("lifecycle"))
+                           for series in ("prefill", "decode"))
+                out_csv.writerow([w.t, *(f"{v:.0f}" for v in tokens), f"{f.share_factor:.4f}", *actual,
+                                  f"{f.model_prefill:.0f}", f"{f.model_decode:.0f}", *(f"{v:.4f}" for v in weights)])
     if as_json:
         out.print(json.dumps(report), highlight=False, soft_wrap=True)
         return
@@ -132,11 +136,12 @@ def _print_table(report: dict, console, out) -> None:
     for n in names:
         table.add_column(n, justify="right")
     table.add_column("noise floor", justify="right")
-    rows = [("prefill", report["prefill"]), ("prefill arrivals (no backlog)", report["prefill"].get("arrivals")),
-            ("decode", report["decode"])]
+    rows = [("prefill", report["prefill"]), ("  lifecycle alone", {"wape": report["prefill"]["lifecycle_wape"]}),
+            ("prefill arrivals (no backlog)", report["prefill"].get("arrivals")),
+            ("decode", report["decode"]), ("  lifecycle alone", {"wape": report["decode"]["lifecycle_wape"]})]
     for series, r in rows:
         if r is not None:
-            table.add_row(series, pct(r["wape"]), *(pct(r["baselines"][n]) for n in names),
+            table.add_row(series, pct(r["wape"]), *(pct(r["baselines"][n]) if "baselines" in r else "" for n in names),
                           pct(r.get("noise_floor")) if "noise_floor" in r else "-")
     out.print(table)
     comps = Table(title="prefill by source (actual = arrivals attributed by state at t)")

@@ -122,7 +122,7 @@ def forecast(snap: Snapshot, hist: History, cfg: ForecastConfig | None = None) -
         decode_model = admit * corr.decode.factor
 
         # What is published: each series' lifecycle forecast blended with its naive ones.
-        prefill = corr.prefill_blend.combine(model)
+        prefill = corr.prefill_blend.combine(model, known)
         decode = corr.decode_blend.combine(decode_model)
     predicted = sum(comps[k] for k in PREDICTED)
     return Forecast(

@@ -65,6 +65,8 @@ class Evaluation:
     reads the events): what is left to forecast, scored the same way."""
     components: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     decode_components: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    lifecycle: dict[str, list[float]] = field(default_factory=lambda: {"prefill": [], "decode": []})
+    """The lifecycle forecast alone (before the blend with the naive predictors)."""
     windows: list[WindowResult] = field(default_factory=list)
     events: int = 0
     invalid: int = 0
@@ -85,13 +87,17 @@ class Evaluation:
         if w.decode_sd is not None:
             self.decode_noise += ABS_NORMAL * w.decode_sd
         self.decode.add(f.decode_admit_tokens, w.decode_actual)
+        self.lifecycle["prefill"].append(f.model_prefill)
+        self.lifecycle["decode"].append(f.model_decode)
+        w_new = f.weights.get("new", {}).get("lifecycle", 1.0)
         pairs = {
             "sampler": (f.components["sampler"], w.sources["sampler"]),
             "sandbox": (f.components["sandbox"], w.sources["sandbox"]),
             "tool": (f.components["tool"], w.sources["tool"]),
             "reprefill": (f.components["reprefill"], w.sources["reprefill"]),
             "backlog": (f.components["ready"] + f.components["inflight"], w.backlog),
-            "unmodelled": (0.0, w.sources["other"]),
+            # Trajectories not live at t: launched in the window, or never announced.
+            "new": (w_new * f.new_model + f.new_series, w.sources["sampler"] + w.sources["other"]),
         }
         for name, pair in pairs.items():
             self.components.setdefault(name, []).append(pair)
@@ -108,6 +114,7 @@ class Evaluation:
     def report(self) -> dict:
         """The JSON report (shape fixed by issue #5, extra keys beside it)."""
         prefill = self.prefill.report()
+        prefill["lifecycle_wape"] = _r(wape(self.lifecycle["prefill"], self.prefill.actual))
         prefill["components"] = _component_report(self.components)
         total = sum(self.prefill.actual)
         # The WAPE a forecast with exact arrival probabilities would still have (uncertainty.py).
@@ -123,6 +130,7 @@ class Evaluation:
             "prefill": prefill,
             "decode": {
                 **self.decode.report(),
+                "lifecycle_wape": _r(wape(self.lifecycle["decode"], self.decode.actual)),
                 "components": _component_report(self.decode_components),
                 "noise_floor": _r(self.decode_noise / dtotal) if dtotal > 0 else None,
             },

@@ -123,14 +123,21 @@ ETA = 1.0
 """CHOICE: sharpness of the weights. A predictor whose score (:meth:`Blend.scores`) is
 higher by 1 than the best one's, one average window's worth of absolute error more (1
 point of running WAPE over 100 windows), weighs exp(-1) = 37% of it; by 5, 0.7%. Chosen
-on the Azure code trace, a 2-step sync simulator log at S = 50 s and the simulator logs
-(docs/forecaster.md): sharper weights follow the predictor that led so far, and pay
-when the lead changes hands."""
+by replaying the logs of docs/forecaster.md's tables with 0.5, 1, 2, 4 and 8: sharper
+weights follow the predictor that led so far and pay when the lead changes hands
+(bursty logs: the Azure code trace, the demo), softer ones keep the weaker predictors
+too long."""
 
-HEAD_START = 1.0
-"""CHOICE: the other predictors start one window's worth of error behind the lifecycle
-forecast. Until a window has closed they know nothing (the naive ones predict 0) and the
-forecast is the lifecycle one alone."""
+HEAD_START = 2.0
+"""CHOICE: for the published series, the other predictors start two windows' worth of
+error behind the lifecycle forecast (before any window has closed the naive ones know
+nothing and the forecast is the lifecycle one alone). A sync run's first batch is a
+burst nothing forecasts; with one window's head start, last value's copy of it took a
+third of the weight in the next window."""
+
+NEW_HEAD_START = 1.0
+"""CHOICE: the same for new trajectories' arrivals, one window: on a serving trace the
+sampler term is always 0 and the naive predictors take over after a window or two."""
 
 
 class Blend:
@@ -182,7 +189,8 @@ def _actual(a: float) -> float | None:
 
 class WapeScale:
     """The factor k <= 1 that minimises sum |k f - a| over the closed windows: the
-    weighted median of a / f, each window weighted by its forecast f.
+    weighted median of a / f, each window weighted by its forecast f (f and a: what was
+    not known at t, forecast and actual).
 
     The lifecycle forecast is an expectation; under absolute error the best forecast is
     the median, which is lower where the windows' demand is skewed (bursts between idle
@@ -221,29 +229,32 @@ class WapeScale:
 
 
 class SeriesBlend:
-    """One series: the lifecycle forecast, the same times its :class:`WapeScale`, and the
-    naive predictors of the series."""
+    """One series: the lifecycle forecast, the same with its predicted part (what is not
+    known at t: the backlog is) times its :class:`WapeScale`, and the naive predictors of
+    the series."""
 
     def __init__(self) -> None:
         self.naive = make_baselines()
         self.scale = WapeScale()
         self.blend = Blend((LIFECYCLE, SCALED, *NAIVE))
 
-    def forecasts(self, lifecycle: float) -> list[float]:
+    def forecasts(self, lifecycle: float, known: float = 0.0) -> list[float]:
         f = float(clean(lifecycle))
-        return [f, f * self.scale.factor, *(b.predict() for b in self.naive)]
+        k = min(float(clean(known)), f)
+        return [f, k + (f - k) * self.scale.factor, *(b.predict() for b in self.naive)]
 
-    def combine(self, lifecycle: float) -> float:
+    def combine(self, lifecycle: float, known: float = 0.0) -> float:
         """The published forecast: the weighted average of every predictor's."""
-        return float(self.blend.weights() @ clean(self.forecasts(lifecycle)))
+        return float(self.blend.weights() @ clean(self.forecasts(lifecycle, known)))
 
-    def close(self, lifecycle: float, actual: float) -> None:
+    def close(self, lifecycle: float, actual: float, known: float = 0.0) -> None:
         """A window closed: score every predictor on it, then let each learn from it."""
         a = _actual(actual)
         if a is None:
             return
-        self.blend.update(self.forecasts(lifecycle), a)
-        self.scale.update(lifecycle, a)
+        self.blend.update(self.forecasts(lifecycle, known), a)
+        k = min(float(clean(known)), float(clean(lifecycle)))
+        self.scale.update(float(clean(lifecycle)) - k, max(a - k, 0.0))
         for b in self.naive:
             b.observe(a)
 
@@ -255,7 +266,7 @@ class NewArrivals:
 
     def __init__(self) -> None:
         self.naive = make_baselines()
-        self.blend = Blend((LIFECYCLE, *NAIVE))
+        self.blend = Blend((LIFECYCLE, *NAIVE), NEW_HEAD_START)
 
     def split(self) -> tuple[float, float]:
         """``(w, level)``: the sampler term counts with weight w, and the naive
@@ -320,6 +331,6 @@ class Correction:
             self.share.update(expected, decode - decode_known)
         self.decode.update(f.raw_decode, decode)
         # Each predictor scored on the window, then the naive ones see it.
-        self.prefill_blend.close(f.model_prefill, prefill)
+        self.prefill_blend.close(f.model_prefill, prefill, f.components.get("ready", 0.0) + f.components.get("inflight", 0.0))
         self.decode_blend.close(f.model_decode, decode)
         self.new.close(f.new_model, sources.get("sampler", 0.0) + sources.get("other", 0.0))
