@@ -52,6 +52,11 @@ async def test_service_publishes_one_forecast_per_window_and_tracks_wape(nats_ur
     assert reg.get_sample_value("prorsa_forecaster_correction", {"kind": "prefill_tool"}) == h.correction.factors()["tool"]
     assert reg.get_sample_value("prorsa_forecaster_correction", {"kind": "admitted_share"}) == h.correction.share.factor
     assert reg.get_sample_value("prorsa_forecaster_correction", {"kind": "decode"}) == pytest.approx(h.correction.decode.factor)
+    # Each forecast says what it is made of (forecast.window.blend), and so do the metrics.
+    assert all(sum(f.blend.prefill.values()) == pytest.approx(1.0) and "lifecycle" in f.blend.decode for f in got)
+    assert got[0].blend.prefill["lifecycle"] == 1.0  # before any window closed, the lifecycle forecast alone
+    weights = h.correction.prefill_blend.blend.named()
+    assert reg.get_sample_value("prorsa_forecaster_blend_weight", {"series": "prefill", "predictor": "kalman"}) == pytest.approx(weights["kalman"])
     # A tracker watermark past the next boundary closes the open window without events.
     before = svc.published
     await nc.publish(ns.watermark(), b'{"ts": %f}' % (last_t + 25))

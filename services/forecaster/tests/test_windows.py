@@ -192,3 +192,19 @@ def test_every_requeue_after_an_abort_counts_as_reprefill():
     assert ws[1].t == 10.0
     # a was in Tool at t = 10 and b decoding; both re-queues after the abort are re-prefills.
     assert ws[1].sources["tool"] == 200 and ws[1].sources["reprefill"] == 210 + 130
+
+
+def test_two_runs_in_one_log_keep_their_trajectories_apart():
+    # The same trajectory id in two runs: two trajectories, not one seen twice.
+    def ev(type_, ts, run, **kw):
+        return EVENT_TYPES[type_](id=f"{run}-{type_}-{ts}", ts=ts, run=run, **kw)
+
+    st = LiveState(CFG)
+    for run in ("a", "b"):
+        st.apply(ev("trajectory.dispatched", 1.0, run, traj="t0", prompt_tokens=100))
+        st.apply(ev("request.queued", 2.0, run, traj="t0", req="q0", turn=0, prompt_tokens=1000 if run == "a" else 3000))
+    assert st.live == 2 and st.ignored == 0
+    assert st.snapshot(3.0).ready_prompt.tolist() == [1000.0, 3000.0]
+    st.apply(ev("prefill.finished", 4.0, "b", traj="t0", req="q0"))
+    snap = st.snapshot(5.0)
+    assert snap.ready_prompt.tolist() == [1000.0] and snap.decode_prompt.tolist() == [3000.0]
