@@ -168,6 +168,11 @@ def _follow_run(opts: UpOptions, plan: StackPlan, sup: Supervisor, stop: threadi
     return _finish(opts, plan, driver, stop, sup)
 
 
+# Wall seconds the summary waits for commanded switches to end (switched or failed): the
+# emulated agent's drain deadline plus a switch, with room for a loaded host (CHOICE).
+SETTLE_S = 60.0
+
+
 def _finish(opts: UpOptions, plan: StackPlan, driver: dict, stop: threading.Event, sup: Supervisor) -> int:
     from .report import count_run, load_events, scrape, summarise, timeline
 
@@ -188,6 +193,15 @@ def _finish(opts: UpOptions, plan: StackPlan, driver: dict, stop: threading.Even
                    for e in load_events(plan.db_url)[-200:])
 
     _wait(last_window, 4 * opts.horizon + 10, stop, sup)
+
+    def unsettled(events: list[dict]) -> set[str]:  # commands sent or begun with no outcome yet
+        begun = {e["cmd"] for e in events if e["type"] in ("engine.command", "engine.switching")}
+        return begun - {e["cmd"] for e in events if e["type"] in ("engine.switched", "engine.switch_failed")}
+
+    # A switch the allocator commanded near the end finishes after the driver: the summary
+    # waits for its outcome, so that it counts what the durable log will hold (a command
+    # nobody answers ends the wait at SETTLE_S and is reported as unsettled).
+    _wait(lambda: not unsettled(load_events(plan.db_url)), SETTLE_S, stop, sup)
     metrics = scrape(plan.metrics["forecaster"])
     emu = engine_stats([f"http://{opts.host}:{port}" for port, _b in plan.ports.engines])
     events = load_events(plan.db_url)
@@ -195,6 +209,7 @@ def _finish(opts: UpOptions, plan: StackPlan, driver: dict, stop: threading.Even
     summary.update(policy=opts.policy, workdir=str(opts.workdir.resolve()), tracker_events=stored[0], anomalies=stored[1], durable_log=mask_url(plan.db_url),
                    **scenario(opts))
     summary["emulated_engines"] = emu
+    summary["switches_unsettled"] = len(unsettled(events))
     summary["router"] = router_name(plan.router_kind)
     steps = summary["rollout_step_times_s"]
     summary["rollout_mean_s"] = round(sum(steps) / len(steps), 3) if steps else None
@@ -288,7 +303,8 @@ def _print_summary(s: dict, plan: StackPlan, opts: UpOptions) -> None:
         t.add_row("emulated engines: steps (with a prefill) / behind the cost model",
                   f"{e['steps']} ({e['prefill_steps']}) / {100 * share:.1f}% of their time")
     t.add_row("events: published / in the log / anomalies", f"{s['driver_events']} / {s['tracker_events']} / {s['anomalies']}")
-    t.add_row("switches: commanded / executed / failed", f"{s['commands']} / {s['switches']} / {s['switch_failures']}")
+    t.add_row("switches: commanded / executed / failed", f"{s['commands']} / {s['switches']} / {s['switch_failures']}"
+              + (f" ({s['switches_unsettled']} without an outcome)" if s.get("switches_unsettled") else ""))
     w = s["forecast_wape"]
     pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
     t.add_row(f"forecast windows (S = {opts.horizon:g} s)", str(s["forecast_windows"]))

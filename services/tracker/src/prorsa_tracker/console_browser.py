@@ -45,9 +45,9 @@ def page_url(base: str, fragment: str, token: str | None) -> str:
     return f"{base}/console/" + (f"?token={quote(token)}" if token else "") + fragment
 
 
-def dump_dom(base: str, fragment: str, token: str | None) -> str:
-    """The page's DOM after its scripts ran."""
-    return chromium("--dump-dom", page_url(base, fragment, token))
+def dump_dom(base: str, fragment: str, token: str | None, budget_ms: int = 8000) -> str:
+    """The page's DOM after its scripts ran (``budget_ms`` of Chromium's virtual time)."""
+    return chromium("--dump-dom", page_url(base, fragment, token), budget_ms=budget_ms)
 
 
 def screenshot(base: str, fragment: str, token: str | None, out: Path, width: int, height: int) -> None:
