@@ -5,7 +5,7 @@ the decode correction in docs/forecaster.md).
 
 The log is replayed once through the forecaster (default configuration); the raw decode
 forecast of every window (before the decode correction; after the admitted-share one,
-which is part of the queue model's output since session 5) and the actual admissions are then run
+which is part of the queue model's output) and the actual admissions are then run
 through each corrector offline, as the window loop would (a window's factor only from
 windows closed before it). Prints the decode WAPE of each:
 
