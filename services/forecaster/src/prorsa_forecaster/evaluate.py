@@ -112,7 +112,7 @@ class Evaluation:
             self.windows.append(w)
 
     def report(self) -> dict:
-        """The JSON report (shape fixed by issue #5, extra keys beside it)."""
+        """The JSON report (the fixed shape of docs/forecaster.md, "How to run", extra keys beside it)."""
         prefill = self.prefill.report()
         prefill["lifecycle_wape"] = _r(wape(self.lifecycle["prefill"], self.prefill.actual))
         prefill["components"] = _component_report(self.components)
