@@ -34,10 +34,7 @@ SKIP_DIRS = {"__pycache__", "node_modules", "build", "dist", "out"}
 EXCLUDED = {
     Path(__file__).resolve(): "this test names the words it looks for",
 }
-EXCLUDED_TREES = {
-    ROOT / "services" / "forecaster": "the forecaster's sources and tests are cleaned with its docs",
-    ROOT / "docs" / "forecaster.md": "as services/forecaster",
-}
+EXCLUDED_TREES: dict[Path, str] = {}
 
 
 def text_files(root: Path = ROOT):
