@@ -20,6 +20,7 @@ from collections import deque
 import numpy as np
 
 from prorsa_schemas import Event
+from prorsa_schemas.fold import Mutators
 
 from .config import ForecastConfig
 from .history import History
@@ -164,9 +165,7 @@ class LiveState(SamplerFold, EngineFold):
     # -- the fold -----------------------------------------------------------------------
     def apply(self, ev: Event) -> None:
         """Fold one valid contract event (in ``ts`` order) into the state and history."""
-        handler = getattr(self, "_on_" + ev.type.replace(".", "_"), None)
-        if handler is not None:
-            handler(ev)
+        MUTATE(self, ev)
 
     @property
     def live(self) -> int:
@@ -357,3 +356,24 @@ class LiveState(SamplerFold, EngineFold):
         if self._decode_kv:
             return float(sum(self._decode_kv.values()))
         return max(float(self.kv_now), 0.0)
+
+
+# The fold's handlers, one per event type (the project's one way to apply an event: see
+# prorsa_schemas.fold). The methods live on LiveState and its two sides (SamplerFold,
+# EngineFold); event types not listed change nothing here.
+MUTATE: Mutators = Mutators()
+MUTATE.on("run.started")(LiveState._on_run_started)
+MUTATE.on("policy.updated")(LiveState._on_policy_updated)
+MUTATE.on("trajectory.dispatched")(LiveState._on_trajectory_dispatched)
+MUTATE.on("sandbox.started")(LiveState._on_sandbox_started)
+MUTATE.on("sandbox.ready")(LiveState._on_sandbox_ready)
+MUTATE.on("request.queued")(LiveState._on_request_queued)
+MUTATE.on("prefill.started")(LiveState._on_prefill_started)
+MUTATE.on("prefill.finished")(LiveState._on_prefill_finished)
+MUTATE.on("decode.finished")(LiveState._on_decode_finished)
+MUTATE.on("tool.finished")(LiveState._on_tool_finished)
+MUTATE.on("reward.started")(LiveState._on_reward_started)
+MUTATE.on("reward.finished")(LiveState._on_reward_finished)
+MUTATE.on("trajectory.dropped")(LiveState._on_trajectory_dropped)
+MUTATE.on("engine.registered", "engine.stats", "engine.switching", "engine.switched", "engine.switch_failed",
+          "engine.deregistered")(LiveState._engine_event)

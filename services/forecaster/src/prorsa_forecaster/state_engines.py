@@ -54,11 +54,6 @@ class EngineFold:
             self._role[ev.engine] = rec.role
         _mutate(self, ev)
 
-    # LiveState.apply dispatches by name (``_on_<type>``); each engine type goes the same way.
-    _on_engine_registered = _on_engine_stats = _engine_event
-    _on_engine_switching = _on_engine_switched = _on_engine_switch_failed = _engine_event
-    _on_engine_deregistered = _engine_event
-
     # -- prefill helpers ------------------------------------------------------------------
     def _prefill_progress(self, ts: float) -> None:
         """The first prefill progress after a weight update ends its pause."""
