@@ -4,6 +4,8 @@ an event the state machine does not allow (see :mod:`prorsa_tracker.core`)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from prorsa_schemas import Event
 
 from .state import Anomaly, Request, RequestRecord, RunState, Span, TrackerState, Trajectory, TrajState, Transition
@@ -135,6 +137,24 @@ def wrong_req(ev: Event, tr: Trajectory) -> Result | None:
             anomaly(ev, f"{ev.type} for request {ev.req!r}, but the trajectory's current request is {cur!r}", tr.state)  # type: ignore[attr-defined]
         ]
     return None
+
+
+def enter(state: TrackerState, rs: RunState, ev: Event, allowed: Collection[TrajState] | None = None,
+          same_req: bool = False) -> tuple[Trajectory, list[Anomaly], None] | tuple[None, list[Anomaly], Result]:
+    """The checks every trajectory event passes before it is applied: the trajectory is live,
+    its state is one of ``allowed`` (any, when None), and with ``same_req`` the event names its
+    current request. Returns ``(trajectory, backwards-ts anomalies, None)`` to apply the event,
+    or ``(None, [], result)`` with the result that refuses it."""
+    tr, bad = live(state, rs, ev)
+    if tr is None:
+        return None, [], ([], [bad])  # type: ignore[list-item]
+    if allowed is not None and tr.state not in allowed:
+        return None, [], illegal(ev, tr)
+    if same_req:
+        wrong = wrong_req(ev, tr)
+        if wrong:
+            return None, [], wrong
+    return tr, backwards(ev, tr), None
 
 
 def close_tool(rs: RunState, tr: Trajectory, ts: float, ok: bool | None, tokens: int | None) -> Span:

@@ -14,16 +14,13 @@ from .lifecycle import (
     Result,
     S,
     anomaly,
-    backwards,
     close_request,
     close_tool,
     dur,
+    enter,
     finish,
-    illegal,
-    live,
     move,
     transition,
-    wrong_req,
 )
 from .state import Request, RunConfig, RunState, Span, TrackerState, Trajectory
 
@@ -88,12 +85,9 @@ def _dispatched(state: TrackerState, rs: RunState, ev) -> Result:
 
 @mutate.on("sandbox.started")
 def _sandbox_started(state: TrackerState, rs: RunState, ev) -> Result:
-    tr, bad = live(state, rs, ev)
-    if tr is None:
-        return [], [bad]  # type: ignore[list-item]
-    if tr.state is not S.DISPATCHED:
-        return illegal(ev, tr)
-    back = backwards(ev, tr)
+    tr, back, refused = enter(state, rs, ev, {S.DISPATCHED})
+    if refused:
+        return refused
     tr.sandbox_mode = ev.mode
     tr.sandbox_started_ts = ev.ts
     move(rs, tr, S.SANDBOX, ev.ts)
@@ -102,12 +96,9 @@ def _sandbox_started(state: TrackerState, rs: RunState, ev) -> Result:
 
 @mutate.on("sandbox.ready")
 def _sandbox_ready(state: TrackerState, rs: RunState, ev) -> Result:
-    tr, bad = live(state, rs, ev)
-    if tr is None:
-        return [], [bad]  # type: ignore[list-item]
-    if tr.state is not S.SANDBOX:
-        return illegal(ev, tr)
-    back = backwards(ev, tr)
+    tr, back, refused = enter(state, rs, ev, {S.SANDBOX})
+    if refused:
+        return refused
     d = dur(tr.sandbox_started_ts, ev.ts)
     rs.samples[f"sandbox_{tr.sandbox_mode}"].append(d)
     span = Span(
@@ -123,13 +114,10 @@ _QUEUE_FROM = frozenset({S.DISPATCHED, S.READY, S.TOOL, S.DECODE})
 
 @mutate.on("request.queued")
 def _request_queued(state: TrackerState, rs: RunState, ev) -> Result:
-    tr, bad = live(state, rs, ev)
-    if tr is None:
-        return [], [bad]  # type: ignore[list-item]
+    tr, back, refused = enter(state, rs, ev, _QUEUE_FROM)
+    if refused:
+        return refused
     src = tr.state
-    if src not in _QUEUE_FROM:
-        return illegal(ev, tr)
-    back = backwards(ev, tr)
     ts = ev.ts
     record = span = None
     if src is S.DECODE:  # re-prefill: the request in decode is abandoned
@@ -153,15 +141,9 @@ def _request_queued(state: TrackerState, rs: RunState, ev) -> Result:
 
 @mutate.on("prefill.started")
 def _prefill_started(state: TrackerState, rs: RunState, ev) -> Result:
-    tr, bad = live(state, rs, ev)
-    if tr is None:
-        return [], [bad]  # type: ignore[list-item]
-    if tr.state is not S.QUEUED:
-        return illegal(ev, tr)
-    wrong = wrong_req(ev, tr)
-    if wrong:
-        return wrong
-    back = backwards(ev, tr)
+    tr, back, refused = enter(state, rs, ev, {S.QUEUED}, same_req=True)
+    if refused:
+        return refused
     r = tr.request
     r.prefill_started_ts = ev.ts  # type: ignore[union-attr]
     if ev.engine is not None:
@@ -172,16 +154,10 @@ def _prefill_started(state: TrackerState, rs: RunState, ev) -> Result:
 
 @mutate.on("prefill.finished")
 def _prefill_finished(state: TrackerState, rs: RunState, ev) -> Result:
-    tr, bad = live(state, rs, ev)
-    if tr is None:
-        return [], [bad]  # type: ignore[list-item]
+    tr, back, refused = enter(state, rs, ev, {S.QUEUED, S.PREFILL}, same_req=True)
+    if refused:
+        return refused
     src = tr.state
-    if src is not S.QUEUED and src is not S.PREFILL:
-        return illegal(ev, tr)
-    wrong = wrong_req(ev, tr)
-    if wrong:
-        return wrong
-    back = backwards(ev, tr)
     r = tr.request
     assert r is not None
     r.prefill_finished_ts = ev.ts
@@ -198,15 +174,9 @@ _AFTER_DECODE = {"tool": S.TOOL, "abort": S.READY, "stop": S.REWARD, "length": S
 
 @mutate.on("decode.finished")
 def _decode_finished(state: TrackerState, rs: RunState, ev) -> Result:
-    tr, bad = live(state, rs, ev)
-    if tr is None:
-        return [], [bad]  # type: ignore[list-item]
-    if tr.state is not S.DECODE:
-        return illegal(ev, tr)
-    wrong = wrong_req(ev, tr)
-    if wrong:
-        return wrong
-    back = backwards(ev, tr)
+    tr, back, refused = enter(state, rs, ev, {S.DECODE}, same_req=True)
+    if refused:
+        return refused
     req = tr.request
     record = close_request(tr, ev.finish, ev.ts, ev.output_tokens)
     tr.context_tokens += ev.output_tokens
@@ -224,14 +194,11 @@ def _decode_finished(state: TrackerState, rs: RunState, ev) -> Result:
 
 @mutate.on("tool.started")
 def _tool_started(state: TrackerState, rs: RunState, ev) -> Result:
-    tr, bad = live(state, rs, ev)
-    if tr is None:
-        return [], [bad]  # type: ignore[list-item]
-    if tr.state is not S.TOOL:
-        return illegal(ev, tr)
+    tr, back, refused = enter(state, rs, ev, {S.TOOL})
+    if refused:
+        return refused
     if tr.tool_started_ts is not None:
         return [], [anomaly(ev, "tool.started twice in one tool call", tr.state)]
-    back = backwards(ev, tr)
     tr.tool_started_ts = ev.ts
     tr.tool_name = ev.tool
     return [transition(ev, tr, S.TOOL)], back
@@ -239,12 +206,9 @@ def _tool_started(state: TrackerState, rs: RunState, ev) -> Result:
 
 @mutate.on("tool.finished")
 def _tool_finished(state: TrackerState, rs: RunState, ev) -> Result:
-    tr, bad = live(state, rs, ev)
-    if tr is None:
-        return [], [bad]  # type: ignore[list-item]
-    if tr.state is not S.TOOL:
-        return illegal(ev, tr)
-    back = backwards(ev, tr)
+    tr, back, refused = enter(state, rs, ev, {S.TOOL})
+    if refused:
+        return refused
     span = close_tool(rs, tr, ev.ts, ok=ev.ok, tokens=ev.result_tokens)
     tr.context_tokens += ev.result_tokens
     move(rs, tr, S.READY, ev.ts)
@@ -253,26 +217,20 @@ def _tool_finished(state: TrackerState, rs: RunState, ev) -> Result:
 
 @mutate.on("reward.started")
 def _reward_started(state: TrackerState, rs: RunState, ev) -> Result:
-    tr, bad = live(state, rs, ev)
-    if tr is None:
-        return [], [bad]  # type: ignore[list-item]
-    if tr.state is not S.REWARD:
-        return illegal(ev, tr)
+    tr, back, refused = enter(state, rs, ev, {S.REWARD})
+    if refused:
+        return refused
     if tr.reward_started_ts is not None:
         return [], [anomaly(ev, "reward.started twice", tr.state)]
-    back = backwards(ev, tr)
     tr.reward_started_ts = ev.ts
     return [transition(ev, tr, S.REWARD)], back
 
 
 @mutate.on("reward.finished")
 def _reward_finished(state: TrackerState, rs: RunState, ev) -> Result:
-    tr, bad = live(state, rs, ev)
-    if tr is None:
-        return [], [bad]  # type: ignore[list-item]
-    if tr.state is not S.REWARD:
-        return illegal(ev, tr)
-    back = backwards(ev, tr)
+    tr, back, refused = enter(state, rs, ev, {S.REWARD})
+    if refused:
+        return refused
     rs.samples["reward"].append(dur(tr.state_ts, ev.ts))
     rs.admissions.append((ev.ts, ev.admitted))
     rs.rewarded += 1
@@ -290,11 +248,10 @@ def _reward_finished(state: TrackerState, rs: RunState, ev) -> Result:
 
 @mutate.on("trajectory.dropped")
 def _dropped(state: TrackerState, rs: RunState, ev) -> Result:
-    tr, bad = live(state, rs, ev)
-    if tr is None:
-        return [], [bad]  # type: ignore[list-item]
+    tr, back, refused = enter(state, rs, ev)
+    if refused:
+        return refused
     src = tr.state
-    back = backwards(ev, tr)
     record = close_request(tr, "dropped", ev.ts) if tr.request is not None else None
     rs.dropped += 1
     move(rs, tr, S.DROPPED, ev.ts)
