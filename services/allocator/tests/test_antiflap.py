@@ -8,6 +8,12 @@ from prorsa_allocator.testing import THETA, forecast, registered, switched
 from prorsa_schemas import EngineCommand
 
 
+def _config(**kw) -> AllocatorConfig:
+    """The config these tests use: the warm-up's evidence rule (``served_evidence_first``,
+    tested in test_pricing.py) off, so a first forecast is acted on as the rule under test says."""
+    return AllocatorConfig(**{"prefill_tokens_per_s": THETA, "served_evidence_first": False, **kw})
+
+
 def run_oscillation(cfg: AllocatorConfig, low: float, high: float, windows: int = 60, n: int = 8) -> list[EngineCommand]:
     """8 in-place engines (4:4); the forecast's prefill share alternates every 10 s window
     between ``low`` and ``high`` engines' worth (decode takes the rest). Engines complete
@@ -43,7 +49,7 @@ def test_oscillation_around_a_threshold_causes_at_most_one_switch() -> None:
     # window alone would flip the split. At most one move, never back.
     for amplitude in (0.1, 0.3):
         cmds = run_oscillation(
-            AllocatorConfig(prefill_tokens_per_s=THETA), THRESHOLD - amplitude, THRESHOLD + amplitude
+            _config(), THRESHOLD - amplitude, THRESHOLD + amplitude
         )
         assert len(cmds) <= 1, [(c.ts, c.engine, c.to_role) for c in cmds]
 
@@ -51,7 +57,7 @@ def test_oscillation_around_a_threshold_causes_at_most_one_switch() -> None:
 def test_large_oscillation_settles_instead_of_flapping() -> None:
     # A wide swing (3 <-> 5 engines of prefill every window). The first forecast is all the
     # allocator knows, so it may act on it and correct once; after that it holds still.
-    cmds = run_oscillation(AllocatorConfig(prefill_tokens_per_s=THETA), 3.0, 5.0)
+    cmds = run_oscillation(_config(), 3.0, 5.0)
     assert len(cmds) <= 2 and reversals(cmds) <= 1
     assert all(c.ts < 100.0 + 10.0 * 20 for c in cmds), "still switching after 20 windows"
 
@@ -59,8 +65,8 @@ def test_large_oscillation_settles_instead_of_flapping() -> None:
 def test_without_the_guards_the_same_forecast_flaps() -> None:
     # The guards are what prevents flapping: with no dwell, no hysteresis and no smoothing
     # (each window taken at face value), the same oscillation switches again and again.
-    naive = AllocatorConfig(
-        prefill_tokens_per_s=THETA, min_dwell_s=0.0, hysteresis=0.0, forecast_alpha=1.0, lookahead_windows=1
+    naive = _config(
+        min_dwell_s=0.0, hysteresis=0.0, forecast_alpha=1.0, lookahead_windows=1
     )
     cmds = run_oscillation(naive, 3.0, 5.0)
     assert len(cmds) > 20

@@ -14,6 +14,12 @@ from prorsa_runtime.metrics import serve_metrics
 from prorsa_schemas import AllocationPlan, EngineCommand
 
 
+def _config(**kw) -> AllocatorConfig:
+    """The config these tests use: the warm-up's evidence rule (``served_evidence_first``,
+    tested in test_pricing.py) off, so a first forecast is acted on as the rule under test says."""
+    return AllocatorConfig(**{"prefill_tokens_per_s": THETA, "served_evidence_first": False, **kw})
+
+
 def _scrape(port: int) -> dict[str, list]:
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
     out: dict[str, list] = {}
@@ -24,7 +30,7 @@ def _scrape(port: int) -> dict[str, list]:
 
 
 def test_plan_switches_in_flight_and_durations_are_exported() -> None:
-    alloc = Allocator(AllocatorConfig(prefill_tokens_per_s=THETA))
+    alloc = Allocator(_config())
     state = ServiceState(alloc)
     for i in range(4):
         alloc.handle(registered(f"p{i}", "prefill"))

@@ -11,7 +11,9 @@ from prorsa_schemas import AllocationPlan, EngineCommand
 
 
 def config(**kw) -> AllocatorConfig:
-    return AllocatorConfig(prefill_tokens_per_s=THETA, **kw)
+    """The warm-up's evidence rule (``served_evidence_first``, test_pricing.py) off: these
+    tests act on a first forecast."""
+    return AllocatorConfig(**{"prefill_tokens_per_s": THETA, "served_evidence_first": False, **kw})
 
 
 def cluster(n_prefill: int, n_decode: int, cfg: AllocatorConfig | None = None, modes=("in_place",)) -> Allocator:

@@ -15,7 +15,13 @@ from prorsa_allocator.switching import DemandView
 from prorsa_allocator.testing import KV, RUN, THETA, forecast, registered, stats, switched
 from prorsa_schemas import EngineCommand, PolicyUpdated
 
-CFG = AllocatorConfig(prefill_tokens_per_s=THETA)  # drain deadline 10 s, prefill drain 2 s
+
+def _config(**kw) -> AllocatorConfig:
+    """The config these tests use: the warm-up's evidence rule (``served_evidence_first``,
+    tested in test_pricing.py) off, so a first forecast is acted on as the rule under test says."""
+    return AllocatorConfig(**{"prefill_tokens_per_s": THETA, "served_evidence_first": False, **kw})
+
+CFG = _config()  # drain deadline 10 s, prefill drain 2 s
 
 
 def view(role: str, running: int = 0, kv_used: int = 0, kv_cap: int = 100_000, rate=None, hit=None) -> EngineView:
@@ -103,7 +109,7 @@ def test_the_pause_makes_a_marginal_switch_pay() -> None:
     # Outside the pause: dead 10 + 15 s, 100k tokens re-prefilled (10 s at θ 10k):
     #   f_old = 1800/1860, f_new = min(1895/1870, 120/60) -> gain 4.72% < 5%.
     # In the pause (5 s left): dead 10 s, nothing re-prefilled: 1910/1860 -> +6.1%.
-    cfg = AllocatorConfig(prefill_tokens_per_s=THETA, in_place_switch_s=15.0)
+    cfg = _config(in_place_switch_s=15.0)
     out = _busy_cluster(cfg)
     assert [e for e in out.handle(forecast(t=100.0, prefill_engines=15.5, decode_engines=0.5))
             if isinstance(e, EngineCommand)] == []
@@ -123,7 +129,7 @@ def test_the_pause_makes_a_marginal_switch_pay() -> None:
 
 def test_a_step_is_planned_for_the_steady_demand_and_holds_through_its_opening() -> None:
     # No switch is ever made here (hysteresis 10x): only the plan is checked.
-    alloc = Allocator(AllocatorConfig(prefill_tokens_per_s=THETA, hysteresis=10.0))
+    alloc = Allocator(_config(hysteresis=10.0))
     for i in range(4):
         alloc.handle(registered(f"p{i}", "prefill"))
         alloc.handle(registered(f"d{i}", "decode"))
@@ -146,7 +152,7 @@ def test_a_step_is_planned_for_the_steady_demand_and_holds_through_its_opening()
     assert (got.n_prefill, got.n_decode) == (steady.n_prefill, steady.n_decode)
     assert got.prefill_demand == pytest.approx(2.0) and got.decode_demand == pytest.approx(5.0, rel=0.05)
     # The paper rule plans every window from its forecast alone and never holds.
-    paper = Allocator(AllocatorConfig(prefill_tokens_per_s=THETA, hysteresis=10.0, rule="paper"))
+    paper = Allocator(_config(hysteresis=10.0, rule="paper"))
     for i in range(4):
         paper.handle(registered(f"p{i}", "prefill"))
         paper.handle(registered(f"d{i}", "decode"))
@@ -160,7 +166,7 @@ def test_no_switch_in_a_steps_opening() -> None:
     # 4:4 idle engines, a forecast that wants 6:2 (idle engines: each move costs only its
     # switch, well past the hysteresis): held within opening_hold_s of the update, made after.
     def cmds(t: float, hold: float = 120.0) -> list:
-        alloc = Allocator(AllocatorConfig(prefill_tokens_per_s=THETA, opening_hold_s=hold))
+        alloc = Allocator(_config(opening_hold_s=hold))
         for i in range(4):
             alloc.handle(registered(f"p{i}", "prefill"))
             alloc.handle(registered(f"d{i}", "decode"))
@@ -176,7 +182,7 @@ def test_no_switch_in_a_steps_opening() -> None:
 def test_learned_switch_cost_is_net_of_the_deadline_drain() -> None:
     # The priced rule expects a busy decode engine to drain to the 10 s deadline: a switch
     # reported at 35 s (command to switched) is learned as 25 s of switch.
-    alloc = Allocator(AllocatorConfig(prefill_tokens_per_s=THETA, switch_cost_alpha=1.0))
+    alloc = Allocator(_config(switch_cost_alpha=1.0))
     for i in range(4):
         alloc.handle(registered(f"p{i}", "prefill"))
         alloc.handle(registered(f"d{i}", "decode"))
@@ -189,7 +195,7 @@ def test_learned_switch_cost_is_net_of_the_deadline_drain() -> None:
 
 
 def _cluster(n_p: int, n_d: int, **kw) -> Allocator:
-    alloc = Allocator(AllocatorConfig(prefill_tokens_per_s=THETA, **kw))
+    alloc = Allocator(_config(**kw))
     for i in range(n_p):
         alloc.handle(registered(f"p{i}", "prefill"))
     for i in range(n_d):
@@ -277,7 +283,7 @@ def test_served_rate_is_measured_on_saturated_whole_windows() -> None:
 def test_a_move_waits_until_the_imbalance_outlasts_its_dead_time() -> None:
     # persist_dead_multiple = 1: the move to prefill (idle decode engines: dead time = the
     # 15 s switch) is held until the engines have been off target for 15 s of forecasts.
-    cfg = AllocatorConfig(prefill_tokens_per_s=THETA, in_place_switch_s=15.0, persist_dead_multiple=1.0)
+    cfg = _config(in_place_switch_s=15.0, persist_dead_multiple=1.0)
     alloc = Allocator(cfg)
     for i in range(8):
         role = "prefill" if i < 2 else "decode"
@@ -292,7 +298,7 @@ def test_a_move_waits_until_the_imbalance_outlasts_its_dead_time() -> None:
     assert "has lasted 10s < 15s (1 x a switch's dead time)" in why[110.0]
     assert got[120.0] and all(c.to_role == "prefill" for c in got[120.0])
     # Off (the default): the same forecasts move at once.
-    now = Allocator(AllocatorConfig(prefill_tokens_per_s=THETA, in_place_switch_s=15.0))
+    now = Allocator(_config(in_place_switch_s=15.0))
     for i in range(8):
         role = "prefill" if i < 2 else "decode"
         now.handle(registered(f"e{i}", role))
@@ -335,3 +341,59 @@ def test_role_pressed_reads_saturated_and_idle_roles() -> None:
     switching = v("decode", 0, 99)
     switching.switching_to = "prefill"
     assert not role_pressed([v("prefill", 0), switching], "decode")  # no decode engine serving
+
+
+def test_no_move_on_the_forecast_alone_before_a_served_rate() -> None:
+    # 4:4 idle engines and a forecast that wants 6:2 (prefill 6 engines, decode 1.5): the
+    # gain is well past the hysteresis (f from min(4/6, 4/1.5 -> 2) = 0.67 to about 1).
+    # With no count's served rate measured yet, the move waits: the gain rests on priors.
+    def cmds(served=None, prefill_queue: int = 0, decode_kv: int = 0, first: bool = True) -> tuple[list, str]:
+        alloc = _cluster(4, 4, served_evidence_first=first)
+        for i in range(4):
+            alloc.handle(stats(f"p{i}", "prefill", ts=55.0, running=2, queued=prefill_queue))
+            alloc.handle(stats(f"d{i}", "decode", ts=55.0, running=3, kv_used=decode_kv))
+        alloc.served = dict(served or {})
+        out = alloc.handle(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.5))
+        return [e.to_role for e in out if isinstance(e, EngineCommand)], alloc.last_decision.selection.reason
+
+    got, reason = cmds()
+    assert got == [] and "no prefill count has a served rate yet" in reason
+    # Once a count has a served rate (here the current one, 5 windows), the forecast's move is made.
+    assert cmds({4: (40_000.0, 5, 50.0)})[0][:1] == ["prefill"]
+    # Too few windows (2 < served_min_samples) are no evidence yet.
+    assert cmds({4: (40_000.0, 2, 50.0)})[0] == []
+    # The engines showing the need now is evidence: prefill queues 5 a engine (> 4) while
+    # decode idles (KV 20% < 50%, no queue).
+    assert cmds(prefill_queue=5, decode_kv=KV // 5)[0][:1] == ["prefill"]
+    assert cmds(prefill_queue=5, decode_kv=KV * 6 // 10)[0] == []  # decode at 60% KV is not idle
+    # Off: the forecast alone decides from the first window.
+    assert cmds(first=False)[0][:1] == ["prefill"]
+
+
+def test_a_move_to_decode_needs_fewer_prefill_engines_to_serve_more() -> None:
+    # 7:1 idle engines, θᴾ = 10k tokens/s. The forecast wants 5:3 (prefill 4 engines, decode
+    # 3: band [4, 5]); moving 1 engine gives f = min(6/4, 2/3) ~ 0.67, 2 engines min(5/4, 1) ~ 1,
+    # from min(7/4, 1/3) = 0.33. A count never held can serve at most count x θᴾ.
+    def cmds(served: dict, ceiling: bool = True, decode_kv: int = 0) -> tuple[list, str]:
+        alloc = _cluster(7, 1, served_capacity_ceiling=ceiling)
+        for i in range(7):
+            alloc.handle(stats(f"p{i}", "prefill", ts=55.0, running=2))
+        alloc.handle(stats("d0", "decode", ts=55.0, running=3, kv_used=decode_kv))
+        alloc.served = served
+        out = alloc.handle(forecast(t=60.0, prefill_engines=4.0, decode_engines=3.0))
+        return [e.to_role for e in out if isinstance(e, EngineCommand)], alloc.last_decision.selection.reason
+
+    # 7:1 served 66k tokens/s: 6 x 10k = 60k < 66k x 1.05 = 69.3k, and 5 x 10k less still.
+    got, reason = cmds({7: (66_000.0, 5, 50.0)})
+    assert got == [] and "can serve less (count x θᴾ)" in reason
+    # 7:1 served 50k: 6:2 can serve 60k >= 52.5k, 5:3 only 50k < 52.5k: one engine moves.
+    assert cmds({7: (50_000.0, 5, 50.0)})[0] == ["decode"]
+    # 7:1 served 40k (prefill idles part of the time): 5:3's 50k >= 42k: both move.
+    assert cmds({7: (40_000.0, 5, 50.0)})[0] == ["decode", "decode"]
+    # A count that was held is judged by what it served, not by the ceiling: 6:2 served 70k.
+    assert cmds({7: (66_000.0, 5, 50.0), 6: (70_000.0, 5, 50.0)})[0] == ["decode"]
+    # The ceiling yields to the engines' state as the veto does: decode at 90% KV (> 85%)
+    # with no prefill queue.
+    assert cmds({7: (66_000.0, 5, 50.0)}, decode_kv=KV * 9 // 10)[0] == ["decode", "decode"]
+    # Off: the forecast alone judges a count never held.
+    assert cmds({7: (66_000.0, 5, 50.0)}, ceiling=False)[0] == ["decode", "decode"]

@@ -38,7 +38,7 @@ class Harness:
     async def start_service(self) -> AllocatorService:
         settings = AllocatorSettings(
             nats_url=self.url, subject_prefix=self.ns.prefix, stream=self.ns.stream,
-            prefill_tokens_per_s=THETA, **self.tuning,
+            prefill_tokens_per_s=THETA, **{"served_evidence_first": False, **self.tuning},
         )
         self.service = AllocatorService(settings)
         self.stop = asyncio.Event()

@@ -162,6 +162,27 @@ class AllocatorConfig(BaseModel):
         "On MiMo-V2.5-Pro coding/8 (seed 0, 3 steps, from 6:2) the veto held 6:2 through every "
         "prefill-bound phase: 3079.7 s; yielding, 2973.6 s (6:2 held fixed: 3106.7 s).",
     )
+    served_evidence_first: bool = Field(
+        default=True,
+        description="'priced' rule: until some prefill count has a served rate (served_min_samples "
+        "windows), no move is made on the forecast alone, only while the engines show the move's "
+        "need (switching.role_pressed). Before then the gain rests on priors (θᴾ, the decode step "
+        "model, a decode turn read off a cluster still filling) whose error nothing has measured, "
+        "and the start split is the one measured against. Quick preset, seed 0, from the best "
+        "fixed ratio: DeepSeek-V3.2 general/8 7:1 -> 6:2 at t = 30 s (218.2 s; 7:1 held 203.8 s), "
+        "MiMo-V2.5-Pro general/8 5:3 -> 6:2 -> 4:4 in the first 40 s (235.5 s; 5:3 held 227.6 s).",
+    )
+    served_capacity_ceiling: bool = Field(
+        default=True,
+        description="'priced' rule: a prefill count never held, below the current one, is "
+        "judged by the most its prefill engines can serve, count x θᴾ: a move to decode is "
+        "vetoed like a move to a count that served less when that is not more than the current "
+        "count served by the hysteresis (in a closed rollout loop the turns go round at the "
+        "prefill rate served, so taking engines from a prefill role serving more than the rest "
+        "can would slow every turn). Yields to the engines' state as the served-rate veto does. "
+        "DeepSeek-V3.2 general/8 at 7:1 serves 583k tokens/s, 6 x θᴾ = 528k: without it the "
+        "allocator moves to 6:2 as soon as 7:1 is measured (217.5 s; 7:1 held 203.8 s).",
+    )
     served_min_samples: int = Field(
         default=3,
         ge=1,

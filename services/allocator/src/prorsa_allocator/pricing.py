@@ -168,6 +168,12 @@ def select_priced(
     if isinstance(move, Selection):
         return move
     n, p, d, in_flight, to_role, donor, wanted, donors, fraction = move
+    pressed = role_pressed(engines, to_role)
+    if cfg.served_evidence_first and not ctx.served and not pressed:
+        # No count's served rate yet (the run's first windows): the forecast's gain rests on
+        # priors whose error nothing has measured; the split held is what they are measured at.
+        return Selection(reason=f"no prefill count has a served rate yet: no move to {to_role} "
+                                f"on the forecast alone")
     if ctx.pause_left_s > 0:
         # In the pause a switch costs no drain, no aborts and no cache: the per-plan cap
         # (a guard against one wrong forecast's drains) does not apply; the gain test does.
@@ -199,13 +205,19 @@ def select_priced(
     # saturated while the donor role idles (``role_pressed``). A rate measured at the other
     # count is an average over phases; in a step that alternates a prefill-bound and a
     # decode-bound phase (MiMo coding/8) it vetoes the move each phase needs.
-    here = None if cfg.served_veto_yields_to_state and role_pressed(engines, to_role) else ctx.served.get(p)
+    # A count never held below the current one can serve at most count x θᴾ: its prefill
+    # engines' capacity (``served_capacity_ceiling``).
+    here = None if cfg.served_veto_yields_to_state and pressed else ctx.served.get(p)
     vetoed = 0
     if here is not None:
         sign = 1 if to_role == "prefill" else -1
+        ceiling = to_role == "decode" and cfg.served_capacity_ceiling
         blocked = False
         for i in range(len(f_new)):
-            there = ctx.served.get(p + sign * (i + 1))
+            count = p + sign * (i + 1)
+            there = ctx.served.get(count)
+            if there is None and ceiling:
+                there = count * ctx.theta
             # The served rate is unimodal in the prefill count (prefill-bound below its
             # peak, decode-bound above it): past a count that served less, none serves more.
             blocked = blocked or (there is not None and there < here * (1.0 + cfg.hysteresis))
@@ -214,7 +226,7 @@ def select_priced(
                 vetoed += 1
     if vetoed == len(f_new):
         return Selection(reason=f"every move to {to_role} goes to a prefill count that served less than {p} "
-                                f"({here:.0f} tokens/s)")
+                                f"({here:.0f} tokens/s)" + (", or can serve less (count x θᴾ)" if ceiling else ""))
     best = int(np.argmax(f_new))
     gain = float(f_new[best]) / max(f_old, 1e-9) - 1.0
     where = " in the pause" if ctx.pause_left_s > 0 else ""
