@@ -30,8 +30,11 @@ from prorsa_allocator.testing import KV, THETA, forecast, registered, stats
 def build(n: int, seed: int = 1, initial_fraction: float | None = None) -> Allocator:
     rng = random.Random(seed)
     # With a decode step model, so every decision also computes the latency-balance term.
+    # served_evidence_first off: a fresh allocator has no served rate yet, and the rule would
+    # hold every move, so the plans that move engines would time nothing but the hold.
     cfg = AllocatorConfig(prefill_tokens_per_s=THETA, max_switch_fraction=0.25, decode_step_fixed_s=0.03,
-                          decode_step_per_seq_s=1e-5, decode_step_per_kv_token_s=1e-9)
+                          decode_step_per_seq_s=1e-5, decode_step_per_kv_token_s=1e-9,
+                          served_evidence_first=False)
     if initial_fraction is not None:
         cfg = cfg.model_copy(update={"initial_switch_fraction": initial_fraction})
     alloc = Allocator(cfg)
