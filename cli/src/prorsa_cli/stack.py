@@ -36,6 +36,10 @@ PASSWORDS_FILE = "nats-passwords.env"
 EMULATED_ALLOCATOR_ENV = {
     # CHOICE: a run of a few minutes needs a dwell of a few windows, not the production one.
     "PRORSA_ALLOCATOR_MIN_DWELL_S": "10",
+    # CHOICE: no served rate is measured in a run's first served_ramp_s (120 s), so waiting
+    # for one before the first move (the production default) would hold every switch of a
+    # run of a minute or two; the demo acts on the forecast from its first window.
+    "PRORSA_ALLOCATOR_SERVED_EVIDENCE_FIRST": "false",
 }
 
 
