@@ -373,13 +373,16 @@ def test_no_move_on_the_forecast_alone_before_a_served_rate() -> None:
 def test_a_move_to_decode_needs_fewer_prefill_engines_to_serve_more() -> None:
     # 7:1 idle engines, θᴾ = 10k tokens/s. The forecast wants 5:3 (prefill 4 engines, decode
     # 3: band [4, 5]); moving 1 engine gives f = min(6/4, 2/3) ~ 0.67, 2 engines min(5/4, 1) ~ 1,
-    # from min(7/4, 1/3) = 0.33. A count never held can serve at most count x θᴾ.
-    def cmds(served: dict, ceiling: bool = True, decode_kv: int = 0) -> tuple[list, str]:
+    # from min(7/4, 1/3) = 0.33. While the current count's prefill engines queue (0.5 or
+    # more a engine over its measured windows), a count never held can serve at most
+    # count x θᴾ.
+    def cmds(served: dict, ceiling: bool = True, decode_kv: int = 0, backlog: float = 2.0) -> tuple[list, str]:
         alloc = _cluster(7, 1, served_capacity_ceiling=ceiling)
         for i in range(7):
             alloc.handle(stats(f"p{i}", "prefill", ts=55.0, running=2))
         alloc.handle(stats("d0", "decode", ts=55.0, running=3, kv_used=decode_kv))
         alloc.served = served
+        alloc.prefill_backlog = {7: backlog}
         out = alloc.handle(forecast(t=60.0, prefill_engines=4.0, decode_engines=3.0))
         return [e.to_role for e in out if isinstance(e, EngineCommand)], alloc.last_decision.selection.reason
 
@@ -390,6 +393,10 @@ def test_a_move_to_decode_needs_fewer_prefill_engines_to_serve_more() -> None:
     assert cmds({7: (50_000.0, 5, 50.0)})[0] == ["decode"]
     # 7:1 served 40k (prefill idles part of the time): 5:3's 50k >= 42k: both move.
     assert cmds({7: (40_000.0, 5, 50.0)})[0] == ["decode", "decode"]
+    # Prefill engines that queued 0.4 a engine had room to give: θᴾ, measured on backlogged
+    # engines only, bounds nothing then, and the forecast judges.
+    assert cmds({7: (66_000.0, 5, 50.0)}, backlog=0.4)[0] == ["decode", "decode"]
+    assert cmds({7: (66_000.0, 5, 50.0)}, backlog=0.5)[0] == []
     # A count that was held is judged by what it served, not by the ceiling: 6:2 served 70k.
     assert cmds({7: (66_000.0, 5, 50.0), 6: (70_000.0, 5, 50.0)})[0] == ["decode"]
     # The ceiling yields to the engines' state as the veto does: decode at 90% KV (> 85%)
@@ -397,3 +404,16 @@ def test_a_move_to_decode_needs_fewer_prefill_engines_to_serve_more() -> None:
     assert cmds({7: (66_000.0, 5, 50.0)}, decode_kv=KV * 9 // 10)[0] == ["decode", "decode"]
     # Off: the forecast alone judges a count never held.
     assert cmds({7: (66_000.0, 5, 50.0)}, ceiling=False)[0] == ["decode", "decode"]
+
+
+def test_the_prefill_backlog_is_measured_with_the_served_rate() -> None:
+    # Two saturated whole windows at 2 prefill engines (after a 0 s ramp): 3 + 1 queued
+    # (2 a engine), then 0 + 1 (0.5 a engine): the mean, 1.25, as the rate's.
+    alloc = _cluster(2, 2, hysteresis=10.0, served_ramp_s=0.0)
+    alloc.handle(stats("p0", "prefill", ts=5.0, running=2, queued=3, prefill_tokens_per_s=20_000.0))
+    alloc.handle(stats("p1", "prefill", ts=5.0, running=2, queued=1, prefill_tokens_per_s=20_000.0))
+    alloc.handle(forecast(t=10.0, prefill_engines=2.0, decode_engines=2.0))
+    assert alloc.prefill_backlog == {2: pytest.approx(2.0)}
+    alloc.handle(stats("p0", "prefill", ts=15.0, running=2, queued=0, prefill_tokens_per_s=20_000.0))
+    alloc.handle(forecast(t=20.0, prefill_engines=2.0, decode_engines=2.0))
+    assert alloc.served[2][1] == 2 and alloc.prefill_backlog == {2: pytest.approx(1.25)}

@@ -168,9 +168,10 @@ class AllocatorConfig(BaseModel):
         "windows), no move is made on the forecast alone, only while the engines show the move's "
         "need (switching.role_pressed). Before then the gain rests on priors (θᴾ, the decode step "
         "model, a decode turn read off a cluster still filling) whose error nothing has measured, "
-        "and the start split is the one measured against. Quick preset, seed 0, from the best "
-        "fixed ratio: DeepSeek-V3.2 general/8 7:1 -> 6:2 at t = 30 s (218.2 s; 7:1 held 203.8 s), "
-        "MiMo-V2.5-Pro general/8 5:3 -> 6:2 -> 4:4 in the first 40 s (235.5 s; 5:3 held 227.6 s).",
+        "and the start split is the one measured against. Without it (benchmarks/allocator_trace.py, "
+        "seed 0, 3 steps, from the best fixed ratio): DeepSeek-V3.2 general/8 7:1 -> 6:2 at "
+        "t = 30 s (218.2 s; 7:1 held 203.8 s), MiMo-V2.5-Pro general/8 5:3 -> 6:2 -> 4:4 in the "
+        "first 40 s (235.5 s; 5:3 held 227.6 s). False: the forecast alone from the first window.",
     )
     served_capacity_ceiling: bool = Field(
         default=True,

@@ -82,6 +82,7 @@ class Allocator:
         # 'priced' rule: the full-prompt prefill rate the cluster served at each prefill
         # count, measured over whole windows with no switch under way: (EMA, windows).
         self.served: dict[int, tuple[float, int, float]] = {}  # count -> (EMA, windows, last t)
+        self.prefill_backlog: dict[int, float] = {}  # count -> queued per prefill engine, same windows
         self._first_t: float | None = None  # the first forecast's window start (the run's ramp)
 
     # -- the one entry point -----------------------------------------------------------------
@@ -116,6 +117,7 @@ class Allocator:
         vetoed 7:1, the best static ratio, for the whole run)."""
         if self.last_update_ts is None and self.config.served_ramp_s is None:
             self.served.clear()
+            self.prefill_backlog.clear()
         self.last_update_ts = ts
 
     def pause_left(self) -> float:
@@ -217,10 +219,11 @@ class Allocator:
             )
         imbalance = self._imbalance_age(alloc, engines, fc.t)
         if cfg.rule == "priced":
-            measure_served(self.served, engines, fc, cfg, self.last_update_ts, self._first_t)
+            measure_served(self.served, engines, fc, cfg, self.last_update_ts, self._first_t, self.prefill_backlog)
             served = {p: r for p, (r, n, t) in self.served.items()
                       if n >= cfg.served_min_samples and fc.t - t <= cfg.served_memory_s}
-            ctx = PricedContext(self.theta.value, pool_hit(engines), self.decode_turn_s, pause_left, served)
+            backlog = {p: q for p, q in self.prefill_backlog.items() if p in served}
+            ctx = PricedContext(self.theta.value, pool_hit(engines), self.decode_turn_s, pause_left, served, backlog)
             if opening:
                 sel = Selection(reason=f"holding through the step's opening ({fc.t - self.last_update_ts:.0f}s "
                                        f"of {cfg.opening_hold_s:.0f}s after the weight update)")

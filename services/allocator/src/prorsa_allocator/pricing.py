@@ -110,6 +110,10 @@ class PricedContext:
     """The full-prompt prefill rate measured at each prefill count (the planner's
     ``served``, counts with enough windows only): a move to a count that served less than
     the current one, by the hysteresis, is vetoed."""
+    prefill_backlog: dict[int, float] = field(default_factory=dict)
+    """Queued requests per prefill engine at each measured count, over the same windows
+    (the planner's ``prefill_backlog``): at IDLE_QUEUE or more the role has no room to
+    give, and a count below it is judged by count x θᴾ (``served_capacity_ceiling``)."""
 
 
 def priced_net(
@@ -205,13 +209,15 @@ def select_priced(
     # saturated while the donor role idles (``role_pressed``). A rate measured at the other
     # count is an average over phases; in a step that alternates a prefill-bound and a
     # decode-bound phase (MiMo coding/8) it vetoes the move each phase needs.
-    # A count never held below the current one can serve at most count x θᴾ: its prefill
-    # engines' capacity (``served_capacity_ceiling``).
+    # A count never held below the current one can serve at most count x θᴾ, its prefill
+    # engines' capacity, when the current count's prefill engines queue (θᴾ is measured on
+    # backlogged engines; a role that idles may run faster than the samples it gave).
     here = None if cfg.served_veto_yields_to_state and pressed else ctx.served.get(p)
     vetoed = 0
     if here is not None:
         sign = 1 if to_role == "prefill" else -1
-        ceiling = to_role == "decode" and cfg.served_capacity_ceiling
+        ceiling = (to_role == "decode" and cfg.served_capacity_ceiling
+                   and ctx.prefill_backlog.get(p, 0.0) >= IDLE_QUEUE)
         blocked = False
         for i in range(len(f_new)):
             count = p + sign * (i + 1)
