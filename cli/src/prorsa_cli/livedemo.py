@@ -189,10 +189,10 @@ def _finish(opts: UpOptions, plan: StackPlan, driver: dict, stop: threading.Even
     last_ts = driver.get("finished_at", 0.0)
 
     def last_window() -> bool:  # the forecaster has published the window holding the last event
-        return any(e["type"] == "forecast.window" and e["t"] + opts.horizon >= last_ts - opts.horizon
+        return any(e["type"] == "forecast.window" and e["t"] + opts.window_s >= last_ts - opts.window_s
                    for e in load_events(plan.db_url)[-200:])
 
-    _wait(last_window, 4 * opts.horizon + 10, stop, sup)
+    _wait(last_window, 4 * opts.window_s + 10, stop, sup)
 
     def unsettled(events: list[dict]) -> set[str]:  # commands sent or begun with no outcome yet
         begun = {e["cmd"] for e in events if e["type"] in ("engine.command", "engine.switching")}
@@ -205,7 +205,7 @@ def _finish(opts: UpOptions, plan: StackPlan, driver: dict, stop: threading.Even
     metrics = scrape(plan.metrics["forecaster"])
     emu = engine_stats([f"http://{opts.host}:{port}" for port, _b in plan.ports.engines])
     events = load_events(plan.db_url)
-    summary = summarise(events, opts.run, driver, metrics, opts.horizon)
+    summary = summarise(events, opts.run, driver, metrics, opts.window_s)
     summary.update(policy=opts.policy, workdir=str(opts.workdir.resolve()), tracker_events=stored[0], anomalies=stored[1], durable_log=mask_url(plan.db_url),
                    **scenario(opts))
     summary["emulated_engines"] = emu
@@ -216,7 +216,7 @@ def _finish(opts: UpOptions, plan: StackPlan, driver: dict, stop: threading.Even
     if opts.compare_with is not None:
         summary["comparison"] = compare(summary, opts.compare_with)
     wd = opts.workdir.resolve()
-    png = timeline(events, opts.run, opts.horizon, wd / "timeline.png",
+    png = timeline(events, opts.run, opts.window_s, wd / "timeline.png",
                    f"{opts.policy}: {opts.workload}, {opts.engines} engines, speed x{opts.speed:g}")
     summary["timeline_png"] = str(png) if png else None
     (wd / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -307,7 +307,8 @@ def _print_summary(s: dict, plan: StackPlan, opts: UpOptions) -> None:
               + (f" ({s['switches_unsettled']} without an outcome)" if s.get("switches_unsettled") else ""))
     w = s["forecast_wape"]
     pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
-    t.add_row(f"forecast windows (S = {opts.horizon:g} s)", str(s["forecast_windows"]))
+    sim_s = f", {opts.window_s * opts.time_scale:g} s simulated" if opts.time_scale != 1 else ""
+    t.add_row(f"forecast windows (S = {opts.window_s:g} s{sim_s})", str(s["forecast_windows"]))
     t.add_row("forecast WAPE: prefill / decode", f"{pct(w['prefill'])} / {pct(w['decode'])}")
     t.add_row("durable log", mask_url(plan.db_url))
     t.add_row("timeline", str(s["timeline_png"]))

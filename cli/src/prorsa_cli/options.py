@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from prorsa_schemas.events import DEFAULT_WINDOW_S
+
 Policy = Literal["prorsa", "static", "colocation"]
 RouterKind = Literal["sglang", "emulated"]
 
@@ -43,12 +45,25 @@ class UpOptions:
     seed: int = 0
     emulated_model: str = "deepseek-v3.2"
     run: str = "demo"
-    horizon: float = 5.0
+    horizon: float | None = None
+    """The forecast window S in wall seconds; None: :attr:`window_s`'s default."""
     port_base: int | None = None  # None: the standard ports; 0: any free block
     host: str = "127.0.0.1"
     compare_with: Path | None = None  # a workdir whose summary.json (the other policy) to compare with
     max_restarts: int = 5  # restarts in a row (none up for 30 s) before a service is given up
     extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def time_scale(self) -> float:
+        """Cluster seconds per wall second: ``speed`` for the emulated cluster (its engines
+        and driver run that much faster than the services' wall clock), 1 for a real one."""
+        return self.speed if self.emulated_cluster else 1.0
+
+    @property
+    def window_s(self) -> float:
+        """The forecast window S in wall seconds: ``horizon`` if given, else the contract's
+        default (10 s, the paper's S) of the cluster's time."""
+        return self.horizon if self.horizon is not None else DEFAULT_WINDOW_S / self.time_scale
 
 
 @dataclass

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import httpx
 
+from prorsa_allocator.timescale import time_scaled_env
+
 from .options import Ports, UpError, UpOptions, plan_ports, port_free
 from .routerproc import check_router_host, router_spec
 from .supervisor import ProcSpec
@@ -32,16 +34,6 @@ NATS_USERS = {
     "engine-agent": "PRORSA_AGENT_NATS_PASSWORD",
 }
 PASSWORDS_FILE = "nats-passwords.env"
-
-EMULATED_ALLOCATOR_ENV = {
-    # CHOICE: a run of a few minutes needs a dwell of a few windows, not the production one.
-    "PRORSA_ALLOCATOR_MIN_DWELL_S": "10",
-    # CHOICE: no served rate is measured in a run's first served_ramp_s (120 s), so waiting
-    # for one before the first move (the production default) would hold every switch of a
-    # run of a minute or two; the demo acts on the forecast from its first window.
-    "PRORSA_ALLOCATOR_SERVED_EVIDENCE_FIRST": "false",
-}
-
 
 def emulated_prefill_tokens_per_s(model: str, speed: float) -> float:
     """θᴾ of one emulated engine as its profile computes it: every attention-DP rank running
@@ -197,7 +189,7 @@ def plan_stack(opts: UpOptions) -> StackPlan:
         **_nats_login("PRORSA_TRACKER_", "tracker", passwords)},
         ready=lambda: _http_ok(m["tracker"] + "/health")))
     specs.append(ProcSpec("forecaster", cli + ["forecaster", "run"], env={
-        **base_env, "PRORSA_FORECASTER_HORIZON": str(opts.horizon),
+        **base_env, "PRORSA_FORECASTER_HORIZON": f"{opts.window_s:g}",
         "PRORSA_FORECASTER_METRICS_PORT": str(ports.forecaster_metrics),
         **_nats_login("PRORSA_FORECASTER_", "forecaster", passwords)},
         ready=lambda: _http_ok(m["forecaster"] + "/metrics")))
@@ -205,9 +197,11 @@ def plan_stack(opts: UpOptions) -> StackPlan:
         alloc_env = {"PRORSA_ALLOCATOR_METRICS_PORT": str(ports.allocator_metrics),
                      **_nats_login("PRORSA_ALLOCATOR_", "allocator", passwords)}
         if opts.emulated_cluster:
-            # The emulated engines' θᴾ from their profile, and a dwell that fits a run of a few
-            # minutes. Env vars win.
-            env = {**EMULATED_ALLOCATOR_ENV, "PRORSA_ALLOCATOR_PREFILL_TOKENS_PER_S":
+            # The cluster runs `speed` times faster than the services' wall clock: every
+            # duration of the allocator's defaults is scaled to it (a 30 s dwell stays 30 s of
+            # the cluster's time), and θᴾ is the emulated engines' own from their profile.
+            # Env vars win.
+            env = {**time_scaled_env(opts.time_scale), "PRORSA_ALLOCATOR_PREFILL_TOKENS_PER_S":
                    f"{emulated_prefill_tokens_per_s(opts.emulated_model, opts.speed):.0f}"}
             alloc_env.update({k: v for k, v in env.items() if k not in os.environ})
         specs.append(ProcSpec("allocator", cli + ["allocator", "run"], env={**base_env, **alloc_env},

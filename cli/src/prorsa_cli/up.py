@@ -52,7 +52,8 @@ def register(app: typer.Typer) -> None:
         seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
         emulated_model: Annotated[str, typer.Option(help="Cost-model profile of the emulated engines.")] = "deepseek-v3.2",
         run: Annotated[str, typer.Option(help="Run id of the driver's events.")] = "demo",
-        horizon: Annotated[float, typer.Option(help="Forecast window S in seconds.")] = 5.0,
+        horizon: Annotated[Optional[float], typer.Option(help="Forecast window S in wall seconds (default: 10 s of the "
+                                                        "cluster's time, i.e. 10/--speed with --emulated-cluster).")] = None,
         port_base: Annotated[Optional[int], typer.Option(help="Put every port in a block from N (0: any free block).")] = None,
         keep_running: Annotated[bool, typer.Option("--keep-running", help="With --emulated-cluster: keep the services up after the run.")] = False,
         fresh: Annotated[bool, typer.Option("--fresh", help="Delete the workdir first.")] = False,
@@ -114,7 +115,7 @@ def _options(cls, given: dict):
     if policy not in ("prorsa", "static", "colocation"):
         fail(f"--policy must be prorsa, static or colocation, got {policy!r}")
     for name in ("speed", "horizon"):
-        if name in given and given[name] <= 0:
+        if given.get(name) is not None and given[name] <= 0:
             fail(f"--{name} must be > 0")
     if given.get("router", "sglang") not in ("sglang", "emulated"):
         fail(f"--router must be sglang or emulated, got {given['router']!r}")
