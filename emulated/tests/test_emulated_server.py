@@ -3,6 +3,7 @@ agent relies on (SGLang 0.5.23, sglang-router 0.3.2)."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -103,6 +104,44 @@ def test_pd_pair_meets_at_the_prefill_bootstrap_port(cluster):
                                            "bootstrap_host": "127.0.0.1", "bootstrap_port": free_port(),
                                            "bootstrap_room": 7})
         assert r.status_code == 200 and r.json()["meta_info"]["finish_reason"]["type"] == "abort"
+
+
+def _sse_chunks(c: httpx.Client, url: str, body: dict) -> list[tuple[float, object]]:
+    """(arrival time, parsed data) of each server-sent event of a streamed /generate."""
+    out = []
+    with c.stream("POST", url, json=body) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                data = line[5:].strip()
+                out.append((time.monotonic(), data if data == "[DONE]" else json.loads(data)))
+    return out
+
+
+def test_a_streamed_request_sends_its_first_chunk_when_the_first_token_exists(cluster):
+    """SGLang's `stream: true` through the router in PD mode: a chunk once the decode engine
+    holds the prefill's KV and first token (finish_reason null, 1 token), the full answer
+    at the end, then [DONE]. The first chunk comes a decode run before the end: here 59
+    decode steps of one sequence at speed 1."""
+    from prorsa_emulated.prefix_cache import emulated_prompt_text
+    from prorsa_emulated.profiles import emulated_profile
+
+    with httpx.Client(timeout=60) as c:
+        _wait(lambda: c.get(f"{cluster.router.url}/workers").json()["stats"]["decode_count"] == 1)
+        body = {"rid": f"stream-{cluster.router_kind}", "stream": True, "sampling_params": {"max_new_tokens": 60},
+                "text": emulated_prompt_text(f"stream-{cluster.router_kind}", 3000)}
+        chunks = _sse_chunks(c, f"{cluster.router.url}/generate", body)
+        model = c.get(f"{cluster.engines[1].url}/_emu/stats").json()["emulated_model"]
+    assert [d for _t, d in chunks][-1] == "[DONE]"
+    (t1, first), (t2, last) = chunks[0], chunks[-2]
+    assert len(chunks) == 3, chunks
+    assert first["meta_info"]["finish_reason"] is None and first["meta_info"]["completion_tokens"] == 1
+    assert last["meta_info"]["finish_reason"]["type"] == "length"
+    assert last["meta_info"]["completion_tokens"] == 60 and last["meta_info"]["prompt_tokens"] == 3000
+    profile = emulated_profile(model)
+    decode_run = 59 * profile.decode_step_time(1, 3000)
+    assert t2 - t1 >= 0.5 * decode_run, (t2 - t1, decode_run)
 
 
 def test_health_is_503_while_starting_and_failed_switch_needs_restart():

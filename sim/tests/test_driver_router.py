@@ -55,5 +55,6 @@ async def test_a_request_the_router_refuses_ends_the_run_with_its_reason(nats_ur
     assert "refused request" in text and "HTTP 400" in text and "decode_bad_request" in text, text
     # Sent once, not re-sent; and only SGLang's fields (sglang-router drops any other).
     assert len(bodies) == 1
-    assert set(bodies[0]) == {"rid", "text", "sampling_params"}, bodies[0]
+    assert set(bodies[0]) == {"rid", "text", "sampling_params", "stream"}, bodies[0]
+    assert bodies[0]["stream"] is True  # streamed: prefill.finished is announced at the first chunk
     assert set(bodies[0]["sampling_params"]) == {"max_new_tokens"}

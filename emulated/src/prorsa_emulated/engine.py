@@ -117,9 +117,12 @@ class EmulatedEngine:
 
     # -- generate -----------------------------------------------------------------
     async def generate(self, rid: str | None, keys: list[int], out_keys, prompt_tokens: int,
-                       max_new_tokens: int, *, pinned: bool = False, pd: PdLink | None = None) -> dict:
+                       max_new_tokens: int, *, pinned: bool = False, pd: PdLink | None = None,
+                       first: asyncio.Future | None = None) -> dict:
         """Serve one request in the current role; returns SGLang's non-streaming shape.
-        ``keys``/``out_keys``: page keys of the prompt, and of prompt + n outputs."""
+        ``keys``/``out_keys``: page keys of the prompt, and of prompt + n outputs. ``first``
+        (for a streamed answer) is resolved when the first output token exists, with the
+        meta_info of a first streamed chunk."""
         if not self.healthy() or self.switch_in_progress:
             if pd is not None and self.mode == "prefill":  # its decode peer must not wait
                 self.rooms.done(pd.room, {"ok": False, "message": "prefill refused the request"})
@@ -129,7 +132,7 @@ class EmulatedEngine:
             self._loop_task.add_done_callback(_log_crash)
         fut = asyncio.get_running_loop().create_future()
         req = Req(rid or uuid.uuid4().hex, keys, out_keys, prompt_tokens, max_new_tokens, fut,
-                  pinned=pinned, queued_at=self.now())
+                  pinned=pinned, queued_at=self.now(), first=first)
         rank = self._pick_rank(keys)
         req.rank = rank.index
         if self.mode == "decode":
@@ -252,9 +255,17 @@ class EmulatedEngine:
             self.generated_tokens += made
             rank.last_gen_throughput = made / secs if secs > 0 else 0.0
 
+    @staticmethod
+    def _first_token(req: Req) -> None:
+        """The request's first output token exists: a streamed answer sends its first chunk."""
+        if req.first is not None and not req.first.done():
+            req.first.set_result({"id": req.rid, "finish_reason": None, "prompt_tokens": req.prompt_tokens,
+                                  "completion_tokens": max(req.completion, 1), "cached_tokens": req.cached_tokens})
+
     def _prefill_done(self, rank: Rank, req: Req) -> None:
         if self.mode == "prefill":
             req.completion, req.phase = 1, "inflight"
+            self._first_token(req)
             rank.inflight.append(req)
             if req.room is not None:
                 self.rooms.done(req.room, {"ok": True, "cached_tokens": req.cached_tokens})
@@ -264,6 +275,7 @@ class EmulatedEngine:
             req.completion = 1
             rank.private += 1
             req.private += 1
+        self._first_token(req)
         if req.completion >= req.max_new:
             self._finish(rank, req)
         else:
@@ -275,6 +287,8 @@ class EmulatedEngine:
             rank.cache.insert(req.out_keys(req.completion))
         req.phase = "done"
         rank.remove(req)
+        if req.first is not None and not req.first.done():
+            req.first.set_result(None)  # no first chunk before the answer (an abort, a refusal)
         if not req.future.done():
             req.future.set_result(finish or {"type": "length", "length": req.completion})
         self._wake.set()
@@ -317,6 +331,7 @@ class EmulatedEngine:
         rank.transfer.remove(req)
         req.completion = max(req.completion, 1)
         req.started_at = self.now()
+        self._first_token(req)
         if req.completion >= req.max_new:
             self._finish(rank, req)
         else:

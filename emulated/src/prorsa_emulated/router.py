@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 
 import aiohttp
 from fastapi import Body, FastAPI
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .prefix_cache import parse_emulated_prompt
 
@@ -228,6 +228,30 @@ def create_router_app(health_timeout_s: float = 30.0, health_interval_s: float =
         finally:
             w.load -= 1
 
+    async def forward_stream(w: Worker, body: dict) -> Response:
+        """The worker's streamed answer relayed as it comes (an error status: its body)."""
+        w.load += 1
+        try:
+            resp = await client().post(f"{w.url}/generate", json=body)
+        except BaseException:
+            w.load -= 1
+            raise
+        if resp.status != 200:
+            try:
+                return Response(await resp.read(), resp.status, media_type="application/json")
+            finally:
+                resp.release()
+                w.load -= 1
+
+        async def relay():
+            try:
+                async for chunk in resp.content.iter_any():
+                    yield chunk
+            finally:
+                resp.release()
+                w.load -= 1
+        return StreamingResponse(relay(), media_type="text/event-stream")
+
     @app.post("/generate")
     async def generate(body: Any = Body(...)) -> Response:
         if not isinstance(body, dict):
@@ -242,6 +266,13 @@ def create_router_app(health_timeout_s: float = 30.0, health_interval_s: float =
                 # The decode engine waits for this prefill at bootstrap_host:bootstrap_port.
                 pd_body = dict(body, bootstrap_host=host, bootstrap_port=prefill.bootstrap_port,
                                bootstrap_room=random.getrandbits(63))
+                if body.get("stream"):
+                    # The decode engine's stream is the answer (its first chunk comes once
+                    # the prefill's KV and first token arrived); the prefill's own answer
+                    # is read and dropped, as the PD router does without logprobs.
+                    p_task = asyncio.create_task(forward(prefill, dict(pd_body, stream=False)))
+                    p_task.add_done_callback(lambda t: t.cancelled() or t.exception())
+                    return await forward_stream(decode, pd_body)
                 (p_status, p_body), (d_status, d_body) = await asyncio.gather(
                     forward(prefill, pd_body), forward(decode, pd_body))
                 if p_status != 200:
@@ -250,6 +281,8 @@ def create_router_app(health_timeout_s: float = 30.0, health_interval_s: float =
             regular = pick("regular", prefix)
             if regular is None:
                 return _error(503, "No available workers", "NO_AVAILABLE_WORKERS")
+            if body.get("stream"):
+                return await forward_stream(regular, body)
             status, content = await forward(regular, body)
             return Response(content, status, media_type="application/json")
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:

@@ -59,6 +59,9 @@ class Req:
     """PD bootstrap room (prefill side: announced when the prefill is done)."""
     pd: object = None
     """PD link (decode side): where to wait for the peer's prefill."""
+    first: asyncio.Future | None = None
+    """Resolved (with what a first streamed chunk says) when the first output token exists:
+    the prefill sampled it, or (decode side) its KV and token arrived; also at the finish."""
 
     @property
     def remaining_prefill(self) -> int:

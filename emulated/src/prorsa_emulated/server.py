@@ -7,12 +7,14 @@ Endpoints under ``/_emu/`` are test controls that SGLang does not have.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import uuid
 from datetime import datetime, timezone
 from typing import Any, Literal, Optional
 
 from fastapi import Body, FastAPI, HTTPException, Query
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
 from .engine import EmulatedEngine, NotAccepted
@@ -73,6 +75,27 @@ def _prompt(req: GenerateReq) -> tuple[int, list[int], object]:
         pid = str(extra.get("emulated_prefix_id") or req.rid or uuid.uuid4().hex)
         return n, synthetic_keys(pid, n), lambda k: synthetic_keys(pid, n + k)
     raise HTTPException(400, "Either text or input_ids should be provided.")
+
+
+def _sse(obj: object) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+async def _stream(first: asyncio.Future, task: asyncio.Task):
+    """The chunks of a streamed answer (see ``generate``); a client that leaves cancels it."""
+    try:
+        await asyncio.wait({first, task}, return_when=asyncio.FIRST_COMPLETED)
+        meta = first.result() if first.done() else None
+        if meta is not None and not task.done():
+            yield _sse({"text": " tok", "output_ids": [0], "meta_info": meta})
+        try:
+            yield _sse(await task)
+        except NotAccepted as exc:
+            yield _sse({"error": {"message": str(exc)}})
+        yield b"data: [DONE]\n\n"
+    finally:
+        if not task.done():
+            task.cancel()  # the client went away: the engine aborts the request
 
 
 def create_engine_app(options: EngineOptions, engine: EmulatedEngine | None = None) -> FastAPI:
@@ -189,11 +212,23 @@ def create_engine_app(options: EngineOptions, engine: EmulatedEngine | None = No
         pd = None
         if req.bootstrap_room is not None:
             pd = PdLink(req.bootstrap_room, req.bootstrap_host, req.bootstrap_port)
-        try:
-            return await eng.generate(req.rid, keys, out_keys, n_prompt, max_new,
-                                      pinned=bool(extra.get("emulated_pinned", False)), pd=pd)
-        except NotAccepted as exc:
-            return JSONResponse({"error": {"message": str(exc)}}, 503)
+        pinned = bool(extra.get("emulated_pinned", False))
+        if not req.stream:
+            try:
+                return await eng.generate(req.rid, keys, out_keys, n_prompt, max_new, pinned=pinned, pd=pd)
+            except NotAccepted as exc:
+                return JSONResponse({"error": {"message": str(exc)}}, 503)
+        # Streamed (SGLang's `stream: true`): server-sent events, `data: {chunk}` with the
+        # text so far, a chunk when the first output token exists (after the prefill, or on
+        # a decode engine after the KV transfer) and the full answer at the end, then
+        # `data: [DONE]`; an error after the stream began is a `data: {"error": ...}` chunk.
+        first: asyncio.Future = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(eng.generate(req.rid, keys, out_keys, n_prompt, max_new, pinned=pinned,
+                                                pd=pd, first=first))
+        await asyncio.wait({first, task}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done() and isinstance(task.exception(), NotAccepted):
+            return JSONResponse({"error": {"message": str(task.exception())}}, 503)
+        return StreamingResponse(_stream(first, task), media_type="text/event-stream")
 
     add_weight_routes(app, options, eng)  # /update_weights_from_disk, /ready, pause (weights.py)
 

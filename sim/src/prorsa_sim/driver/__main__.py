@@ -20,7 +20,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--nats", dest="nats_url", default="nats://127.0.0.1:4222")
     for name, typ in (("run", str), ("workload", str), ("batch-size", int), ("steps", int),
                       ("max-turns", int), ("max-output", int), ("speed", float), ("train-s", float),
-                      ("seed", int), ("emulated-model", str), ("prefix", str), ("stream", str), ("out", Path), ("progress", Path),
+                      ("seed", int), ("prefix", str), ("stream", str), ("out", Path), ("progress", Path),
                       ("ready-timeout-s", float)):
         p.add_argument(f"--{name}", type=typ, default=None)
     return p

@@ -25,8 +25,6 @@ class DriverConfig(BaseModel):
     speed: float = Field(default=10.0, gt=0, le=10_000, description="simulated seconds per wall second")
     train_s: float = Field(default=10.0, ge=0, description="simulated trainer time between steps")
     seed: int = Field(default=0, ge=0)
-    emulated_model: str = Field(default="qwen3-8b", description="cost-model profile the emulated engines run "
-                                "(the driver times its prefill.finished announcements with it)")
     prefix: str = Field(default="prorsa", description="subject prefix")
     stream: str = Field(default="PRORSA", description="JetStream stream")
     out: Path | None = Field(default=None, description="write the result JSON here at the end")
@@ -43,14 +41,6 @@ class DriverConfig(BaseModel):
     @classmethod
     def _nats(cls, v: str) -> str:
         return check_nats_url(v)
-
-    @field_validator("emulated_model")
-    @classmethod
-    def _model(cls, v: str) -> str:
-        from prorsa_emulated.profiles import emulated_profile
-
-        emulated_profile(v)  # raises ValueError naming the valid profiles
-        return v
 
     @field_validator("workload")
     @classmethod

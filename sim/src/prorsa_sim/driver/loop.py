@@ -5,11 +5,11 @@ Time: every simulated duration (sandbox start, tool, reward, trainer) is divided
 ``speed`` times faster than real time while every service runs in real (wall) time. Event
 ``ts`` is the wall clock, as in production.
 
-Prefill finish: the router answers only when decoding is done, and SGLang's non-streaming
-answer carries no time-to-first-token. The driver therefore announces ``prefill.finished``
-at the time the emulated engines take for the prefill (the same ``Timing`` they use),
-unless the answer comes back first (an error or abort), in which case nothing is announced.
-A real framework would announce it on the first streamed token.
+Prefill finish: every request is streamed (SGLang's ``stream: true``), and the driver
+announces ``prefill.finished`` at its first streamed chunk, when the first output token
+exists (in PD: the prefill is done and its KV reached the decode engine), as a framework
+that streams does. An answer that comes without a first chunk (an abort before the first
+token) is announced when it comes.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from pathlib import Path
 import aiohttp
 
 from prorsa_emulated.prefix_cache import emulated_prompt_text
-from prorsa_emulated.timing import default_timing
 from prorsa_schemas import Namespace
 from prorsa_sdk import Emitter
 
@@ -95,7 +94,6 @@ class Driver:
     def __init__(self, cfg: DriverConfig):
         self.cfg = cfg
         self.spec: WorkloadSpec = get_workload(cfg.workload)
-        self.timing = default_timing(cfg.emulated_model)
         self.result = DriverResult(run=cfg.run, workload=cfg.workload, speed=cfg.speed)
         self.step = 0
         self.live = 0
@@ -135,27 +133,14 @@ class Driver:
             # the engines' prefix cache (and the router's cache-aware routing) see the shared
             # prefix. Only SGLang's own fields: sglang-router drops any other.
             body = {"rid": req, "text": emulated_prompt_text(f"{self.cfg.run}/{traj}", context),
-                    "sampling_params": {"max_new_tokens": output}}
-            announced: list[bool] = []
-            announce: asyncio.Task | None = None
+                    "sampling_params": {"max_new_tokens": output}, "stream": True}
+            announced: list[bool] = []  # once announced, a re-send is not announced again
             while True:  # router or worker unavailable: the request stays queued and is re-sent
-                sent = time.time()
-                if not announced:  # (once announced, a re-send is not announced again)
-                    prefill_at = sent + self.timing.prefill_seconds(context) / self.cfg.speed
-                    announce = asyncio.create_task(self._announce_prefill(em, traj, req, prefill_at, announced))
                 try:
-                    async with client.post(f"{self.cfg.router_url}/generate", json=body) as resp:
-                        if 400 <= resp.status < 500 and resp.status not in (408, 429):
-                            # A refusal of the request itself (sglang-router wraps the
-                            # engine's: {"error": {"code", "message"}}): re-sending it cannot help.
-                            raise RouterRefused(f"router {self.cfg.router_url} refused request {req}: "
-                                                f"HTTP {resp.status}: {(await resp.text())[:300]}")
-                        meta = (await resp.json(content_type=None))["meta_info"] if resp.status == 200 else None
+                    meta = await self._stream(em, client, body, traj, req, announced)
                 except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError):
                     meta = None  # unreachable, 5xx (no worker, engine switching), a malformed answer
                 if meta is None:
-                    if not announced:
-                        announce.cancel()
                     self.result.retried_requests += 1
                     await asyncio.sleep(0.2)
                     continue
@@ -163,13 +148,10 @@ class Driver:
             reason = meta.get("finish_reason")
             finish = reason.get("type") if isinstance(reason, dict) else "length"
             done = int(meta.get("completion_tokens") or 0)
-            if not announced:  # the announcer has not begun publishing: it never will
-                announce.cancel()
-                # The answer is out, so the prefill is over: announce it now at the latest
-                # (an abort too: decode.finished(abort) follows a prefill in the contract).
-                await em.prefill_finished(traj, req, ts=min(prefill_at, time.time()))
-            else:
-                await announce
+            if not announced:
+                # The answer came without a first chunk (an abort before the first token): the
+                # prefill is over, as decode.finished(abort) follows a prefill in the contract.
+                await em.prefill_finished(traj, req)
             if finish == "abort":
                 await em.decode_finished(traj, req, done, "abort")
                 self.result.aborted_requests += 1
@@ -179,13 +161,36 @@ class Driver:
             await em.decode_finished(traj, req, done, "stop" if last else "tool")
             return context + done
 
-    async def _announce_prefill(self, em: _Counted, traj: str, req: str, at: float,
-                                announced: list[bool]) -> None:
-        await asyncio.sleep(max(0.0, at - time.time()))
-        # Marked before the publish's first await: once it is set, the request path waits
-        # for this publish instead of cancelling it mid-way and publishing a second one.
-        announced.append(True)
-        await em.prefill_finished(traj, req, ts=at)
+    async def _stream(self, em: _Counted, client: aiohttp.ClientSession, body: dict, traj: str, req: str,
+                      announced: list[bool]) -> dict | None:
+        """Send one request streamed (SGLang's ``stream: true``) and read its server-sent
+        events: ``prefill.finished`` is announced at the first chunk (the first output
+        token exists: the prefill is done and, in PD, its KV reached the decode engine), as
+        a framework that streams would. Returns the last chunk's ``meta_info``, or None when
+        the request did not get an answer (to be re-sent; an error chunk included)."""
+        async with client.post(f"{self.cfg.router_url}/generate", json=body) as resp:
+            if 400 <= resp.status < 500 and resp.status not in (408, 429):
+                # A refusal of the request itself (sglang-router wraps the engine's:
+                # {"error": {"code", "message"}}): re-sending it cannot help.
+                raise RouterRefused(f"router {self.cfg.router_url} refused request {req}: "
+                                    f"HTTP {resp.status}: {(await resp.text())[:300]}")
+            if resp.status != 200:
+                return None
+            meta = None
+            async for line in resp.content:
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    return None
+                meta = chunk["meta_info"]
+                if not announced and meta.get("finish_reason") is None:
+                    announced.append(True)
+                    await em.prefill_finished(traj, req)
+            return meta
 
     # -- one trajectory -----------------------------------------------------------------------
     async def trajectory(self, em: _Counted, client: aiohttp.ClientSession, traj: str, group: str,
