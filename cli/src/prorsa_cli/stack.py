@@ -237,6 +237,14 @@ def plan_stack(opts: UpOptions) -> StackPlan:
             if not 1 <= k < opts.engines:
                 raise UpError(f"--prefill must leave at least one engine per role (got {k} of {opts.engines})")
             roles = ["prefill"] * k + ["decode"] * (opts.engines - k)
+            # The instance's shape as its profile has it (DeepSeek-V3.2: 16 GPUs, 16
+            # attention-DP ranks), so that engine.registered tells the forecaster and the
+            # allocator what a real deployment's would: its GPUs and its DP ranks (each rank a
+            # prefill server of the forecaster's queue model).
+            from prorsa_emulated.profiles import emulated_profile
+
+            prof = emulated_profile(opts.emulated_model)
+            shape = {"gpus": prof.gpus_per_engine, "tp": prof.gpus_per_engine, "attn_dp": prof.attn_dp}
             # Interleave so that every agent holds both roles.
             for a in range(opts.agents):
                 mine = [i for i in range(opts.engines) if i % opts.agents == a]
@@ -245,7 +253,7 @@ def plan_stack(opts: UpOptions) -> StackPlan:
                 server = f"node{a}"
                 insts = [{"engine": f"{server}-e{i}", "model": "emulated/model", "host": h,
                           "port": ports.engines[i][0], "bootstrap_port": ports.engines[i][1],
-                          "role": roles[i], "launch": "emulated", "extra_args": emu,
+                          "role": roles[i], "launch": "emulated", "extra_args": emu, **shape,
                           # A flip to decode needs the decode CUDA-graph memory figure, or a
                           # decode peer on the server to read it from (SGLang refuses without
                           # one). Emulated engines capture no graphs; on a GPU server the
