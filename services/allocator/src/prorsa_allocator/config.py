@@ -175,14 +175,17 @@ class AllocatorConfig(BaseModel):
     )
     served_capacity_ceiling: bool = Field(
         default=True,
-        description="'priced' rule: a prefill count never held, below the current one, is "
-        "judged by the most its prefill engines can serve, count x θᴾ: a move to decode is "
-        "vetoed like a move to a count that served less when that is not more than the current "
-        "count served by the hysteresis (in a closed rollout loop the turns go round at the "
-        "prefill rate served, so taking engines from a prefill role serving more than the rest "
-        "can would slow every turn). Yields to the engines' state as the served-rate veto does. "
-        "DeepSeek-V3.2 general/8 at 7:1 serves 583k tokens/s, 6 x θᴾ = 528k: without it the "
-        "allocator moves to 6:2 as soon as 7:1 is measured (217.5 s; 7:1 held 203.8 s).",
+        description="'priced' rule: where the current count's prefill engines queued (pricing.IDLE_QUEUE, "
+        "0.5 requests per engine or more, over the windows its served rate was measured in), a "
+        "prefill count never held below it is judged by the most its prefill engines can serve, "
+        "count x θᴾ: a move to decode is vetoed like a move to a count that served less when that "
+        "is not more than the current count served by the hysteresis (in a closed rollout loop "
+        "the turns go round at the prefill rate served). Yields to the engines' state as the "
+        "served-rate veto does. Only where prefill queues: θᴾ is measured on backlogged engines, "
+        "and a role that rarely queues serves more than its few samples say (MiMo-V2.5-Pro "
+        "general/2 at 5:3: 76k tokens/s an engine at θᴾ 79k, and 4:4 is faster). DeepSeek-V3.2 "
+        "general/8 at 7:1 serves 583k tokens/s, 6 x θᴾ = 528k: without the ceiling the allocator "
+        "moves to 6:2 as soon as 7:1 is measured (217.5 s; 7:1 held 203.8 s).",
     )
     served_min_samples: int = Field(
         default=3,
