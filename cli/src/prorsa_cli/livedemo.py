@@ -341,7 +341,7 @@ def _print_summary(s: dict, plan: StackPlan, opts: UpOptions) -> None:
     out.print(f"  {exe} runs --db {db}", highlight=False, soft_wrap=True)
     out.print(f"  {exe} trajectories --run {s['run']} --db {db}", highlight=False, soft_wrap=True)
     out.print(f"  {exe} history s0-t0 --run {s['run']} --db {db}", highlight=False, soft_wrap=True)
-    out.print(f"  {exe} export --run {s['run']} --db {db} -o {s['run']}.jsonl.gz", highlight=False, soft_wrap=True)
+    out.print(f"  {exe} export --run {s['run']} --db {db} --with-engines -o {s['run']}.jsonl.gz", highlight=False, soft_wrap=True)
 
 
 def _prorsa_command() -> str:

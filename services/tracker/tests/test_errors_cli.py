@@ -243,6 +243,16 @@ def test_an_export_loads_without_anomalies(tmp_path, db_pair) -> None:
         assert c.execute(select(func.count()).select_from(AnomalyRow)).scalar() == 0
         assert c.execute(select(func.count()).select_from(EventRow)).scalar() == 13
     eng.dispose()
+    # --with-engines adds e3 (stats while r1 was live, and its registration before): the
+    # cluster as the run saw it, for a forecast replay; it loads without anomalies too
+    wide = tmp_path / "r1-engines.jsonl"
+    r = runner.invoke(app, ["export", "--run", "r1", "--db", full, "--with-engines", "-o", str(wide)])
+    assert r.exit_code == 0 and "exported 15 events of run r1" in text(r), r.output
+    assert "7 of them engine events of other runs" in text(r), r.output
+    lines = wide.read_bytes().splitlines()
+    assert sum(b'"engine":"e3"' in line for line in lines) == 2 and set(out.read_bytes().splitlines()) < set(lines)
+    r = runner.invoke(app, ["tracker", "load", str(wide), "--db", f"sqlite:///{tmp_path}/w.db"])
+    assert r.exit_code == 0 and "15 events, 0 anomalies" in text(r), r.output
     # the run alone (what an export held before) records every switch of an unregistered engine
     alone = tmp_path / "alone.jsonl"
     alone.write_bytes(b"".join(line for line in out.read_bytes().splitlines(keepends=True) if b'"run":"r1"' in line))

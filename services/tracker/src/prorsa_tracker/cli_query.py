@@ -151,10 +151,12 @@ def time_option(text: str | None, name: str) -> float | None:
 
 def register(app: typer.Typer) -> None:
     @app.command("export")
-    def export_cmd(run: RunOpt, db: DbOpt, output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Log to write (.jsonl or .jsonl.gz); default stdout.")] = None) -> None:
+    def export_cmd(run: RunOpt, db: DbOpt, output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Log to write (.jsonl or .jsonl.gz); default stdout.")] = None,
+                   with_engines: Annotated[bool, typer.Option("--with-engines", help="Also every engine's events (of any run) while the run was live, with their registrations: the cluster a forecast replay of the run needs.")] = False) -> None:
         """Write a run's events back as a contract log (exact bytes, ordered by ts), with the
         engine events of other runs that its engine events need (their registrations), so
-        that the export loads without anomalies."""
+        that the export loads without anomalies; with --with-engines, the events of every
+        engine that was live meanwhile too (engine agents publish under their own run)."""
         import sys
 
         from .queries import count_events
@@ -165,15 +167,16 @@ def register(app: typer.Typer) -> None:
             require_run(eng, db, run)
             fail(f"run {run!r} has no events in {shown(db)}", 1)
         if output is None:
-            ctx = engine_context(eng, run)
+            ctx = engine_context(eng, run, with_engines)
             for raw in export_events(eng, run, ctx):
                 sys.stdout.buffer.write(raw + b"\n")
             n_ctx = len(ctx)
         else:
-            n, n_ctx = export(eng, run, output)
+            n, n_ctx = export(eng, run, output, with_engines)
             typer.echo(f"exported {n} events of run {run} to {output}", err=True)
         if n_ctx:
-            typer.echo(f"({n_ctx} of them engine events of other runs that the run's engine events need)", err=True)
+            why = "of the engines live meanwhile" if with_engines else "that the run's engine events need"
+            typer.echo(f"({n_ctx} of them engine events of other runs {why})", err=True)
 
     @app.command("history")
     def history_cmd(traj: Annotated[str, typer.Argument(help="Trajectory id.")], run: RunOpt, db: DbOpt, as_json: JsonOpt = False) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pydantic_core import from_json
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, func, select
 
 from prorsa_schemas import ENGINE_TYPES, LogWriter
 from prorsa_schemas.codec import iter_raw_lines, open_log_binary
@@ -99,13 +99,16 @@ def load(engine: Engine, path: str | os.PathLike, batch_size: int = 5000,
     return counts
 
 
-def engine_context(engine: Engine, run: str) -> list[tuple[float, int, bytes]]:
+def engine_context(engine: Engine, run: str, all_engines: bool = False) -> list[tuple[float, int, bytes]]:
     """``(ts, pos, raw)`` of the engine events of OTHER runs that ``run`` needs to load cleanly.
 
     For each engine that ``run``'s own engine events name: that engine's events of any other
     run from its last ``engine.registered`` before the run's first event about it, up to the
     run's last event about it (everything that shaped the engine's state meanwhile, e.g. a
-    switch another run commanded). Sorted by ``(ts, pos)``.
+    switch another run commanded). With ``all_engines``, also every engine with an event of
+    another run while ``run`` was live (between its first and last event in the stream),
+    e.g. the registrations and stats that engine agents publish under their own run: what a
+    replay of the forecaster needs to see the cluster the run ran on. Sorted by ``(ts, pos)``.
     """
     types = sorted(ENGINE_TYPES)
     first: dict[str, int] = {}
@@ -114,8 +117,16 @@ def engine_context(engine: Engine, run: str) -> list[tuple[float, int, bytes]]:
         registers: set[str] = set()  # engines whose first event in the run is their registration
         q = (select(EventRow.pos, EventRow.type, EventRow.raw)
              .where(EventRow.run == run, EventRow.type.in_(types)).order_by(EventRow.pos))
-        for pos, type_, raw in conn.execution_options(yield_per=10_000).execute(q):
-            name = from_json(bytes(raw))["engine"]
+        rows = [(pos, type_, bytes(raw)) for pos, type_, raw in conn.execution_options(yield_per=10_000).execute(q)]
+        if all_engines:
+            lo, hi = conn.execute(select(func.min(EventRow.pos), func.max(EventRow.pos)).where(EventRow.run == run)).one()
+            if lo is not None:
+                q = (select(EventRow.pos, EventRow.type, EventRow.raw)
+                     .where(EventRow.pos.between(lo, hi), EventRow.type.in_(types), EventRow.run != run))
+                rows += [(pos, type_, bytes(raw)) for pos, type_, raw in conn.execute(q)]
+                rows.sort()
+        for pos, type_, raw in rows:
+            name = from_json(raw)["engine"]
             if name not in first:
                 first[name] = pos
                 if type_ == "engine.registered":
@@ -165,10 +176,10 @@ def export_events(engine: Engine, run: str, context: list[tuple[float, int, byte
             yield raw
 
 
-def export(engine: Engine, run: str, out: str | os.PathLike) -> tuple[int, int]:
+def export(engine: Engine, run: str, out: str | os.PathLike, all_engines: bool = False) -> tuple[int, int]:
     """Write :func:`export_events` to ``out`` (.jsonl or .jsonl.gz); returns ``(events written,
-    of them engine events of other runs)``."""
-    ctx = engine_context(engine, run)
+    of them engine events of other runs)``. ``all_engines``: see :func:`engine_context`."""
+    ctx = engine_context(engine, run, all_engines)
     n = 0
     with LogWriter(out) as w:
         for raw in export_events(engine, run, ctx):
