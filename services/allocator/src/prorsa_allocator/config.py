@@ -159,8 +159,9 @@ class AllocatorConfig(BaseModel):
         default=True,
         description="'priced' rule: the served-rate veto does not apply while the engines show "
         "the move's need now (the role it feeds saturated, the other idle: switching.role_pressed). "
-        "On MiMo-V2.5-Pro coding/8 (seed 0, 3 steps, from 6:2) the veto held 6:2 through every "
-        "prefill-bound phase: 3079.7 s; yielding, 2973.6 s (6:2 held fixed: 3106.7 s).",
+        "A rate measured in one phase of a step says little of the next: where a step alternates "
+        "prefill- and decode-bound phases (MiMo-V2.5-Pro coding/8), a veto that does not yield "
+        "holds the split through every phase that needs the move (docs/allocator.md).",
     )
     served_evidence_first: bool = Field(
         default=True,
