@@ -293,6 +293,7 @@ class ClusterSim(Interruptions):
             return
         k, dt = eng.seg_k, eng.seg_dt
         gpr = self.profile.gpus_per_rank
+        made = 0
         for rank, action in zip(eng.ranks, eng.seg_plan):
             if action is None:
                 eng.empty_rank_s += dt * k * gpr
@@ -310,6 +311,7 @@ class ClusterSim(Interruptions):
                         rank.inuse_prefill -= req.prompt
                         self._prefill_done(eng, rank, req)
             else:
+                made += k * len(rank.running)
                 eng.decode_tokens_done += k * len(rank.running)
                 rank.counter += k
                 for req in rank.pop_finished():
@@ -317,6 +319,8 @@ class ClusterSim(Interruptions):
                     if eng.role == "mixed":
                         rank.cache_put(req.traj.tid, kv)
                     self._on_decode_finished(req, req.out_done + req.out_target)
+        if made and dt > 0:
+            eng.gen_throughput = made / (k * dt)
         eng.stepping = False
         self._plan(eng)
 

@@ -186,6 +186,9 @@ class Engine:
     empty_rank_s: float = 0.0
     prefill_tokens_done: int = 0
     decode_tokens_done: int = 0
+    gen_throughput: float = 0.0
+    """Decode tokens per second of the last step that decoded (all ranks together): the sum
+    over ranks of SGLang's per-rank ``gen_throughput`` gauge, held while the engine idles."""
 
     @classmethod
     def build(cls, profile: ModelProfile, index: int, role: str) -> "Engine":

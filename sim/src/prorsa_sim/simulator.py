@@ -223,6 +223,8 @@ class Simulator(Trajectories):
                 E.EngineStats, engine=eng.name, role=eng.role, running_reqs=eng.running_reqs(),
                 queued_reqs=eng.queued_reqs(), kv_used_tokens=eng.kv_used(), kv_capacity_tokens=eng.kv_capacity(),
                 prefill_tokens_per_s=rate, cache_hit_rate=hit,
+                # As the engine agent does: the summed gen_throughput gauge of a non-prefill engine.
+                decode_tokens_per_s=round(eng.gen_throughput, 3) if eng.role != "prefill" else None,
             )
         self.windows.append(s)
         self.cur = WindowSample(self.now)

@@ -211,6 +211,7 @@ class Interruptions:
         sw = eng.switch
         eng.role = sw["to"]
         eng.switch = None
+        eng.gen_throughput = 0.0  # a rate from before the switch says nothing of the new role
         # During the weight-update pause the engine waits for the resume.
         eng.available = not self.paused
         self.switches += 1

@@ -23,8 +23,8 @@ def prefill_rate_computed(profile: ModelProfile) -> float:
 def decode_step_prior(profile: ModelProfile) -> dict[str, float]:
     """The per-ENGINE decode step model (t0, per sequence, per KV token) an operator would
     configure from the profile: sequences and KV spread evenly over the attention-DP ranks,
-    which step together. The simulator's engine.stats carry no decode_tokens_per_s, so
-    the allocator keeps this prior (live, it is learned)."""
+    which step together. It is the prior until the allocator's fit from the decode
+    engines' engine.stats decode_tokens_per_s is usable, as live."""
     ranks = profile.attn_dp
     per_kv_rank = profile.kv_read_bytes_per_token / (profile.gpu.hbm_effective * profile.gpus_per_rank)
     return dict(
