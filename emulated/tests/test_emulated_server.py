@@ -164,3 +164,62 @@ def _status(url: str) -> int:
         return httpx.get(f"{url}/health", timeout=1).status_code
     except httpx.HTTPError:
         return 0
+
+
+def test_a_failed_prefill_half_ends_the_decode_stream_with_an_error_at_once():
+    """The emulated PD router relays the decode engine's stream; when the prefill half of the
+    request fails (here a prefill worker that answers 503 and whose bootstrap server never
+    answers), the stream ends with an error chunk at once instead of waiting with the decode
+    engine for KV that never comes, and the decode engine drops the request."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    release = threading.Event()
+
+    class Refusing(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _send(self, status: int, body: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            if self.path.startswith("/_emu/kv/"):
+                release.wait(60)  # the bootstrap server: no KV ever
+                self._send(200, b'{"ok": false}')
+            else:
+                self._send(200, b"{}")
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self._send(503, b'{"error": {"message": "server is unavailable"}}')
+
+    fake = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=fake.serve_forever, daemon=True).start()
+    port = fake.server_address[1]
+    c = EmulatedCluster(["decode"], speed=1.0, router_kind="emulated").start(register=True)
+    try:
+        with httpx.Client(timeout=60) as h:
+            r = h.post(f"{c.router.url}/workers", json={"url": f"http://127.0.0.1:{port}", "worker_type": "prefill",
+                                                       "bootstrap_port": port})
+            assert r.status_code == 202
+            _wait(lambda: h.get(f"{c.router.url}/workers").json()["stats"]["prefill_count"] == 1)
+            t0 = time.monotonic()
+            chunks = _sse_chunks(h, f"{c.router.url}/generate", {"text": "a b c", "stream": True,
+                                                               "sampling_params": {"max_new_tokens": 4}})
+            assert time.monotonic() - t0 < 20
+            assert "HTTP 503" in chunks[0][1]["error"]["message"] and chunks[-1][1] == "[DONE]", chunks
+            d = c.engines[0].url
+
+            def transferring() -> int:
+                loads = h.get(f"{d}/v1/loads").json()["loads"]
+                return sum(x["disaggregation"]["decode_transfer_queue_reqs"] for x in loads)
+            _wait(lambda: transferring() == 0)
+    finally:
+        release.set()
+        c.stop()
+        fake.shutdown()

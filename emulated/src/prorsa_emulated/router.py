@@ -12,6 +12,7 @@ as the PD router does) or to a regular worker.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 import uuid
@@ -228,8 +229,30 @@ def create_router_app(health_timeout_s: float = 30.0, health_interval_s: float =
         finally:
             w.load -= 1
 
-    async def forward_stream(w: Worker, body: dict) -> Response:
-        """The worker's streamed answer relayed as it comes (an error status: its body)."""
+    background: set[asyncio.Task] = set()  # prefill halves of streamed PD requests in flight
+
+    def _settled(task: asyncio.Task) -> None:
+        background.discard(task)
+        if not task.cancelled():
+            task.exception()  # read: a failed prefill half shows up as its decode peer's abort
+
+    def _peer_failed(peer: asyncio.Task | None) -> str | None:
+        """Why the prefill half failed (an error or a non-200 answer), or None."""
+        if peer is None or not peer.done():
+            return None
+        if peer.cancelled():
+            return "prefill request cancelled"
+        if peer.exception() is not None:
+            return f"prefill request failed: {peer.exception()!r}"
+        status, content = peer.result()
+        return None if status == 200 else f"prefill answered HTTP {status}: {content[:200]!r}"
+
+    async def forward_stream(w: Worker, body: dict, peer: asyncio.Task | None = None) -> Response:
+        """The worker's streamed answer relayed as it comes (an error status: its body). With
+        ``peer`` (the prefill half of a PD request): if it fails before the stream ends, the
+        stream ends with an error chunk and the decode request is dropped (the decode
+        engine aborts it), as the PD router answers a failed prefill with an error instead
+        of leaving its decode half waiting for KV that never comes."""
         w.load += 1
         try:
             resp = await client().post(f"{w.url}/generate", json=body)
@@ -244,11 +267,33 @@ def create_router_app(health_timeout_s: float = 30.0, health_interval_s: float =
                 w.load -= 1
 
         async def relay():
+            chunks = resp.content.iter_any().__aiter__()
+            nxt: asyncio.Future | None = None
             try:
-                async for chunk in resp.content.iter_any():
+                while True:
+                    why = _peer_failed(peer)
+                    if why is not None:
+                        yield b"data: " + json.dumps({"error": {"message": why}}).encode() + b"\n\n"
+                        yield b"data: [DONE]\n\n"
+                        return
+                    if nxt is None:
+                        nxt = asyncio.ensure_future(chunks.__anext__())
+                    waiting = {nxt} if peer is None or peer.done() else {nxt, peer}
+                    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                    if not nxt.done():
+                        continue  # the prefill half answered: look at how, above
+                    try:
+                        chunk = nxt.result()
+                    except StopAsyncIteration:
+                        return
+                    nxt = None
                     yield chunk
             finally:
-                resp.release()
+                if nxt is not None and not nxt.done():
+                    nxt.cancel()
+                    resp.close()  # the decode engine sees its client leave and aborts the request
+                else:
+                    resp.release()
                 w.load -= 1
         return StreamingResponse(relay(), media_type="text/event-stream")
 
@@ -271,8 +316,12 @@ def create_router_app(health_timeout_s: float = 30.0, health_interval_s: float =
                     # the prefill's KV and first token arrived); the prefill's own answer
                     # is read and dropped, as the PD router does without logprobs.
                     p_task = asyncio.create_task(forward(prefill, dict(pd_body, stream=False)))
-                    p_task.add_done_callback(lambda t: t.cancelled() or t.exception())
-                    return await forward_stream(decode, pd_body)
+                    # Held until done: the loop keeps only a weak reference to a task, and a
+                    # prefill half collected before it is sent leaves its decode peer
+                    # waiting for a room nobody prefills.
+                    background.add(p_task)
+                    p_task.add_done_callback(_settled)
+                    return await forward_stream(decode, pd_body, peer=p_task)
                 (p_status, p_body), (d_status, d_body) = await asyncio.gather(
                     forward(prefill, pd_body), forward(decode, pd_body))
                 if p_status != 200:

@@ -222,10 +222,12 @@ def create_engine_app(options: EngineOptions, engine: EmulatedEngine | None = No
         # text so far, a chunk when the first output token exists (after the prefill, or on
         # a decode engine after the KV transfer) and the full answer at the end, then
         # `data: [DONE]`; an error after the stream began is a `data: {"error": ...}` chunk.
+        # The headers go out at once (a PD router waits for them from both halves); a refusal
+        # known now is a status, one found later an error chunk.
         first: asyncio.Future = asyncio.get_running_loop().create_future()
         task = asyncio.create_task(eng.generate(req.rid, keys, out_keys, n_prompt, max_new, pinned=pinned,
                                                 pd=pd, first=first))
-        await asyncio.wait({first, task}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.sleep(0)  # let it start: a refusal is raised before its first await
         if task.done() and isinstance(task.exception(), NotAccepted):
             return JSONResponse({"error": {"message": str(task.exception())}}, 503)
         return StreamingResponse(_stream(first, task), media_type="text/event-stream")
@@ -292,7 +294,9 @@ def _rank_load(eng: EmulatedEngine, r, disagg: bool) -> dict:
         "max_total_num_tokens": r.capacity,
         "max_running_requests": r.max_running,
         "token_usage": round(r.used_tokens() / max(1, r.capacity), 4),
-        "gen_throughput": round(r.last_gen_throughput, 3),
+        # Per wall second, as a client reads any rate off this server: the engine runs
+        # ``speed`` emulated seconds per wall second.
+        "gen_throughput": round(r.last_gen_throughput * eng.opt.speed, 3),
         "cache_hit_rate": round(r.cached_tokens_total / r.prompt_tokens_total, 4)
         if r.prompt_tokens_total else 0.0,
         "utilization": min(1.0, running / max(1, r.max_running)),
