@@ -81,7 +81,7 @@ def register(app: typer.Typer) -> None:
         policy: Annotated[str, typer.Option(help="prorsa (switching), static or colocation (for comparison).")] = "prorsa",
         speed: Annotated[float, typer.Option(help="Simulated seconds per wall second.")] = 10.0,
         engines: Annotated[int, typer.Option(help="Emulated engines.")] = 4,
-        batch_size: Annotated[int, typer.Option(help="Trajectories per rollout step.")] = 64,
+        batch_size: Annotated[int, typer.Option(help="Trajectories per rollout step (256: 4 per attention-DP rank of 4 DeepSeek-V3.2 engines, the paper's load per rank).")] = 256,
         steps: Annotated[int, typer.Option(help="Rollout steps.")] = 2,
         workload: Annotated[str, typer.Option(help="math, coding or general.")] = "general",
         max_turns: Annotated[int, typer.Option(help="Cap on turns per trajectory.")] = 6,
