@@ -27,7 +27,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(
 RUN = "live"
 # As in test_up_e2e.py: a declared prefill throughput far below the emulated engines' makes
 # the allocator want more prefill engines for the first turns' burst, so the run switches.
-ENV = {**os.environ, "PRORSA_ALLOCATOR_PREFILL_TOKENS_PER_S": "5000"}
+# The run is shorter than the served-rate evidence the allocator waits for before a move
+# on the forecast alone (docs/allocator.md), so that rule is off here: the test is about
+# the console showing switches, not about when the allocator may make them.
+ENV = {**os.environ, "PRORSA_ALLOCATOR_PREFILL_TOKENS_PER_S": "5000", "PRORSA_ALLOCATOR_SERVED_EVIDENCE_FIRST": "false"}
 
 
 def test_console_shows_a_live_run_its_forecast_switches_and_a_trajectory(tmp_path: Path) -> None:
