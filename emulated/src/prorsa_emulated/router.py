@@ -12,7 +12,6 @@ as the PD router does) or to a regular worker.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 import uuid
@@ -25,6 +24,7 @@ from fastapi import Body, FastAPI
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .prefix_cache import parse_emulated_prompt
+from .server import SSE_DONE, sse
 
 WORKER_TYPES = ("regular", "prefill", "decode")
 
@@ -234,7 +234,7 @@ def create_router_app(health_timeout_s: float = 30.0, health_interval_s: float =
     def _settled(task: asyncio.Task) -> None:
         background.discard(task)
         if not task.cancelled():
-            task.exception()  # read: a failed prefill half shows up as its decode peer's abort
+            task.exception()  # read here; the relay turns a failure into an error chunk
 
     def _peer_failed(peer: asyncio.Task | None) -> str | None:
         """Why the prefill half failed (an error or a non-200 answer), or None."""
@@ -273,8 +273,8 @@ def create_router_app(health_timeout_s: float = 30.0, health_interval_s: float =
                 while True:
                     why = _peer_failed(peer)
                     if why is not None:
-                        yield b"data: " + json.dumps({"error": {"message": why}}).encode() + b"\n\n"
-                        yield b"data: [DONE]\n\n"
+                        yield sse({"error": {"message": why}})
+                        yield SSE_DONE
                         return
                     if nxt is None:
                         nxt = asyncio.ensure_future(chunks.__anext__())

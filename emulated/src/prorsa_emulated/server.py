@@ -77,7 +77,12 @@ def _prompt(req: GenerateReq) -> tuple[int, list[int], object]:
     raise HTTPException(400, "Either text or input_ids should be provided.")
 
 
-def _sse(obj: object) -> bytes:
+SSE_DONE = b"data: [DONE]\n\n"
+"""The last server-sent event of a streamed SGLang answer."""
+
+
+def sse(obj: object) -> bytes:
+    """One server-sent event of a streamed SGLang answer: ``data: {json}``."""
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
 
@@ -87,12 +92,12 @@ async def _stream(first: asyncio.Future, task: asyncio.Task):
         await asyncio.wait({first, task}, return_when=asyncio.FIRST_COMPLETED)
         meta = first.result() if first.done() else None
         if meta is not None and not task.done():
-            yield _sse({"text": " tok", "output_ids": [0], "meta_info": meta})
+            yield sse({"text": " tok", "output_ids": [0], "meta_info": meta})
         try:
-            yield _sse(await task)
+            yield sse(await task)
         except NotAccepted as exc:
-            yield _sse({"error": {"message": str(exc)}})
-        yield b"data: [DONE]\n\n"
+            yield sse({"error": {"message": str(exc)}})
+        yield SSE_DONE
     finally:
         if not task.done():
             task.cancel()  # the client went away: the engine aborts the request
