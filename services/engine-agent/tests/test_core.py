@@ -1,9 +1,10 @@
-"""The pure parts: the switch state machine, command decisions, config and launch command."""
+"""The pure parts: the switch state machine, command decisions, config, launch command and load parsing."""
 
 from __future__ import annotations
 
 import pytest
 
+from prorsa_engine_agent.clients import CounterRate, parse_loads
 from prorsa_engine_agent.config import ConfigError, InstanceConfig, load_config
 from prorsa_engine_agent.core import Phase, Verdict, advance, begin, decide, event_id, resume
 from prorsa_engine_agent.launch import launch_command
@@ -123,3 +124,30 @@ def test_config_errors_are_clear(tmp_path, monkeypatch):
     good.write_text("router_url='http://r:1'\n[[instances]]\nengine='a'\nport=30001\n")
     monkeypatch.setenv("PRORSA_AGENT_ROUTER_URL", "http://env:2")
     assert load_config(good).settings.router_url == "http://env:2"  # env overrides the file
+
+
+def test_loads_sum_ranks_and_the_prefill_counter():
+    rank = dict(num_running_reqs=2, num_waiting_reqs=1, num_used_tokens=100, max_total_num_tokens=1000,
+                gen_throughput=50.0, cache_hit_rate=0.5, total_prefill_uncached_tokens=7000,
+                disaggregation={"prefill_inflight_queue_reqs": 3})
+    load = parse_loads({"loads": [rank, {**rank, "total_prefill_uncached_tokens": 3000, "cache_hit_rate": 0.3}]})
+    assert (load.running, load.waiting, load.pd_queued, load.capacity_tokens) == (4, 2, 6, 2000)
+    assert load.gen_throughput == 100.0 and load.cache_hit_rate == pytest.approx(0.4)
+    assert load.prefill_computed_total == 10_000
+    # A rank without the counter (an SGLang older than it) makes the sum unknown, not short.
+    old = {k: v for k, v in rank.items() if k != "total_prefill_uncached_tokens"}
+    assert parse_loads({"loads": [rank, old]}).prefill_computed_total is None
+    assert parse_loads({"loads": [{**rank, "total_prefill_uncached_tokens": "x"}]}).prefill_computed_total is None
+
+
+def test_counter_rate():
+    r = CounterRate()
+    assert r.rate(1000, 10.0, "prefill") is None  # first sample
+    assert r.rate(3000, 12.0, "prefill") == 1000.0  # 2000 tokens in 2 s
+    assert r.rate(3000, 13.0, "prefill") == 0.0
+    assert r.rate(500, 14.0, "prefill") is None  # counter went back: the engine restarted
+    assert r.rate(1500, 15.0, "prefill") == 1000.0
+    assert r.rate(2500, 16.0, "decode") is None  # across a switch: neither role's rate
+    assert r.rate(2500, 16.0, "decode") is None  # no time passed
+    assert r.rate(None, 17.0, "decode") is None and r.rate(2600, 18.0, "decode") is None
+    assert r.rate(2700, 19.0, "decode") == 100.0

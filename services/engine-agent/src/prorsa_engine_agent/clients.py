@@ -22,6 +22,9 @@ class Load:
     capacity_tokens: int
     gen_throughput: float
     cache_hit_rate: float | None
+    prefill_computed_total: int | None = None
+    """SGLang's cumulative ``total_prefill_uncached_tokens`` (prompt tokens computed, after
+    prefix-cache hits) summed over ranks; None when a rank does not report it."""
 
     @property
     def idle(self) -> bool:
@@ -40,6 +43,7 @@ def parse_loads(body: dict) -> Load:
         raise EngineHTTPError(f"/v1/loads answer has no 'loads' list: {str(body)[:200]}")
     pd = sum(int((l.get("disaggregation") or {}).get(q, 0)) for l in loads for q in _PD_QUEUES)
     hits = [float(l["cache_hit_rate"]) for l in loads if l.get("cache_hit_rate") is not None]
+    computed = [l.get("total_prefill_uncached_tokens") for l in loads]
     return Load(
         running=sum(int(l.get("num_running_reqs", 0)) for l in loads),
         waiting=sum(int(l.get("num_waiting_reqs", 0)) for l in loads),
@@ -48,7 +52,27 @@ def parse_loads(body: dict) -> Load:
         capacity_tokens=sum(int(l.get("max_total_num_tokens", 0)) for l in loads),
         gen_throughput=sum(float(l.get("gen_throughput", 0.0)) for l in loads),
         cache_hit_rate=min(1.0, max(0.0, sum(hits) / len(hits))) if hits else None,
+        prefill_computed_total=sum(int(c) for c in computed)
+        if all(isinstance(c, (int, float)) and c >= 0 for c in computed) else None,
     )
+
+
+@dataclass
+class CounterRate:
+    """The rate of a cumulative counter between two polls: None on the first sample, on a
+    counter that went backwards (the engine restarted), on a clock that did not move, and
+    across a change of ``tag`` (the engine's role: a rate spanning a switch is neither's)."""
+
+    last: tuple[float, float, str] | None = None  # (counter, monotonic seconds, tag)
+
+    def rate(self, total: float | None, now: float, tag: str = "") -> float | None:
+        if total is None:
+            self.last = None
+            return None
+        prev, self.last = self.last, (total, now, tag)
+        if prev is None or prev[2] != tag or total < prev[0] or now <= prev[1]:
+            return None
+        return (total - prev[0]) / (now - prev[1])
 
 
 class EngineClient:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from prorsa_schemas import EngineDeregistered, EngineRegistered, EngineStats, Event, Parallel
 
-from .clients import EngineClient, EngineHTTPError, RouterClient
+from .clients import CounterRate, EngineClient, EngineHTTPError, RouterClient
 from .config import AgentSettings, InstanceConfig
 from .journal import Journal
 from .launch import launch_command, launch_env
@@ -34,6 +34,7 @@ class EngineState:
     registered: bool = False
     kv_capacity: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    prefill_rate: CounterRate = field(default_factory=CounterRate)
 
 
 class Instances:
@@ -173,10 +174,15 @@ class Instances:
                 except (EngineHTTPError, ValueError) as exc:
                     log.warning("stats for %s: %s", st.inst.engine, exc)
                     continue
+                # Prompt tokens computed per wall second since the last poll (SGLang's
+                # cumulative counter; None on the first poll and after a restart).
+                prefill_rate = st.prefill_rate.rate(load.prefill_computed_total,
+                                                    asyncio.get_running_loop().time(), st.role)
                 self.publish(
                     EngineStats, engine=st.inst.engine, role=st.role or "mixed",
                     running_reqs=load.running, queued_reqs=load.waiting + load.pd_queued,
                     kv_used_tokens=load.used_tokens, kv_capacity_tokens=load.capacity_tokens,
+                    prefill_tokens_per_s=prefill_rate if st.role != "decode" else None,
                     decode_tokens_per_s=load.gen_throughput if st.role != "prefill" else None,
                     cache_hit_rate=load.cache_hit_rate,
                 )
