@@ -171,3 +171,28 @@ def test_any_free_block_lies_below_the_ephemeral_port_range(tmp_path: Path):
     assert ephemeral_low(str(tmp_path / "missing")) == 32768
     (tmp_path / "range").write_text("40000\t60999\n")
     assert ephemeral_low(str(tmp_path / "range")) == 40000
+
+
+def test_the_emulated_cluster_time_scales_the_services(tmp_path: Path, monkeypatch):
+    # The emulated cluster runs `speed` times faster than the wall clock the services read:
+    # the window is 10 s of the cluster's time, the allocator's durations and the
+    # forecaster's priors are scaled; a real cluster gets neither.
+    from prorsa_cli.options import UpOptions
+    from prorsa_cli.stack import plan_stack
+
+    monkeypatch.delenv("PRORSA_FORECASTER_TIME_SCALE", raising=False)
+    monkeypatch.delenv("PRORSA_ALLOCATOR_MIN_DWELL_S", raising=False)
+    env = {s.name: s.env for s in plan_stack(UpOptions(workdir=tmp_path / "e", port_base=0,
+                                                       emulated_cluster=True, speed=10.0)).specs}
+    assert env["forecaster"]["PRORSA_FORECASTER_HORIZON"] == "1"
+    assert env["forecaster"]["PRORSA_FORECASTER_TIME_SCALE"] == "10"
+    assert env["allocator"]["PRORSA_ALLOCATOR_MIN_DWELL_S"] == "3"
+    real = {s.name: s.env for s in plan_stack(UpOptions(workdir=tmp_path / "r", port_base=0)).specs}
+    assert real["forecaster"]["PRORSA_FORECASTER_HORIZON"] == "10"
+    assert "PRORSA_FORECASTER_TIME_SCALE" not in real["forecaster"]
+    assert "PRORSA_ALLOCATOR_MIN_DWELL_S" not in real["allocator"]
+    # The operator's own setting wins.
+    monkeypatch.setenv("PRORSA_FORECASTER_TIME_SCALE", "4")
+    again = {s.name: s.env for s in plan_stack(UpOptions(workdir=tmp_path / "o", port_base=0,
+                                                         emulated_cluster=True, speed=10.0)).specs}
+    assert "PRORSA_FORECASTER_TIME_SCALE" not in again["forecaster"]

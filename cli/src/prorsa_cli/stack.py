@@ -190,6 +190,10 @@ def plan_stack(opts: UpOptions) -> StackPlan:
         ready=lambda: _http_ok(m["tracker"] + "/health")))
     specs.append(ProcSpec("forecaster", cli + ["forecaster", "run"], env={
         **base_env, "PRORSA_FORECASTER_HORIZON": f"{opts.window_s:g}",
+        # The emulated cluster's durations are `speed` times shorter on the wall clock the
+        # events carry: so are the priors the forecaster uses before it has history.
+        **({"PRORSA_FORECASTER_TIME_SCALE": f"{opts.time_scale:g}"}
+           if opts.time_scale != 1 and "PRORSA_FORECASTER_TIME_SCALE" not in os.environ else {}),
         "PRORSA_FORECASTER_METRICS_PORT": str(ports.forecaster_metrics),
         **_nats_login("PRORSA_FORECASTER_", "forecaster", passwords)},
         ready=lambda: _http_ok(m["forecaster"] + "/metrics")))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 from prorsa_schemas.events import DEFAULT_WINDOW_S
 
@@ -107,3 +107,14 @@ class ForecastConfig:
                 raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
         if self.prior_prompt_tokens < 0:
             raise ValueError(f"prior_prompt_tokens must be >= 0, got {self.prior_prompt_tokens!r}")
+
+    def time_scaled(self, speed: float) -> "ForecastConfig":
+        """This config for a cluster whose time runs ``speed`` times faster than the clock
+        its events are stamped with (the emulated cluster of ``prorsa up --speed``): every
+        prior duration (``prior_*_s``) divided by ``speed``. The horizon is left alone: it
+        is set in the events' seconds already. Every other knob counts windows,
+        observations or tokens."""
+        if not (math.isfinite(speed) and speed > 0):
+            raise ValueError(f"speed must be a positive number, got {speed!r}")
+        return replace(self, **{f.name: getattr(self, f.name) / speed for f in fields(self)
+                                if f.name.startswith("prior_") and f.name.endswith("_s")})

@@ -119,7 +119,7 @@ class Forecaster:
     def __init__(self, settings: ForecasterSettings) -> None:
         self.settings = settings
         self.ns = settings.namespace()
-        self.config = ForecastConfig(horizon=settings.horizon, steps=settings.steps)
+        self.config = ForecastConfig(horizon=settings.horizon, steps=settings.steps).time_scaled(settings.time_scale)
         self.loop = WindowLoop(self.config, gate=settings.tracker_gate)
         self.registry = CollectorRegistry()
         self.m_wape = Gauge("prorsa_forecaster_wape", "cumulative WAPE of closed windows", ["series"], registry=self.registry)

@@ -11,6 +11,11 @@ from prorsa_schemas.events import DEFAULT_WINDOW_S
 class _ForecasterFields(ServiceSettings):
     horizon: float = Field(default=DEFAULT_WINDOW_S, gt=0, le=3600, description="window length S in seconds")
     steps: int = Field(default=10, ge=1, le=1000, description="sub-steps per window")
+    time_scale: float = Field(
+        default=1.0, gt=0, le=1000,
+        description="seconds of the cluster's time per second of the events' clock (an emulated cluster run "
+        "faster than the wall clock): the prior durations used before any history are divided by it",
+    )
     tracker_gate: bool = Field(
         default=True, description="pass events through the tracker core (drop duplicates and illegal transitions)"
     )
