@@ -184,10 +184,11 @@ def test_failed_switch_cools_the_engine_down_and_another_is_chosen() -> None:
 
 
 def test_deadline_retry_then_abandon() -> None:
-    cfg = config(max_switch_fraction=0.125, initial_switch_fraction=0.125, max_attempts=2, ack_grace_s=5.0, failure_cooldown_s=1000.0)
+    cfg = config(max_switch_fraction=0.125, initial_switch_fraction=0.125, max_attempts=2, ack_grace_s=5.0,
+                 failure_cooldown_s=1000.0, in_place_switch_s=0.0)
     alloc = cluster(4, 4, cfg)
     (cmd,) = commands(alloc.handle(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0)))
-    # Nothing before deadline + grace.
+    # Nothing before deadline + grace (the switch itself takes no time here).
     assert commands(alloc.handle(stats("p0", "prefill", ts=cmd.deadline + 4.0))) == []
     (retry,) = commands(alloc.handle(stats("p0", "prefill", ts=cmd.deadline + 6.0)))
     assert retry.cmd == cmd.cmd and retry.id != cmd.id and retry.deadline > cmd.deadline
@@ -205,6 +206,24 @@ def test_deadline_retry_then_abandon() -> None:
     assert view.role == "prefill"
     alloc.handle(cmd)
     assert cmd.cmd not in alloc.table.commands
+
+
+def test_a_switch_finishing_after_the_drain_deadline_is_waited_for() -> None:
+    # The agent drains to the deadline, aborts what is left, then switches (15 s here): the
+    # command is re-sent only after deadline + switch time + grace.
+    cfg = config(max_switch_fraction=0.125, initial_switch_fraction=0.125, ack_grace_s=5.0, in_place_switch_s=15.0)
+    alloc = cluster(4, 4, cfg)
+    (cmd,) = commands(alloc.handle(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0)))
+    assert commands(alloc.handle(stats("p0", "prefill", ts=cmd.deadline + 19.0))) == []
+    (retry,) = commands(alloc.handle(stats("p0", "prefill", ts=cmd.deadline + 21.0)))
+    assert retry.cmd == cmd.cmd and alloc.counters.retries == 1
+    # Answered inside that time: never re-sent.
+    alloc = cluster(4, 4, cfg)
+    (cmd,) = commands(alloc.handle(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0)))
+    assert commands(alloc.handle(stats("p0", "prefill", ts=cmd.deadline + 12.0))) == []
+    alloc.handle(switched(cmd.engine, cmd.cmd, "decode", "prefill", ts=cmd.deadline + 14.0))
+    assert commands(alloc.handle(stats("p0", "prefill", ts=cmd.deadline + 60.0))) == []
+    assert alloc.counters.retries == 0 and cmd.cmd not in alloc.table.commands
 
 
 def test_deregistered_engine_leaves_the_pool() -> None:

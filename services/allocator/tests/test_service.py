@@ -96,8 +96,10 @@ async def test_forecast_to_plan_and_commands_then_switched(nats_url: str, ns: Na
         assert h.of(AllocationPlan)[1].switches is None and len(h.of(EngineCommand)) == 2
 
 
-ONE_COMMAND = dict(max_switch_fraction=0.125, initial_switch_fraction=0.125, ack_grace_s=5.0, max_attempts=2)
-"""Harness settings under which a prefill-heavy forecast yields exactly one command."""
+ONE_COMMAND = dict(max_switch_fraction=0.125, initial_switch_fraction=0.125, ack_grace_s=5.0, max_attempts=2,
+                   in_place_switch_s=0.0)
+"""Harness settings under which a prefill-heavy forecast yields exactly one command, re-sent
+``ack_grace_s`` after its deadline (the switch itself is taken as instant)."""
 
 
 async def one_command(h: Harness):

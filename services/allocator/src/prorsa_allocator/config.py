@@ -310,8 +310,8 @@ class AllocatorConfig(BaseModel):
     ack_grace_s: float = Field(
         default=10.0,
         ge=0,
-        description="After the deadline, how long to wait for engine.switched before retrying "
-        "(the agent aborts what is left at the deadline, then switches).",
+        description="After the deadline and the engine's switch time (the agent aborts what is left at "
+        "the deadline, then switches), how long more to wait for engine.switched before retrying.",
     )
     max_attempts: int = Field(
         default=2, ge=1, description="Sends of one command (the first and the retries) before it is abandoned."

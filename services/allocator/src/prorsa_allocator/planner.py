@@ -304,7 +304,12 @@ class Allocator:
         out: list[Event] = []
         cfg = self.config
         for cmd in list(self.table.commands.values()):
-            if now <= cmd.deadline + cfg.ack_grace_s:
+            # The agent drains until the deadline, aborts what is left, then switches: its
+            # engine.switched can come a switch time after the deadline. Waited for, so that
+            # a slow drain is not re-sent (and, twice over, abandoned) while it completes.
+            view = self.table.engines.get(cmd.engine)
+            switch_s = self.switch_cost.for_engine(view) if view is not None else 0.0
+            if now <= cmd.deadline + switch_s + cfg.ack_grace_s:
                 continue
             if cmd.attempts >= cfg.max_attempts:
                 self.table.abandon(cmd.cmd, now)
