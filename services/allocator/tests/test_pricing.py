@@ -280,6 +280,22 @@ def test_served_rate_is_measured_on_saturated_whole_windows() -> None:
     assert alloc.served[2][1] == 2
 
 
+def test_a_replay_rebuilds_the_served_rates() -> None:
+    # After a restart the allocator replays the stream without acting: the served rates
+    # and backlogs it measured live come back the same.
+    events = [stats("p0", "prefill", ts=45.0, running=2, queued=2, prefill_tokens_per_s=20_000.0, cache_hit_rate=0.5),
+              stats("p1", "prefill", ts=45.0, running=2, queued=1, prefill_tokens_per_s=30_000.0),
+              forecast(t=50.0, prefill_engines=2.0, decode_engines=2.0),
+              stats("p0", "prefill", ts=55.0, running=2, queued=4, prefill_tokens_per_s=10_000.0, cache_hit_rate=0.5),
+              forecast(t=60.0, prefill_engines=2.0, decode_engines=2.0)]
+    live, replayed = (_cluster(2, 2, hysteresis=10.0, served_ramp_s=None) for _ in range(2))
+    for ev in events:
+        live.handle(ev)
+        replayed.handle(ev, act=False)
+    assert live.served == replayed.served == {2: (pytest.approx(60_000.0), 2, 60.0)}
+    assert replayed.prefill_backlog == live.prefill_backlog == {2: pytest.approx(2.0)}
+
+
 def test_a_move_waits_until_the_imbalance_outlasts_its_dead_time() -> None:
     # persist_dead_multiple = 1: the move to prefill (idle decode engines: dead time = the
     # 15 s switch) is held until the engines have been off target for 15 s of forecasts.

@@ -168,6 +168,15 @@ class Allocator:
             self._first_t = fc.t
         prefill_rate, decode_kv = self._smooth(fc)
         if not act:
+            # Replaying after a restart: the served rates are measured as they were live
+            # (the engine table is the one of that moment), so that the priced rule does not
+            # wait for its evidence again.
+            if self.config.rule == "priced":
+                engines = cluster_shape(self.table.engines.values(), self.config.gpus_prefill,
+                                        self.config.gpus_decode).engines
+                if len(engines) >= 2:
+                    measure_served(self.served, engines, fc, self.config, self.last_update_ts, self._first_t,
+                                   self.prefill_backlog)
             return None
         decision = Decision(t=fc.t)
         self.last_decision = decision
