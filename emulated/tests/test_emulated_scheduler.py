@@ -85,7 +85,13 @@ def test_long_prompt_is_prefilled_in_chunks():
             meta = fut.result()
         assert {4096, 8192, 12288, 16384} & seen  # progress visible chunk by chunk
         # The chunks cost what the cost model says for them, one after another.
-        assert meta["e2e_latency"] >= prefill_seconds(SMALL.__class__(**{**SMALL.__dict__, "chunk_size": 4096}), 20_000) * 0.95
+        want = prefill_seconds(SMALL.__class__(**{**SMALL.__dict__, "chunk_size": 4096}), 20_000)
+        assert meta["e2e_latency"] >= want * 0.95
+        # SGLang's cumulative prefill counters: every prompt token computed, over the time
+        # spent in the steps that prefilled (in wall microseconds).
+        load = _load(p.url)
+        assert load["total_prefill_uncached_tokens"] == 20_000
+        assert want * 0.95 <= load["total_prefill_busy_us"] / 1e6 <= meta["e2e_latency"] + 0.05
     finally:
         p.stop()
 

@@ -229,6 +229,8 @@ class EmulatedEngine:
         if step.any_prefill:
             self.prefill_steps += 1
         for rank, plan in step.plans:
+            if plan.prefill:
+                rank.prefill_busy_s += secs
             for req, n in plan.prefill:
                 if req.phase != "prefill":
                     continue  # aborted during the step

@@ -101,6 +101,7 @@ class Rank:
         self.prompt_tokens_total = 0
         self.cached_tokens_total = 0
         self.prefill_tokens_total = 0
+        self.prefill_busy_s = 0.0  # emulated seconds of the steps this rank prefilled in
         self.last_gen_throughput = 0.0
 
     # -- KV -----------------------------------------------------------------------------

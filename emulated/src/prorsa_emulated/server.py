@@ -306,7 +306,8 @@ def _rank_load(eng: EmulatedEngine, r, disagg: bool) -> dict:
         if r.prompt_tokens_total else 0.0,
         "utilization": min(1.0, running / max(1, r.max_running)),
         "total_prefill_uncached_tokens": r.prefill_tokens_total,
-        "total_prefill_busy_us": 0,
+        # Wall microseconds, as every rate a client derives from this server is per wall second.
+        "total_prefill_busy_us": int(r.prefill_busy_s / eng.opt.speed * 1e6),
         "decode_moments": None,
     }
     if disagg:
