@@ -2,7 +2,7 @@
 
 A hand-built case whose best grid schedule is known by enumeration, the guarantee against
 the best static ratio on small seeded settings, determinism of the schedule and of the
-replayed events, and the spec."""
+replayed events, the spec, and the runs of other policies it counts among its candidates."""
 
 import dataclasses
 import itertools
@@ -13,11 +13,11 @@ from prorsa_schemas import read_log
 from prorsa_sim import trajectories as trajmod
 from prorsa_sim import workloads as W
 from prorsa_sim.policies.bound import BoundPolicy, parse_bound
-from prorsa_sim.policies.schedule import SchedulePolicy
+from prorsa_sim.policies.schedule import RecordedPolicy, SchedulePolicy
 from prorsa_sim.catalog import make_policy
 from prorsa_sim.policy import StaticPD
 from prorsa_sim.compare import compare_seeds
-from prorsa_sim.runner import run_to_dir, simulate
+from prorsa_sim.runner import StartAt, run_to_dir, simulate
 from prorsa_sim.simconfig import SimConfig
 from prorsa_sim.simulator import Simulator
 from prorsa_sim.workloads import TrajectoryPlan
@@ -162,3 +162,46 @@ def test_cli_run_and_compare_take_the_bound():
     assert "bound_search" in bound["per_seed"][0]
     bad = CliRunner().invoke(app, ["sim", "run", *common, "--policy", "bound:beam=zero", "--out", "unused"])
     assert bad.exit_code != 0 and "beam" in bad.output
+
+
+# --- seeds: other policies' runs among the candidates -------------------------------------------
+
+
+def test_a_recorded_run_replays_to_the_event():
+    cfg = SimConfig(workload="coding", model="qwen3-235b", staleness=2, steps=2, batch_size=16, total_gpus=16, seed=1)
+    live = Simulator(cfg, StartAt(make_policy("reactive"), 2, 2)).run().summary
+    assert live["switch_requests"], "the case must switch"
+    again = Simulator(cfg, RecordedPolicy(2, live["switch_requests"])).run().summary
+    for key in ("rollout_time_s", "step_times_s", "switch_log", "switches", "events", "switch_requests"):
+        assert again[key] == live[key], key
+
+
+def test_the_bound_counts_the_runs_it_is_handed(phase):
+    # Restart switches (390 s) cannot pay within the step, so the search keeps the best
+    # static ratio; a run handed to it that switched in place at 30 s is faster, and is
+    # what the bound answers (replayed request for request).
+    cfg = phase
+    in_place = Simulator(cfg, SchedulePolicy([2, 1], 30.0)).run().summary
+    static = min(_rollout(cfg, StaticPD(p, 3 - p)) for p in (1, 2))
+    assert in_place["rollout_time_s"] < static
+    res = simulate(cfg, "bound:30:restart", seeds={"in-place": (2, in_place["switch_requests"])})
+    s, b = res.summary, res.summary["bound_search"]
+    assert b["chosen"] == "seed:in-place" and b["schedule"] is None
+    assert b["seeds"]["in-place"] == {"rollout_s": in_place["rollout_time_s"], "start_prefill": 2,
+                                      "requests": len(in_place["switch_requests"]), "switches": 1}
+    assert s["rollout_time_s"] == in_place["rollout_time_s"] and s["switch_log"] == in_place["switch_log"]
+    # A slower seed is reported and not chosen.
+    slow = Simulator(cfg, SchedulePolicy([1, 2], 30.0)).run().summary
+    res = simulate(cfg, "bound:30:restart", seeds={"slow": (1, slow["switch_requests"])})
+    assert res.summary["bound_search"]["chosen"] == "static" and res.summary["rollout_time_s"] == static
+
+
+def test_a_comparison_hands_the_bound_its_switching_runs_and_sweep():
+    cfg = SimConfig(workload="coding", model="qwen3-235b", staleness=2, steps=2, batch_size=16, total_gpus=16, seed=1)
+    out = compare_seeds(cfg, ["static", "reactive", "bound:60:beam=1"], [1], n_jobs=1)
+    static, reactive, bound = (row["per_seed"][0] for row in out["rows"])
+    b = bound["bound_search"]
+    assert b["seeds"]["reactive"]["rollout_s"] == reactive["rollout_time_s"]  # the same run again
+    assert bound["rollout_time_s"] <= min(static["rollout_time_s"], reactive["rollout_time_s"])
+    assert b["best_static_rollout_s"] == static["rollout_time_s"]
+    assert b["static_sweep"][static["policy"]] == static["rollout_time_s"]

@@ -22,9 +22,16 @@ def test_settings_seeds_extra_statics_fewer_seeds_and_the_cache(tmp_path):
     m = run_matrix(settings, POLICIES, [0, 1], n_jobs=1, grid=2, cache_dir=tmp_path, progress=seen.append,
                    on_total=total.append, seeds_for={BOUND: [0]})
     # Phase 1: colocation + the 2-point grid (1:3, 3:1) + 2:2 on the first setting; phase 2:
-    # reactive and prorsa on both seeds, the bound on seed 0 of the first setting only.
+    # reactive and prorsa on both seeds; phase 3: the bound on seed 0 of the first setting
+    # only, handed that seed's reactive and prorsa runs (the grid's 2 points are not every
+    # ratio, so it runs its own sweep).
     assert total == [2 * (1 + 3) + 2 * (1 + 2) + 2 * 2 * 2 + 1] == [len(seen)]
-    assert seen[2 * (1 + 3) + 2 * (1 + 2)].spec == BOUND  # the slowest first in phase 2
+    assert seen[-1].spec == BOUND
+    assert [name for name, *_ in seen[-1].seeds] == ["reactive", "prorsa"]
+    assert set(seen[-1].seeds[0][2]) == {tuple(r) for r in m.runs[(0, 0, "reactive")]["switch_requests"]}
+    assert set(m.runs[(0, 0, BOUND)]["bound_search"]["seeds"]) == {"reactive", "prorsa"}
+    assert m.runs[(0, 0, BOUND)]["rollout_time_s"] <= min(m.runs[(0, 0, p)]["rollout_time_s"]
+                                                          for p in ("reactive", "prorsa"))
     for i, setting in enumerate(settings):
         for s in (0, 1):
             spec, summ, tried = m.best[(i, s)]

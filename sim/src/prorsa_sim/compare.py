@@ -113,9 +113,11 @@ def run_matrix(settings: list[Setting], policies: list[str], seeds: list[int], n
     each setting, through :func:`run_jobs` (parallel, cached). Phase 1, every setting at
     once so the process pool stays full: the fixed policies (colocation, ``static:P:D``),
     the static grid and each setting's extra ``statics``. Phase 2: the switching policies,
-    started from ``start`` (``best``: that seed's best static ratio; a policy that chooses
-    its own start, as ``bound``, runs from it, and first, being the slowest).
-    ``seeds_for``: a policy run on fewer seeds (those of ``seeds`` it lists)."""
+    started from ``start`` (``best``: that seed's best static ratio). Phase 3: a policy
+    that chooses its own start (``bound``), handed the phase-1 sweep of its setting and
+    seed and every phase-2 run of them as seeds (candidates it counts: it is then never
+    slower than any of them). ``seeds_for``: a policy run on fewer seeds (those of
+    ``seeds`` it lists)."""
     st = parse_start(start)
     only = seeds_for or {}
     pols = {i: list(policies) + [p for p in x.policies if p not in policies] for i, x in enumerate(settings)}
@@ -143,10 +145,24 @@ def run_matrix(settings: list[Setting], policies: list[str], seeds: list[int], n
     best = {(i, s): pick_best(runs[(i, s, spec)] for spec in sweeps[i])
             for i in range(len(settings)) for s in seeds if sweeps[i]}
     jobs2: list[tuple[int, Job]] = []
-    for _, i, s, p in sorted(phase2, key=lambda x: x[0]):  # stable: the self-starting ones first
+    for common, i, s, p in phase2:
+        if not common:
+            continue
         split = pd_split(best[(i, s)][0]) if st == "best" else (st if isinstance(st, tuple) else None)
-        jobs2.append((i, Job(replace(settings[i].cfg, seed=s), p, None if own[p] else split)))
+        jobs2.append((i, Job(replace(settings[i].cfg, seed=s), p, split)))
     for (i, j), summ in zip(jobs2, run_jobs([j for _, j in jobs2], n_jobs, cache_dir, progress, version)):
+        runs[(i, j.cfg.seed, j.spec)] = summ
+    jobs3: list[tuple[int, Job]] = []
+    for common, i, s, p in phase2:
+        if common:
+            continue
+        handed = tuple((j.spec, j.start[0], tuple(tuple(r) for r in runs[(i, s, j.spec)]["switch_requests"]))
+                       for ii, j in jobs2 if ii == i and j.cfg.seed == s and j.start is not None
+                       and "switch_requests" in runs[(i, s, j.spec)])
+        swept = tuple((spec, runs[(i, s, spec)]["rollout_time_s"], runs[(i, s, spec)]["sim_time_s"])
+                      for spec in sweeps[i] if spec.startswith("static:"))
+        jobs3.append((i, Job(replace(settings[i].cfg, seed=s), p, None, handed, swept)))
+    for (i, j), summ in zip(jobs3, run_jobs([j for _, j in jobs3], n_jobs, cache_dir, progress, version)):
         runs[(i, j.cfg.seed, j.spec)] = summ
     return Matrix(list(settings), list(policies), list(seeds), for_p, start, grid, runs, best)
 

@@ -84,15 +84,21 @@ def build_policy(spec: str, start: tuple[int, int] | None = None) -> Policy:
 
 
 def simulate(cfg: SimConfig, policy_spec: str, sink=None, progress=None, start: tuple[int, int] | None = None,
-             search_progress=None) -> Result:
+             search_progress=None, seeds: dict[str, tuple[int, list]] | None = None,
+             sweep: dict[str, tuple[float, float]] | None = None) -> Result:
     """Run one simulation of a concrete policy (not the ``static`` sweep).
 
-    A policy with ``prepare(cfg, static_sweep, progress)`` (``bound``: its search) is
-    prepared first, with :func:`best_static` and ``search_progress``; its
-    ``search_report`` goes into the summary as ``bound_search``."""
+    A policy with ``prepare(cfg, static_sweep, progress, seeds)`` (``bound``: its search)
+    is prepared first, with :func:`best_static` (or, given ``sweep``, ``{static spec:
+    (rollout s, simulated s)}`` of every ratio already run, that sweep), ``search_progress``
+    and ``seeds`` (other policies' runs: ``{name: (start prefill count, switch_requests)}``);
+    its ``search_report`` goes into the summary as ``bound_search``."""
     pol = build_policy(policy_spec, start)
     if hasattr(pol, "prepare"):
-        pol.prepare(cfg, static_sweep=best_static, progress=search_progress)
+        static_sweep = best_static
+        if sweep and set(sweep_specs(cfg)) <= set(sweep):
+            static_sweep = lambda _cfg: swept(sweep)  # noqa: E731 -- the ratios already run
+        pol.prepare(cfg, static_sweep=static_sweep, progress=search_progress, seeds=seeds)
     res = Simulator(cfg, pol, sink=sink).run(progress=progress)
     if getattr(pol, "search_report", None) is not None:
         res.summary["bound_search"] = pol.search_report
@@ -185,11 +191,23 @@ def code_versions() -> CodeVersions:
 
 @dataclass(frozen=True)
 class Job:
-    """One simulation: a setting, a concrete policy and the P:D split it starts from."""
+    """One simulation: a setting, a concrete policy and the P:D split it starts from; for a
+    policy that searches (``bound``), the other policies' runs it counts among its
+    candidates (``seeds``: ``((name, start prefill count, switch_requests), ...)``) and the
+    static sweep already run (``sweep``: ``((spec, rollout s, simulated s), ...)``)."""
 
     cfg: SimConfig
     spec: str
     start: tuple[int, int] | None = None
+    seeds: tuple = ()
+    sweep: tuple = ()
+
+    def inputs_digest(self) -> str | None:
+        """A hash of ``seeds`` and ``sweep`` (None without them): part of the cache key."""
+        if not self.seeds and not self.sweep:
+            return None
+        doc = json.dumps([list(self.seeds), list(self.sweep)], sort_keys=True, default=list)
+        return hashlib.sha256(doc.encode()).hexdigest()[:12]
 
     def key(self) -> str:
         c = self.cfg
@@ -199,12 +217,29 @@ class Job:
         extra = {k: v for k, v in asdict(c).items()
                  if k not in ("workload", "model", "staleness", "batch_size", "total_gpus", "steps", "seed", "run")}
         digest = hashlib.sha256(json.dumps(extra, sort_keys=True).encode()).hexdigest()[:6]
-        return re.sub(r"[^A-Za-z0-9_.@=-]", "-", f"{name}_{digest}")
+        inputs = self.inputs_digest()
+        return re.sub(r"[^A-Za-z0-9_.@=-]", "-", f"{name}_{digest}" + (f"_in{inputs[:6]}" if inputs else ""))
+
+
+def swept(sweep: dict[str, tuple[float, float]]) -> tuple[str, Result, dict[str, float]]:
+    """:func:`best_static`'s answer from a sweep already run (``{spec: (rollout s,
+    simulated s)}``): the best spec, a result carrying its two figures, every spec's time."""
+    tried = {spec: (rt if rt is not None else float("inf")) for spec, (rt, _) in sweep.items()}
+    best = None
+    for spec, rt in tried.items():  # the first of the fastest, as best_static keeps it
+        if best is None or rt < tried[best]:
+            best = spec
+    if best is None:
+        raise ValueError("empty static sweep")
+    return best, Result({"rollout_time_s": sweep[best][0], "sim_time_s": sweep[best][1]}), tried
 
 
 def run_job(job: Job) -> dict:
     """Run one job; its summary (no timeline), with the start split recorded."""
-    res = simulate(job.cfg, job.spec, start=job.start if not is_pd_fixed(job.spec) else None)
+    seeds = {name: (int(p), [list(r) for r in reqs]) for name, p, reqs in job.seeds} or None
+    sweep = {spec: (rt, st) for spec, rt, st in job.sweep} or None
+    res = simulate(job.cfg, job.spec, start=job.start if not is_pd_fixed(job.spec) else None, seeds=seeds,
+                   sweep=sweep)
     s = res.summary
     s["start"] = (f"{job.start[0]}:{job.start[1]}" if job.start and not is_pd_fixed(job.spec)
                   and "bound_search" not in s else None)
@@ -284,7 +319,11 @@ def _read_cache(cache_dir: Path | None, job: Job, version: str) -> dict | None:
 
 
 def _job_doc(job: Job) -> dict:
-    return {"cfg": asdict(job.cfg), "spec": job.spec, "start": list(job.start) if job.start else None}
+    doc = {"cfg": asdict(job.cfg), "spec": job.spec, "start": list(job.start) if job.start else None}
+    inputs = job.inputs_digest()
+    if inputs is not None:
+        doc["inputs"] = inputs
+    return doc
 
 
 def _write_cache(cache_dir: Path | None, job: Job, version: str, summary: dict) -> None:

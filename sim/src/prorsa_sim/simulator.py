@@ -91,6 +91,9 @@ class Simulator(Trajectories):
         self.windows: list[WindowSample] = []
         self.cur = WindowSample(0.0)
         self._cmd = 0
+        self.requests: list[list] = []
+        """Every switch the policy asked for, ``[t, engine, to_role, mode]`` in the order
+        asked: what :class:`~prorsa_sim.policies.schedule.RecordedPolicy` replays."""
         self.forking = False
         self.step_pd_ratio: list = []
         self._step_pf = self._step_dc = 0
@@ -235,6 +238,7 @@ class Simulator(Trajectories):
         )
         self.window_events = []
         for sw in self.policy.on_window(obs):
+            self.requests.append([self.now, sw.engine, sw.to_role, sw.mode])
             self._apply_switch(sw)
         self.at(self.now + cfg.window_s, self._window)
 

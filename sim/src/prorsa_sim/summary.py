@@ -126,6 +126,7 @@ def build_result(sim) -> Result:
         "decode_tokens": sim.decode_tokens,
         "step_pd_ratio": sim.step_pd_ratio,
         "switches": sim.switches,
+        "switch_requests": sim.requests,
         "preemptions": sim.preemptions,
         "events": sim.n_events,
         "sim_time_s": _r(sim.now, 3),

@@ -29,8 +29,12 @@ forked state (:meth:`Simulator.fork`, a deep copy that goes on by itself):
 4. The parent's own plan is always among its children (same target, same continuation,
    score reused), so the best score in the beam never gets worse: the search ends with a
    schedule at least as fast as P* held, measured on the same forks.
-5. The answer is the better of the searched schedule and P* (the static run), both
-   measured by a full simulation under the summary's rule; the reported run replays it.
+5. The answer is the best of the searched schedule, P* (the static run) and the *seeds*:
+   the runs of other policies on the same setting and seed, replayed request for request
+   (:class:`~.schedule.RecordedPolicy`; a comparison passes its switching policies' runs),
+   each measured by a full simulation under the summary's rule; the reported run replays
+   it. So the bound is never slower than the best fixed ratio nor than any policy it was
+   handed: a schedule some policy found is a schedule that exists.
 
 Spec: ``bound[:<grid_s>][:beam=<B>][:in_place|:restart]``, e.g. ``bound:30``,
 ``bound:120:beam=1``.
@@ -46,13 +50,15 @@ from dataclasses import dataclass, field
 from prorsa_emulated.costmodel import ModelProfile, get_profile
 
 from ..policy import Observation, SwitchRequest, static_sweep_ratios
-from .schedule import GRID_S, SchedulePolicy, changes
+from .schedule import GRID_S, RecordedPolicy, SchedulePolicy, changes
 
 BEAM = 2
 """CHOICE: members kept per segment. Each member costs ~2 x (candidates - 1) lookaheads
 per segment; 2 keeps a paper-scale DeepSeek run within tens of minutes on one core."""
 StaticSweep = Callable[..., tuple]
 """``static_sweep(cfg) -> (best spec, its Result, {spec: rollout s})``: the runner's ``best_static``."""
+Seeds = dict[str, tuple[int, list]]
+"""``{policy name: (prefill engines it started with, its summary's switch_requests)}``."""
 NEIGHBOURS = 2
 """CHOICE: besides the static-sweep ratios, a member's candidates include its planned
 target +-1 and +-2 engines (all ratios of an 8-engine cluster are sweep ratios anyway)."""
@@ -120,10 +126,12 @@ def _candidates(planned: int, n: int, sweep: list[int]) -> list[int]:
 
 
 def search(cfg, static_sweep: StaticSweep, grid_s: float = GRID_S, beam: int = BEAM, switch_mode: str | None = None,
-           progress: Callable[[int, int, dict], None] | None = None) -> tuple[list[int], dict]:
+           progress: Callable[[int, int, dict], None] | None = None,
+           seeds: Seeds | None = None) -> tuple[list[int], dict, str | None]:
     """Search a schedule for ``cfg`` (see the module doc). ``static_sweep(cfg)`` runs the
-    static sweep (the runner's ``best_static``). Returns the chosen schedule and the
-    ``bound_search`` report."""
+    static sweep (the runner's ``best_static``); ``seeds``, other policies' runs to count
+    among the candidates. Returns the chosen schedule, the ``bound_search`` report, and
+    the seed chosen instead of a schedule (its name; None when a schedule is)."""
     from ..simulator import Simulator
 
     wall0 = time.perf_counter()
@@ -260,6 +268,17 @@ def search(cfg, static_sweep: StaticSweep, grid_s: float = GRID_S, beam: int = B
     fork_result = build_result(found.sim).summary["rollout_time_s"]
     use_found = r_found is not None and (r_star is None or r_found < r_star)
     schedule = list(found_plan) if use_found else [p_star]
+    best_r = r_found if use_found else r_star
+    # The seeds: each policy's run again, request for request (ties go to the schedule).
+    seed_report: dict[str, dict] = {}
+    chosen_seed = None
+    for name, (n_prefill, requests) in (seeds or {}).items():
+        run = Simulator(cfg, RecordedPolicy(n_prefill, list(requests), name=name)).run().summary
+        r = run["rollout_time_s"]
+        seed_report[name] = {"rollout_s": r, "start_prefill": n_prefill, "requests": len(requests),
+                             "switches": run["switches"]}
+        if r is not None and (best_r is None or r < best_r):
+            best_r, chosen_seed = r, name
     cand_mean = sum(stats.candidates) / len(stats.candidates) if stats.candidates else 0.0
     report = {
         "grid_s": grid_s,
@@ -281,14 +300,15 @@ def search(cfg, static_sweep: StaticSweep, grid_s: float = GRID_S, beam: int = B
         "best_static_rollout_s": r_star,
         "searched_rollout_s": r_found,
         "search_matches_replay": fork_result == r_found,
-        "chosen": "searched" if use_found else "static",
-        "schedule": changes(schedule, grid_s),
+        "seeds": seed_report,
+        "chosen": f"seed:{chosen_seed}" if chosen_seed else "searched" if use_found else "static",
+        "schedule": None if chosen_seed else changes(schedule, grid_s),
         "space_log10": round(stats.segments * math.log10(n - 1), 2) if n > 2 else 0.0,
         "explored_schedules": stats.lookaheads + stats.reused,
         "wall_s": None,
     }
     report["wall_s"] = round(time.perf_counter() - wall0, 2)
-    return schedule, report
+    return schedule, report, chosen_seed
 
 
 # --- the policy ------------------------------------------------------------------------------
@@ -310,10 +330,17 @@ class BoundPolicy:
     schedule: list[int] | None = None
     search_report: dict | None = None
 
-    def prepare(self, cfg, static_sweep: StaticSweep, progress: Callable[[int, int, dict], None] | None = None) -> None:
-        """Search the schedule; ``static_sweep(cfg)`` runs the static sweep it starts from."""
-        self.schedule, self.search_report = search(cfg, static_sweep, self.grid_s, self.beam, self.switch_mode, progress)
-        self._replay = SchedulePolicy(self.schedule, self.grid_s, self.switch_mode, name=self.name)
+    def prepare(self, cfg, static_sweep: StaticSweep, progress: Callable[[int, int, dict], None] | None = None,
+                seeds: Seeds | None = None) -> None:
+        """Search the schedule; ``static_sweep(cfg)`` runs the static sweep it starts from;
+        ``seeds`` are other policies' runs to count among the candidates."""
+        self.schedule, self.search_report, seed = search(cfg, static_sweep, self.grid_s, self.beam, self.switch_mode,
+                                                         progress, seeds)
+        if seed is not None:
+            n_prefill, requests = (seeds or {})[seed]
+            self._replay = RecordedPolicy(n_prefill, list(requests), name=self.name)
+        else:
+            self._replay = SchedulePolicy(self.schedule, self.grid_s, self.switch_mode, name=self.name)
 
     def initial_roles(self, profile: ModelProfile, n_engines: int) -> list[str]:
         if self.schedule is None:

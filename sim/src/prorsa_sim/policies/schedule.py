@@ -72,3 +72,32 @@ def changes(schedule: list[int], grid_s: float) -> list[list[float]]:
         if not out or out[-1][1] != p:
             out.append([round(k * grid_s, 3), p])
     return out
+
+
+@dataclass
+class RecordedPolicy:
+    """Replay another run's switch requests (its summary's ``switch_requests``) from the
+    split it started in: the same requests at the same windows. The simulator is
+    deterministic and a policy acts on it only through its requests, so the replay is the
+    recorded run again, to the event (what lets the ``bound`` count a policy's own run
+    among its candidates)."""
+
+    n_prefill: int
+    requests: list
+    """``[[t, engine, to_role, mode], ...]`` in the order they were asked."""
+    name: str = "recorded"
+    wants_future: bool = False
+
+    def __post_init__(self) -> None:
+        self._by_t: dict[float, list[SwitchRequest]] = {}
+        for t, engine, to_role, mode in self.requests:
+            self._by_t.setdefault(float(t), []).append(SwitchRequest(engine, to_role, mode))
+
+    def initial_roles(self, profile: ModelProfile, n_engines: int) -> list[str]:
+        if not 1 <= self.n_prefill <= n_engines - 1:
+            raise ValueError(f"{self.name}: {self.n_prefill} prefill engines do not split {n_engines} engines")
+        return ["prefill"] * self.n_prefill + ["decode"] * (n_engines - self.n_prefill)
+
+    def on_window(self, obs: Observation) -> list[SwitchRequest]:
+        return list(self._by_t.get(obs.t, ()))
+
