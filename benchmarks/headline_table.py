@@ -271,6 +271,11 @@ def _t(sp: dict, nd: int = 1) -> str:
     return f"{sp['mean']:.{nd}f}"
 
 
+def _s(v: float | None) -> str:
+    """One run's seconds."""
+    return "-" if v is None else f"{v:.1f}"
+
+
 def _x(sp: dict) -> str:
     if sp is None or sp.get("mean") is None:
         return "-"
@@ -352,9 +357,9 @@ def to_markdown(rep: dict) -> str:
                         "switching runs replayed"]), "|" + "---|" * 8]
         for r in rep["settings"]:
             for sd, q in (r["columns"].get(bound, {}).get("search") or {}).items():
-                seeds = ", ".join(f"{name} {_t(v.get('rollout_s'))}" for name, v in (q.get("seeds") or {}).items())
+                seeds = ", ".join(f"{name} {_s(v.get('rollout_s'))}" for name, v in (q.get("seeds") or {}).items())
                 lines.append(_row([r["model"], r["workload"], str(r["staleness"]), str(sd), str(q.get("chosen")),
-                                   _t(q.get("best_static_rollout_s")), _t(q.get("searched_rollout_s")),
+                                   _s(q.get("best_static_rollout_s")), _s(q.get("searched_rollout_s")),
                                    seeds or "-"]))
     lines += ["", "No flapping: switches per measured step (flip-backs in the measured steps: an engine switched "
               "back within its own previous switch time, drain included); mean over seeds:", "",
