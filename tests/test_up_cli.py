@@ -187,6 +187,8 @@ def test_the_emulated_cluster_time_scales_the_services(tmp_path: Path, monkeypat
     assert env["forecaster"]["PRORSA_FORECASTER_HORIZON"] == "1"
     assert env["forecaster"]["PRORSA_FORECASTER_TIME_SCALE"] == "10"
     assert env["allocator"]["PRORSA_ALLOCATOR_MIN_DWELL_S"] == "3"
+    # The switch-time priors are the emulated profile's (DeepSeek-V3.2 in place: 15 s).
+    assert env["allocator"]["PRORSA_ALLOCATOR_IN_PLACE_SWITCH_S"] == "1.5"
     real = {s.name: s.env for s in plan_stack(UpOptions(workdir=tmp_path / "r", port_base=0)).specs}
     assert real["forecaster"]["PRORSA_FORECASTER_HORIZON"] == "10"
     assert "PRORSA_FORECASTER_TIME_SCALE" not in real["forecaster"]

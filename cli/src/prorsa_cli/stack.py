@@ -46,6 +46,17 @@ def emulated_prefill_tokens_per_s(model: str, speed: float) -> float:
     return speed * p.attn_dp * p.chunk_size / p.prefill_time(p.chunk_size)
 
 
+def emulated_switch_priors(model: str, speed: float) -> dict[str, str]:
+    """The allocator's switch-time priors from the emulated engines' profile (in place and
+    restart, as an operator who timed a switch would set them), in wall seconds (/ ``speed``),
+    as ``PRORSA_ALLOCATOR_*`` variables; learned from engine.switched after that."""
+    from prorsa_emulated.profiles import emulated_profile
+
+    p = emulated_profile(model)
+    return {"PRORSA_ALLOCATOR_IN_PLACE_SWITCH_S": f"{p.in_place_switch_s / speed:.6g}",
+            "PRORSA_ALLOCATOR_RESTART_SWITCH_S": f"{p.restart_switch_s / speed:.6g}"}
+
+
 def check_ports(ports: Ports, opts: UpOptions) -> None:
     """Refuse to start when a port we need is taken, naming the port and its use."""
     needed = ports.named()
@@ -203,10 +214,12 @@ def plan_stack(opts: UpOptions) -> StackPlan:
         if opts.emulated_cluster:
             # The cluster runs `speed` times faster than the services' wall clock: every
             # duration of the allocator's defaults is scaled to it (a 30 s dwell stays 30 s of
-            # the cluster's time), and θᴾ is the emulated engines' own from their profile.
+            # the cluster's time), and θᴾ and the switch times are the emulated engines' own
+            # from their profile.
             # Env vars win.
             env = {**time_scaled_env(opts.time_scale), "PRORSA_ALLOCATOR_PREFILL_TOKENS_PER_S":
-                   f"{emulated_prefill_tokens_per_s(opts.emulated_model, opts.speed):.0f}"}
+                   f"{emulated_prefill_tokens_per_s(opts.emulated_model, opts.speed):.0f}",
+                   **emulated_switch_priors(opts.emulated_model, opts.speed)}
             alloc_env.update({k: v for k, v in env.items() if k not in os.environ})
         specs.append(ProcSpec("allocator", cli + ["allocator", "run"], env={**base_env, **alloc_env},
             ready=lambda: _http_ok(m["allocator"] + "/metrics")))
