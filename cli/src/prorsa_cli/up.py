@@ -104,8 +104,12 @@ def register(app: typer.Typer) -> None:
         code = 0
         for pol in (["colocation"] if compare else []) + [policy]:
             other = "prorsa" if pol == "colocation" else "colocation"
+            # With --compare the colocation run comes first: the PD run in the workdir, if
+            # any, is an earlier invocation's, not the one this colocation run is set against.
+            first_of_compare = compare and pol == "colocation"
             opts = _options(UpOptions, {**base, "policy": pol, "emulated_cluster": True, "run": f"demo-{pol}",
-                                        "workdir": workdir / pol, "compare_with": workdir / other})
+                                        "workdir": workdir / pol,
+                                        "compare_with": None if first_of_compare else workdir / other})
             code = max(code, run_up(opts, keep_running=False, fresh=True))
         raise typer.Exit(code)
 
