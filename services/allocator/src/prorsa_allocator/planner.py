@@ -22,7 +22,6 @@ from prorsa_schemas import (
     EngineSwitched,
     Event,
     ForecastWindow,
-    PlannedSwitch,
 )
 from prorsa_schemas.fold import Mutators
 
@@ -256,7 +255,8 @@ class Allocator:
             n_decode=alloc.n_decode,
             delta=round(min(alloc.delta, cfg.max_delta), 6),
             feasible=alloc.feasible,
-            switches=[PlannedSwitch(engine=m.engine.engine, to_role=m.to_role) for m in sel.moves] or None,
+            # As dicts: the plan validates them in its own (pydantic-core) call, not one model each.
+            switches=[{"engine": m.engine.engine, "to_role": m.to_role} for m in sel.moves] or None,  # type: ignore[misc]
         )
         decision.events.append(plan)
         self.counters.plans += 1
@@ -316,6 +316,8 @@ class Allocator:
             # The agent drains until the deadline, aborts what is left, then switches: its
             # engine.switched can come a switch time after the deadline. Waited for, so that
             # a slow drain is not re-sent (and, twice over, abandoned) while it completes.
+            if now <= cmd.deadline + cfg.ack_grace_s:
+                continue  # the common case, checked first: this runs on every event
             view = self.table.engines.get(cmd.engine)
             switch_s = self.switch_cost.for_engine(view) if view is not None else 0.0
             if now <= cmd.deadline + switch_s + cfg.ack_grace_s:
