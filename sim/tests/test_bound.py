@@ -12,7 +12,7 @@ import pytest
 from prorsa_schemas import read_log
 from prorsa_sim import trajectories as trajmod
 from prorsa_sim import workloads as W
-from prorsa_sim.policies.bound import BoundPolicy, on_grid, parse_bound
+from prorsa_sim.policies.bound import BoundPolicy, parse_bound
 from prorsa_sim.policies.schedule import RecordedPolicy, SchedulePolicy
 from prorsa_sim.catalog import make_policy
 from prorsa_sim.policy import StaticPD
@@ -205,27 +205,3 @@ def test_a_comparison_hands_the_bound_its_switching_runs_and_sweep():
     assert bound["rollout_time_s"] <= min(static["rollout_time_s"], reactive["rollout_time_s"])
     assert b["best_static_rollout_s"] == static["rollout_time_s"]
     assert b["static_sweep"][static["policy"]] == static["rollout_time_s"]
-
-
-def test_a_recorded_run_on_the_grid():
-    reqs = [[25.0, "e2", "prefill", "in_place"], [95.0, "e1", "prefill", "in_place"],
-            [100.0, "e1", "prefill", "in_place"], [130.0, "e0", "decode", "in_place"]]
-    # Nearest boundary (grid 60 s): 25 s -> 0; 95, 100 and 130 s -> 120, where e1 joins
-    # prefill and e0 leaves it; through one segment past the last request.
-    assert on_grid(["e0", "e1", "e2", "e3"], 1, reqs, 60.0, 0) == [2, 2, 2, 2, 2]
-    assert on_grid(["e0", "e1", "e2", "e3"], 1, reqs[:3], 60.0, 0) == [2, 2, 3, 3]
-    assert on_grid(["e0", "e1", "e2", "e3"], 1, reqs[:3], 60.0, 2) == [3, 3]
-    assert on_grid(["e0", "e1"], 1, [], 60.0, 3) == [1]
-
-
-def test_the_search_starts_from_the_best_run_it_is_handed(phase):
-    # Beam 1 on a 30 s grid; handed the best schedule's own run, the search takes it as its
-    # base plan (it ends the run sooner than 2:1 held) and ends on it.
-    cfg = phase
-    best = Simulator(cfg, SchedulePolicy([2, 1], 30.0)).run().summary
-    res = simulate(cfg, "bound:30:beam=1", seeds={"best": (2, best["switch_requests"])})
-    b = res.summary["bound_search"]
-    assert b["base_plan"] == "seed:best"
-    assert b["base_plan_ends_s"]["seed:best"] < b["base_plan_ends_s"]["static"]
-    assert b["searched_rollout_s"] == best["rollout_time_s"] == res.summary["rollout_time_s"]
-    assert b["chosen"] == "searched"  # a tie with the seed goes to the schedule

@@ -18,8 +18,7 @@ forked state (:meth:`Simulator.fork`, a deep copy that goes on by itself):
    time minus a constant: the search minimises time.
 3. Beam search with a base plan (a rollout algorithm): each beam member is a forked
    simulation at the segment boundary with its schedule so far and a *plan* for the rest
-   (at first: P* held, or the handed run that, put on the grid, ends the run soonest, if
-   that is sooner). Each member is expanded by every candidate target for the segment
+   (at first: P* held). Each member is expanded by every candidate target for the segment
    (every static-sweep ratio and the neighbours +-1, +-2 of the member's planned target);
    a child is scored by simulating ahead, from a fork, to the *finish line* -- the end of
    the next step that no member has completed yet -- under two continuations: the
@@ -171,6 +170,7 @@ def search(cfg, static_sweep: StaticSweep, grid_s: float = GRID_S, beam: int = B
     root.policy.schedule = [p_star] * k
     stats.sim_s_advance += root.now
     est_total = max(1, math.ceil((best_res.summary["sim_time_s"] - k0 * grid_s) / grid_s))
+    members = [_Member(root, [p_star] * k, math.inf, -1)]
 
     def score(sim, plan: list[int], line: int, cut: float) -> float:
         look = fork(sim)
@@ -183,24 +183,6 @@ def search(cfg, static_sweep: StaticSweep, grid_s: float = GRID_S, beam: int = B
             return look.now
         stats.pruned += 1
         return math.inf
-
-    # The base plan: P* held, or a seed's run on the grid if that runs to the end sooner
-    # (from the warm-up's end, which every candidate shares), so that the search improves
-    # on the best schedule a policy found rather than on P* alone.
-    base_plan, base_name = [p_star] * k, "static"
-    base_scores: dict[str, float] = {}
-    if seeds:
-        names = [e.name for e in root.engines]
-        held = score(root, base_plan, cfg.steps, math.inf)
-        base_scores["static"] = held
-        best_end = held
-        for name, (n_prefill, requests) in seeds.items():
-            plan = [p_star] * k0 + on_grid(names, n_prefill, requests, grid_s, k0)
-            end = score(root, plan, cfg.steps, best_end)
-            base_scores[f"seed:{name}"] = end
-            if end < best_end:
-                best_end, base_plan, base_name = end, plan, f"seed:{name}"
-    members = [_Member(root, list(base_plan), math.inf, -1)]
 
     while any(not _over(m.sim) for m in members):
         line = min(cfg.steps, max(m.sim.step for m in members) + 1)
@@ -319,8 +301,6 @@ def search(cfg, static_sweep: StaticSweep, grid_s: float = GRID_S, beam: int = B
         "searched_rollout_s": r_found,
         "search_matches_replay": fork_result == r_found,
         "seeds": seed_report,
-        "base_plan": base_name,
-        "base_plan_ends_s": {k: (None if v == math.inf else round(v, 3)) for k, v in base_scores.items()},
         "chosen": f"seed:{chosen_seed}" if chosen_seed else "searched" if use_found else "static",
         "schedule": None if chosen_seed else changes(schedule, grid_s),
         "space_log10": round(stats.segments * math.log10(n - 1), 2) if n > 2 else 0.0,
@@ -329,25 +309,6 @@ def search(cfg, static_sweep: StaticSweep, grid_s: float = GRID_S, beam: int = B
     }
     report["wall_s"] = round(time.perf_counter() - wall0, 2)
     return schedule, report, chosen_seed
-
-
-def on_grid(engines: list[str], n_prefill: int, requests: list, grid_s: float, k0: int) -> list[int]:
-    """A recorded run (its start and ``switch_requests``) as a grid schedule from segment
-    ``k0`` on: segment k's target is the committed prefill count after the requests made
-    before the middle of the segment (each request moved to the nearest boundary). A request
-    for the role an engine is already committed to changes nothing."""
-    role = {e: ("prefill" if i < n_prefill else "decode") for i, e in enumerate(engines)}
-    reqs = sorted(((float(t), e, r) for t, e, r, _m in requests), key=lambda x: x[0])
-    last_k = max(k0, math.ceil(reqs[-1][0] / grid_s) + 1) if reqs else k0
-    out, i = [], 0
-    for k in range(k0, last_k + 1):
-        while i < len(reqs) and reqs[i][0] < (k + 0.5) * grid_s:
-            _t, e, r = reqs[i]
-            if e in role:
-                role[e] = r
-            i += 1
-        out.append(max(1, min(len(engines) - 1, sum(r == "prefill" for r in role.values()))))
-    return out
 
 
 # --- the policy ------------------------------------------------------------------------------
