@@ -139,3 +139,17 @@ def test_the_scaled_lifecycle_forecast_shrinks_only_what_was_not_known_at_t():
     assert sb.scale.factor == pytest.approx(0.5, rel=0.02)
     lifecycle, scaled, *_ = sb.forecasts(1500.0, known=1000.0)
     assert lifecycle == 1500.0 and scaled == pytest.approx(1250.0, rel=0.01)
+
+
+def test_errors_far_above_a_tiny_average_window_keep_the_weights_defined():
+    # Windows of 1e-300 tokens against errors of 1e10: the scores overflow a float; the
+    # weights are still finite, sum to one, and no warning escapes.
+    b = Blend(("lifecycle", "last_value"))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        b.update([1e10, 2e10], 1e-300)
+        w = b.weights()
+    assert np.all(np.isfinite(w)) and math.isclose(w.sum(), 1.0)
+    assert w[0] >= w[1]  # the smaller error keeps at least the larger weight

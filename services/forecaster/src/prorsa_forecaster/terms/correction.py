@@ -160,7 +160,11 @@ class Blend:
     def scores(self) -> np.ndarray:
         if self.actual <= 0 or self.windows == 0:
             return self.head.copy()
-        return self.err / (self.actual / self.windows) + self.head
+        # Errors in units of a window far smaller than them (a log of near-zero windows)
+        # overflow: they count as the largest finite score, so the weights stay defined.
+        with np.errstate(over="ignore"):
+            s = self.err / (self.actual / self.windows)
+        return np.minimum(s, np.finfo(float).max / 4) + self.head
 
     def weights(self) -> np.ndarray:
         if self.windows == 0:
