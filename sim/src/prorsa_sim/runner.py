@@ -223,15 +223,11 @@ class Job:
 
 def swept(sweep: dict[str, tuple[float, float]]) -> tuple[str, Result, dict[str, float]]:
     """:func:`best_static`'s answer from a sweep already run (``{spec: (rollout s,
-    simulated s)}``): the best spec, a result carrying its two figures, every spec's time."""
-    tried = {spec: (rt if rt is not None else float("inf")) for spec, (rt, _) in sweep.items()}
-    best = None
-    for spec, rt in tried.items():  # the first of the fastest, as best_static keeps it
-        if best is None or rt < tried[best]:
-            best = spec
-    if best is None:
-        raise ValueError("empty static sweep")
-    return best, Result({"rollout_time_s": sweep[best][0], "sim_time_s": sweep[best][1]}), tried
+    simulated s)}``): the best spec (:func:`pick_best`), a result carrying its two figures,
+    every spec's time."""
+    best, summary, tried = pick_best({"policy": spec, "rollout_time_s": rt, "sim_time_s": st}
+                                     for spec, (rt, st) in sweep.items())
+    return best, Result(summary), tried
 
 
 def run_job(job: Job) -> dict:
