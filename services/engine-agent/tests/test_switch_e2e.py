@@ -42,10 +42,23 @@ async def test_in_place_switch_prefill_to_decode_and_back(agent_factory, events,
             r = await c.post(f"{router.url}/generate", json={"text": "a b c", "sampling_params": {"max_new_tokens": 4}})
         assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 4
         # The prefill engine's stats carry the prompt tokens it computed per second (from
-        # SGLang's cumulative counter); the decode engine's carry none.
-        await async_wait_until(lambda: any((e.prefill_tokens_per_s or 0) > 0
-                                           for e in events.of("engine.stats", engine="e0")),
-                               timeout=30, what="a prefill rate from e0")
+        # SGLang's cumulative counter); the decode engine's carry none. The rate needs two polls
+        # after the switch with prompt tokens computed between them, so requests keep coming
+        # until one lands between polls (each a new prompt: a cached one computes nothing).
+        sent = 0
+
+        async def prefill_rate_seen() -> bool:
+            nonlocal sent
+            if any((e.prefill_tokens_per_s or 0) > 0 for e in events.of("engine.stats", engine="e0")):
+                return True
+            sent += 1
+            async with httpx.AsyncClient(timeout=30) as c:
+                r = await c.post(f"{router.url}/generate",
+                                 json={"text": f"prompt {sent} " * 8, "sampling_params": {"max_new_tokens": 2}})
+            assert r.status_code == 200, r.text
+            return False
+
+        await async_wait_until(prefill_rate_seen, timeout=30, interval=0.2, what="a prefill rate from e0")
         assert all(e.prefill_tokens_per_s is None for e in events.of("engine.stats", engine="e1"))
 
         # The CLI: publishes a command, prints the outcome, exit code says which.
