@@ -12,8 +12,10 @@ from prorsa_schemas import AllocationPlan, EngineCommand
 
 def config(**kw) -> AllocatorConfig:
     """The warm-up's evidence rule (``served_evidence_first``, test_pricing.py) off: these
-    tests act on a first forecast."""
-    return AllocatorConfig(**{"prefill_tokens_per_s": THETA, "served_evidence_first": False, **kw})
+    tests act on a first forecast. The settle time and the closed-loop coupling (both
+    test_pricing.py) off too: these tests plan back to back on hand-set demands."""
+    return AllocatorConfig(**{"prefill_tokens_per_s": THETA, "served_evidence_first": False, "settle_s": 0.0,
+                              "closed_loop_coupling": 0.0, **kw})
 
 
 def cluster(n_prefill: int, n_decode: int, cfg: AllocatorConfig | None = None, modes=("in_place",)) -> Allocator:

@@ -5,6 +5,7 @@ hold through a step's opening."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from prorsa_allocator.config import AllocatorConfig
@@ -12,14 +13,16 @@ from prorsa_allocator.engines import EngineView
 from prorsa_allocator.planner import Allocator
 from prorsa_allocator.pricing import PricedContext, SwitchPrice, price_switch, priced_net, role_pressed
 from prorsa_allocator.switching import DemandView
-from prorsa_allocator.testing import KV, RUN, THETA, forecast, registered, stats, switched
+from prorsa_allocator.testing import KV, RUN, THETA, failed, forecast, registered, stats, switched
 from prorsa_schemas import EngineCommand, PolicyUpdated
 
 
 def _config(**kw) -> AllocatorConfig:
-    """The config these tests use: the warm-up's evidence rule (``served_evidence_first``,
-    tested in test_pricing.py) off, so a first forecast is acted on as the rule under test says."""
-    return AllocatorConfig(**{"prefill_tokens_per_s": THETA, "served_evidence_first": False, **kw})
+    """The config these tests use: the warm-up's evidence rule (``served_evidence_first``)
+    off, so a first forecast is acted on as the rule under test says; the settle time and the
+    closed-loop coupling off (each has its own tests below, which turn it on)."""
+    return AllocatorConfig(**{"prefill_tokens_per_s": THETA, "served_evidence_first": False, "settle_s": 0.0,
+                              "closed_loop_coupling": 0.0, **kw})
 
 CFG = _config()  # drain deadline 10 s, prefill drain 2 s
 
@@ -433,3 +436,96 @@ def test_the_prefill_backlog_is_measured_with_the_served_rate() -> None:
     alloc.handle(stats("p0", "prefill", ts=15.0, running=2, queued=0, prefill_tokens_per_s=20_000.0))
     alloc.handle(forecast(t=20.0, prefill_engines=2.0, decode_engines=2.0))
     assert alloc.served[2][1] == 2 and alloc.prefill_backlog == {2: pytest.approx(1.25)}
+
+
+def test_the_closed_loop_couples_each_roles_work_to_what_the_other_serves() -> None:
+    # 7:1, prefill demand 7 engines, decode 4, over 120 s (S = 10 s): W_P = 840, W_D = 480
+    # engine-seconds. Before: prefill serves all of its work (720+120 = 840 / 840 = 1),
+    # decode a quarter (120/480), so f_old = 0.25. Idle engines: each move is dead 15 s.
+    dv = DemandView(7.0, 4.0, 7.0, 4.0, 10.0)
+    prices = [SwitchPrice(0.0, 15.0), SwitchPrice(0.0, 15.0)]
+    # Taken as given (coupling 0): one engine to decode gives min(720/840, 225/480) =
+    # 0.469, two give min(600/840, 330/480) = 0.6875: both, toward the 4 decode engines.
+    flat, f_old = priced_net(7, 1, "decode", prices, dv, _config(), 120.0, PricedContext(50_000.0))
+    assert f_old == pytest.approx(0.25)
+    assert list(flat) == pytest.approx([225 / 480, 330 / 480])
+    # Coupled (1): decode then serves 225/480 = 0.469 of its work instead of 0.25, so the
+    # turns it finishes feed prefill 1.875x the work (1575); prefill serving 6/7 feeds
+    # decode 6/7 of it (411.4): f = min(720/1575, 225/411.4) = 0.457. Two engines: decode
+    # serves 0.6875 (g = 2.75: prefill work 2310), f = min(600/2310, 330/342.9) = 0.260.
+    coupled, f_old_c = priced_net(7, 1, "decode", prices, dv, _config(closed_loop_coupling=1.0), 120.0,
+                                  PricedContext(50_000.0))
+    assert f_old_c == pytest.approx(0.25)
+    g1, g2 = (225 / 480) / 0.25, (330 / 480) / 0.25
+    assert list(coupled) == pytest.approx([min(720 / (840 * g1), 225 / (480 * 6 / 7)),
+                                           min(600 / (840 * g2), 330 / (480 * 5 / 7))])
+    assert coupled[0] == pytest.approx(0.45714, abs=1e-5) and coupled[1] == pytest.approx(0.25974, abs=1e-5)
+    # So the coupled test moves one engine, not two: the second would only move the pile.
+    assert int(np.argmax(coupled)) == 0 and int(np.argmax(flat)) == 1
+    # Half coupled: prefill work x (1 + 0.5 x 0.875) for one engine.
+    half, _ = priced_net(7, 1, "decode", prices, dv, _config(closed_loop_coupling=0.5), 120.0, PricedContext(50_000.0))
+    assert half[0] == pytest.approx(min(720 / (840 * (1 + 0.5 * (g1 - 1))), 225 / (480 * (1 - 0.5 / 7))))
+
+
+def test_no_coupling_where_no_role_is_short() -> None:
+    # 4:4 with 2 engines of demand each: both roles serve all their work before and after
+    # one move, so the coupled test equals the flat one.
+    dv = DemandView(2.0, 2.0, 2.0, 2.0, 10.0)
+    prices = [SwitchPrice(0.0, 15.0)]
+    flat, old = priced_net(4, 4, "prefill", prices, dv, _config(), 120.0, PricedContext(50_000.0))
+    coupled, old_c = priced_net(4, 4, "prefill", prices, dv, _config(closed_loop_coupling=1.0), 120.0,
+                                PricedContext(50_000.0))
+    assert (list(coupled), old_c) == (list(flat), old)
+
+
+def test_a_second_move_the_same_way_waits_until_the_first_has_settled() -> None:
+    # 2:6, prefill demand 6 engines: the first plan moves decode engines to prefill; at most
+    # 2 of 8 a plan (max_switch_fraction 0.25, applied to the first plan too here).
+    cfg = _config(settle_s=120.0, max_switch_fraction=0.25, initial_switch_fraction=0.25)
+    alloc = Allocator(cfg)
+    for i in range(8):
+        role = "prefill" if i < 2 else "decode"
+        alloc.handle(registered(f"e{i}", role))
+        alloc.handle(stats(f"e{i}", role, ts=1.0))
+
+    def plan(t: float) -> list:
+        return [e for e in alloc.handle(forecast(t=t, prefill_engines=6.0, decode_engines=1.0))
+                if isinstance(e, EngineCommand)]
+
+    first = plan(100.0)
+    assert len(first) == 2 and all(c.to_role == "prefill" for c in first)
+    for c in first:
+        alloc.handle(switched(c.engine, c.cmd, "decode", "prefill", ts=116.0))
+    # The same forecast 10 s and 110 s later: still short of the target, but the first
+    # move's effect has not come round the loop yet.
+    assert plan(110.0) == [] and plan(210.0) == []
+    assert "the last move to prefill has not settled (110s < 120s)" in alloc.last_decision.selection.reason
+    # 120 s after the first plan, the next move is made.
+    assert len(plan(220.0)) == 2
+    # Off: the second plan follows at once.
+    now = Allocator(_config(settle_s=0.0, max_switch_fraction=0.25, initial_switch_fraction=0.25))
+    for i in range(8):
+        role = "prefill" if i < 2 else "decode"
+        now.handle(registered(f"e{i}", role))
+        now.handle(stats(f"e{i}", role, ts=1.0))
+    cmds = [e for e in now.handle(forecast(t=100.0, prefill_engines=6.0, decode_engines=1.0)) if isinstance(e, EngineCommand)]
+    for c in cmds:
+        now.handle(switched(c.engine, c.cmd, "decode", "prefill", ts=116.0))
+    assert [e for e in now.handle(forecast(t=120.0, prefill_engines=6.0, decode_engines=1.0))
+            if isinstance(e, EngineCommand)]
+
+
+def test_a_failed_move_does_not_hold_the_next_one() -> None:
+    cfg = _config(settle_s=120.0, max_switch_fraction=0.25, initial_switch_fraction=0.25, failure_cooldown_s=300.0)
+    alloc = Allocator(cfg)
+    for i in range(8):
+        role = "prefill" if i < 2 else "decode"
+        alloc.handle(registered(f"e{i}", role))
+        alloc.handle(stats(f"e{i}", role, ts=1.0))
+    first = [e for e in alloc.handle(forecast(t=100.0, prefill_engines=6.0, decode_engines=1.0))
+             if isinstance(e, EngineCommand)]
+    assert first
+    alloc.handle(failed(first[0].engine, first[0].cmd, "decode", ts=105.0))
+    again = [e for e in alloc.handle(forecast(t=110.0, prefill_engines=6.0, decode_engines=1.0))
+             if isinstance(e, EngineCommand)]
+    assert again and first[0].engine not in {c.engine for c in again}

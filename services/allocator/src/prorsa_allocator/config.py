@@ -258,6 +258,30 @@ class AllocatorConfig(BaseModel):
         description="EMA weight of the newest forecast in the demand assumed for the windows "
         "after the current one (damps an oscillating forecast).",
     )
+    settle_s: float = Field(
+        default=120.0,
+        ge=0,
+        description="'priced' rule: after a plan moves engines toward a role, no further move "
+        "toward that role for this many seconds (a move back is the dwell's business). The "
+        "plan was judged over the horizon; its switches land after their dead time and the "
+        "closed loop answers a turn later (the decode it frees returns as prefill after a tool "
+        "call, and the reverse), so until then the windows still show the imbalance the plan "
+        "answered, and a second move would answer it twice. CHOICE: the horizon's default. "
+        "0: off.",
+    )
+    closed_loop_coupling: float = Field(
+        default=1.0,
+        ge=0,
+        le=1,
+        description="'priced' rule: how much of each role's work over the horizon is fed by "
+        "what the other role finishes (a rollout is a closed loop: a decode turn ends in a "
+        "tool call whose result is the next prefill; a prefill feeds a decode). A role short "
+        "of capacity passes on only the share it serves, so a move that lets it serve more "
+        "raises the other role's work in proportion: g = min(1, ratio after) / min(1, ratio "
+        "before), work x (1 + coupling x (g - 1)). 1: every turn's work is fed by the loop "
+        "(multi-turn agents; a step's first prompts are not, which 1 overstates); 0: the "
+        "forecast's work taken as given, whatever the split.",
+    )
     max_switch_fraction: float = Field(
         default=0.25,
         gt=0,

@@ -61,6 +61,10 @@ class Allocator:
         self.last_forecast_t = -math.inf
         self.last_direction: str | None = None
         self.last_switch_ts = -math.inf
+        # 'priced' rule: when the last plan's moves were commanded, until one of them fails
+        # (settle_s: no second move the same way before the first has landed and the loop
+        # has answered it).
+        self.settle_since = -math.inf
         self.counters = Counters()
         self.switch_durations = SwitchDurations()
         self.last_decision: Decision | None = None
@@ -237,7 +241,8 @@ class Allocator:
                                        f"of {cfg.opening_hold_s:.0f}s after the weight update)")
             else:
                 sel = select_priced(alloc, engines, dv, self.now, cfg, self.switch_cost, ctx, self.last_direction,
-                                    self.last_switch_ts, imbalance, initial=self.counters.commands == 0)
+                                    self.last_switch_ts, imbalance, initial=self.counters.commands == 0,
+                                    settle_since=self.settle_since)
         else:
             sel = select_switches(
                 alloc, engines, dv, self.now, cfg, self.switch_cost, self.last_direction, self.last_switch_ts,
@@ -282,6 +287,7 @@ class Allocator:
             self.counters.commands += 1
         if sel.moves:
             self.last_direction, self.last_switch_ts = sel.moves[0].to_role, ts
+            self.settle_since = ts
         return decision
 
     def _opening(self, t: float, pause_left: float) -> bool:
@@ -391,4 +397,5 @@ def _switched(alloc: Allocator, ev: EngineSwitched, act: bool) -> list[Event]:
 def _switch_failed(alloc: Allocator, ev: Event, act: bool) -> list[Event]:
     alloc._observe(ev)
     alloc.counters.failed += 1
+    alloc.settle_since = -math.inf  # the move did not land: nothing to wait for
     return []

@@ -134,9 +134,25 @@ def priced_net(
     w_p = s * demand.prefill_now + (horizon - s) * demand.prefill_later
     w_d = s * demand.decode_now + (horizon - s) * demand.decode_later
 
-    def f(cap_p: np.ndarray, cap_d: np.ndarray, work_p: np.ndarray) -> np.ndarray:
+    def ratios(cap_p: np.ndarray, cap_d: np.ndarray, work_p: np.ndarray, work_d: np.ndarray):
         rp = np.where(work_p > 0, np.minimum(cap_p / np.maximum(work_p, 1e-12), cap), cap)
-        rd = np.full(cap_d.shape, cap) if w_d <= 0 else np.minimum(cap_d / w_d, cap)
+        rd = np.where(work_d > 0, np.minimum(cap_d / np.maximum(work_d, 1e-12), cap), cap)
+        return rp, rd
+
+    phi = cfg.closed_loop_coupling
+
+    def f(cap_p: np.ndarray, cap_d: np.ndarray, work_p: np.ndarray) -> np.ndarray:
+        work_d = np.full(cap_d.shape, w_d, dtype=float)
+        rp, rd = ratios(cap_p, cap_d, work_p, work_d)
+        if phi > 0:
+            # The closed loop: each role's work is fed by what the other role finishes. A
+            # role short of capacity (ratio < 1) passes on only that share of its work, so
+            # a move that lets it serve more raises the other role's work by as much.
+            rp0, rd0 = ratios(np.array([p * horizon], float), np.array([d * horizon], float),
+                              np.array([w_p]), np.array([w_d], float))
+            g_p = np.minimum(rp, 1.0) / max(min(float(rp0[0]), 1.0), 1e-9)
+            g_d = np.minimum(rd, 1.0) / max(min(float(rd0[0]), 1.0), 1e-9)
+            rp, rd = ratios(cap_p, cap_d, work_p * (1.0 + phi * (g_d - 1.0)), work_d * (1.0 + phi * (g_p - 1.0)))
         return np.minimum(rp, rd)
 
     k = np.arange(1, len(prices) + 1, dtype=float)
@@ -162,16 +178,24 @@ def select_priced(
     last_switch_ts: float = -math.inf,
     imbalance_s: float = math.inf,
     initial: bool = False,
+    settle_since: float = -math.inf,
 ) -> Selection:
     """The 'priced' rule: the same band, candidates, caps and dwell as
     :func:`select_switches`; the gain test prices each move (:func:`price_switch`) and
     judges it over the horizon (``horizon_s``, at least ``horizon_switch_multiple`` x the
     slowest move's dead time). Candidates are taken least loaded first; the test takes the
-    best prefix of them (the moves are priced one by one and summed)."""
+    best prefix of them (the moves are priced one by one and summed).
+
+    ``settle_since``: when the last plan's moves toward ``last_direction`` were commanded
+    (-inf once one of them failed): a further move that way waits ``settle_s`` after it,
+    except in the weight-update pause."""
     move = band_move(engines, alloc, cfg, now, last_direction, last_switch_ts, initial)
     if isinstance(move, Selection):
         return move
     n, p, d, in_flight, to_role, donor, wanted, donors, fraction = move
+    if last_direction == to_role and now - settle_since < cfg.settle_s and ctx.pause_left_s <= 0:
+        return Selection(reason=f"the last move to {to_role} has not settled "
+                                f"({now - settle_since:.0f}s < {cfg.settle_s:.0f}s)")
     pressed = role_pressed(engines, to_role)
     if cfg.served_evidence_first and not ctx.served and not pressed:
         # No count's served rate yet (the run's first windows): the forecast's gain rests on
