@@ -3,6 +3,7 @@ explanations were read from).
 
     .venv/bin/python benchmarks/allocator_trace.py WORKLOAD STALENESS [--policy prorsa]
         [--model deepseek-v3.2] [--steps 2] [--start P:D] [--from 0] [--to inf] [--quiet-band]
+        [--set FIELD=VALUE ...]
 
 One line per window: the prefill engines now, the demands in instances (aᴾ, aᴰ), the
 target P:D, the forecast (Ŵᴾ, Kᴰ, Âᴰ), the decode engines' sequences, θᴾ, the engines
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import math
 
+from prorsa_allocator.config import AllocatorConfig
 from prorsa_sim.catalog import make_policy
 from prorsa_sim.runner import StartAt
 from prorsa_sim.simconfig import build_config
@@ -34,7 +36,19 @@ def main() -> None:
     ap.add_argument("--to", dest="t_to", type=float, default=math.inf)
     ap.add_argument("--start", default=None, help="P:D split to start from (default: the policy's own)")
     ap.add_argument("--quiet-band", action="store_true", help="leave out windows already in the target band")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                    help="an AllocatorConfig field over its default (an ablation), e.g. --set settle_s=0")
     args = ap.parse_args()
+    overrides = {}
+    for item in args.overrides:
+        name, sep, value = item.partition("=")
+        if not sep or name not in AllocatorConfig.model_fields:
+            ap.error(f"--set {item!r}: expected FIELD=VALUE with FIELD one of AllocatorConfig's fields")
+        overrides[name] = value
+    try:
+        AllocatorConfig(**overrides)
+    except ValueError as e:
+        ap.error(f"--set: {e}")
     if not args.policy.split(":")[0] in ("prorsa", "oracle"):
         ap.error("--policy must be prorsa or oracle (the policies that run the allocator)")
 
@@ -42,6 +56,7 @@ def main() -> None:
                        seed=args.seed, batch_size=args.batch_size)
     policy = make_policy(args.policy)
     driver = policy.driver
+    driver.overrides = overrides
     if args.start:
         p, d = (int(x) for x in args.start.split(":"))
         policy = StartAt(policy, p, d)

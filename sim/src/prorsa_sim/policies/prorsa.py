@@ -47,6 +47,9 @@ class AllocatorDriver:
     """The allocator's ``decode_tpot_slack`` (decode sized by step time too); None: off."""
     rule: str = "priced"
     """The allocator's gain test: ``priced`` (default) or ``paper`` (``prorsa:paper``)."""
+    overrides: dict | None = None
+    """AllocatorConfig fields set over the defaults and the profile's priors (an ablation:
+    ``benchmarks/allocator_trace.py --set``); ignored when ``config`` is given."""
     allocator: Allocator | None = None
     _window: int = 0
 
@@ -61,11 +64,12 @@ class AllocatorDriver:
             prof = obs.profile
             # Priors an operator would configure for this model; θᴾ is then learned from the
             # backlogged prefill engines' engine.stats, switch costs from engine.switched.
-            cfg = self.config or AllocatorConfig(
+            fields = dict(
                 prefill_tokens_per_s=prefill_rate_computed(prof),
                 in_place_switch_s=prof.in_place_switch_s, restart_switch_s=prof.restart_switch_s,
                 decode_tpot_slack=self.tpot_slack, rule=self.rule, **decode_step_prior(prof),
             )
+            cfg = self.config or AllocatorConfig(**{**fields, **(self.overrides or {})})
             self.allocator = Allocator(cfg)
         alloc = self.allocator
         for ev in obs.events:
