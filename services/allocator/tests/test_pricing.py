@@ -529,3 +529,24 @@ def test_a_failed_move_does_not_hold_the_next_one() -> None:
     again = [e for e in alloc.handle(forecast(t=110.0, prefill_engines=6.0, decode_engines=1.0))
              if isinstance(e, EngineCommand)]
     assert again and first[0].engine not in {c.engine for c in again}
+
+
+def test_only_the_decode_demand_the_prefills_bring_is_coupled() -> None:
+    # 2:6, prefill demand 6 engines, decode 7, over 120 s: W_P = 720, W_D = 840; before,
+    # prefill serves 240/720 = 1/3 of its work and decode 720/840 = 6/7. One decode engine
+    # to prefill (dead 15 s): capᴾ = 345 (prefill serves 345/720, g_P = 1.4375), capᴰ = 600
+    # (decode serves 600/840, g_D = 0.8333, so W_P = 600 and capᴾ/W_P = 0.575).
+    prices = [SwitchPrice(0.0, 15.0)]
+    cfg = _config(closed_loop_coupling=1.0)
+    g_p = (345 / 720) / (240 / 720)
+    # All of the decode demand fed by the prefills: W_D = 840 x 1.4375 = 1207.5, and decode
+    # binds at 600/1207.5 = 0.497.
+    fed, _ = priced_net(2, 6, "prefill", prices, DemandView(6.0, 7.0, 6.0, 7.0, 10.0), cfg, 120.0,
+                        PricedContext(50_000.0))
+    assert fed[0] == pytest.approx(600 / (840 * g_p)) and fed[0] == pytest.approx(0.4969, abs=1e-4)
+    # Half of it resident KV (the forecast's K̂ᴰ is half of Kᴰ + K̂ᴰ): W_D = 840 x (1 + 0.5 x
+    # 0.4375) = 1023.75, decode at 0.586, so prefill binds at 345/600 = 0.575.
+    half, _ = priced_net(2, 6, "prefill", prices, DemandView(6.0, 7.0, 6.0, 7.0, 10.0, decode_fed_share=0.5), cfg,
+                         120.0, PricedContext(50_000.0))
+    assert half[0] == pytest.approx(min(345 / 600, 600 / (840 * (1 + 0.5 * (g_p - 1)))))
+    assert half[0] == pytest.approx(0.575)

@@ -278,9 +278,11 @@ class AllocatorConfig(BaseModel):
         "tool call whose result is the next prefill; a prefill feeds a decode). A role short "
         "of capacity passes on only the share it serves, so a move that lets it serve more "
         "raises the other role's work in proportion: g = min(1, ratio after) / min(1, ratio "
-        "before), work x (1 + coupling x (g - 1)). 1: every turn's work is fed by the loop "
-        "(multi-turn agents; a step's first prompts are not, which 1 overstates); 0: the "
-        "forecast's work taken as given, whatever the split.",
+        "before); prefill work x (1 + coupling x (g_D - 1)), and the share of the decode "
+        "demand the window's admissions bring (K̂ᴰ/(Kᴰ + K̂ᴰ); resident KV is not fed) x "
+        "(1 + coupling x (g_P - 1)). 1: every turn's work is fed by the loop (multi-turn "
+        "agents; a step's first prompts are not, which 1 overstates); 0: the forecast's work "
+        "taken as given, whatever the split.",
     )
     max_switch_fraction: float = Field(
         default=0.25,

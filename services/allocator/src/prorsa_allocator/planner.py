@@ -228,6 +228,7 @@ class Allocator:
                     cfg, self.decode_step.value, load, decode_kv, a_p_later, fc.decode_kv_now,
                     fc.decode_admit_tokens, decode_room(cfg, a_p_later, cap))),
                 horizon_s=fc.horizon,
+                decode_fed_share=fc.decode_kv_tokens / kv_total if kv_total > 0 else 1.0,
             )
         imbalance = self._imbalance_age(alloc, engines, fc.t)
         if cfg.rule == "priced":

@@ -152,7 +152,8 @@ def priced_net(
                               np.array([w_p]), np.array([w_d], float))
             g_p = np.minimum(rp, 1.0) / max(min(float(rp0[0]), 1.0), 1e-9)
             g_d = np.minimum(rd, 1.0) / max(min(float(rd0[0]), 1.0), 1e-9)
-            rp, rd = ratios(cap_p, cap_d, work_p * (1.0 + phi * (g_d - 1.0)), work_d * (1.0 + phi * (g_p - 1.0)))
+            fed = demand.decode_fed_share
+            rp, rd = ratios(cap_p, cap_d, work_p * (1.0 + phi * (g_d - 1.0)), work_d * (1.0 + phi * fed * (g_p - 1.0)))
         return np.minimum(rp, rd)
 
     k = np.arange(1, len(prices) + 1, dtype=float)

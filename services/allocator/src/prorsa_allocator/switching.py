@@ -43,6 +43,10 @@ class DemandView:
     prefill_later: float
     decode_later: float
     horizon_s: float
+    decode_fed_share: float = 1.0
+    """The share of the decode demand that the prefills bring over the horizon (the KV the
+    forecast's admissions add, K̂ᴰ/(Kᴰ + K̂ᴰ)); the rest is KV already resident. The
+    closed-loop coupling scales only this share with what prefill serves."""
 
 
 @dataclass(frozen=True, slots=True)
