@@ -45,8 +45,8 @@ def main() -> None:
         if not sep or name not in AllocatorConfig.model_fields:
             ap.error(f"--set {item!r}: expected FIELD=VALUE with FIELD one of AllocatorConfig's fields")
         overrides[name] = value
-    try:
-        AllocatorConfig(**overrides)
+    try:  # validated and typed once; the driver lays them over the profile's priors
+        overrides = AllocatorConfig(**overrides).model_dump(include=set(overrides))
     except ValueError as e:
         ap.error(f"--set: {e}")
     if not args.policy.split(":")[0] in ("prorsa", "oracle"):

@@ -299,15 +299,20 @@ def test_a_replay_rebuilds_the_served_rates() -> None:
     assert replayed.prefill_backlog == live.prefill_backlog == {2: pytest.approx(2.0)}
 
 
-def test_a_move_waits_until_the_imbalance_outlasts_its_dead_time() -> None:
-    # persist_dead_multiple = 1: the move to prefill (idle decode engines: dead time = the
-    # 15 s switch) is held until the engines have been off target for 15 s of forecasts.
-    cfg = _config(in_place_switch_s=15.0, persist_dead_multiple=1.0)
+def _two_six(cfg: AllocatorConfig) -> Allocator:
+    """8 idle engines, 2 prefill : 6 decode, with one engine.stats each."""
     alloc = Allocator(cfg)
     for i in range(8):
         role = "prefill" if i < 2 else "decode"
         alloc.handle(registered(f"e{i}", role))
         alloc.handle(stats(f"e{i}", role, ts=1.0))
+    return alloc
+
+
+def test_a_move_waits_until_the_imbalance_outlasts_its_dead_time() -> None:
+    # persist_dead_multiple = 1: the move to prefill (idle decode engines: dead time = the
+    # 15 s switch) is held until the engines have been off target for 15 s of forecasts.
+    alloc = _two_six(_config(in_place_switch_s=15.0, persist_dead_multiple=1.0))
     got, why = {}, {}
     for t in (100.0, 110.0, 120.0):
         out = alloc.handle(forecast(t=t, prefill_engines=6.0, decode_engines=1.0))
@@ -317,11 +322,7 @@ def test_a_move_waits_until_the_imbalance_outlasts_its_dead_time() -> None:
     assert "has lasted 10s < 15s (1 x a switch's dead time)" in why[110.0]
     assert got[120.0] and all(c.to_role == "prefill" for c in got[120.0])
     # Off (the default): the same forecasts move at once.
-    now = Allocator(_config(in_place_switch_s=15.0))
-    for i in range(8):
-        role = "prefill" if i < 2 else "decode"
-        now.handle(registered(f"e{i}", role))
-        now.handle(stats(f"e{i}", role, ts=1.0))
+    now = _two_six(_config(in_place_switch_s=15.0))
     assert [e for e in now.handle(forecast(t=100.0, prefill_engines=6.0, decode_engines=1.0))
             if isinstance(e, EngineCommand)]
 
@@ -481,12 +482,7 @@ def test_no_coupling_where_no_role_is_short() -> None:
 def test_a_second_move_the_same_way_waits_until_the_first_has_settled() -> None:
     # 2:6, prefill demand 6 engines: the first plan moves decode engines to prefill; at most
     # 2 of 8 a plan (max_switch_fraction 0.25, applied to the first plan too here).
-    cfg = _config(settle_s=120.0, max_switch_fraction=0.25, initial_switch_fraction=0.25)
-    alloc = Allocator(cfg)
-    for i in range(8):
-        role = "prefill" if i < 2 else "decode"
-        alloc.handle(registered(f"e{i}", role))
-        alloc.handle(stats(f"e{i}", role, ts=1.0))
+    alloc = _two_six(_config(settle_s=120.0, max_switch_fraction=0.25, initial_switch_fraction=0.25))
 
     def plan(t: float) -> list:
         return [e for e in alloc.handle(forecast(t=t, prefill_engines=6.0, decode_engines=1.0))
@@ -503,11 +499,7 @@ def test_a_second_move_the_same_way_waits_until_the_first_has_settled() -> None:
     # 120 s after the first plan, the next move is made.
     assert len(plan(220.0)) == 2
     # Off: the second plan follows at once.
-    now = Allocator(_config(settle_s=0.0, max_switch_fraction=0.25, initial_switch_fraction=0.25))
-    for i in range(8):
-        role = "prefill" if i < 2 else "decode"
-        now.handle(registered(f"e{i}", role))
-        now.handle(stats(f"e{i}", role, ts=1.0))
+    now = _two_six(_config(settle_s=0.0, max_switch_fraction=0.25, initial_switch_fraction=0.25))
     cmds = [e for e in now.handle(forecast(t=100.0, prefill_engines=6.0, decode_engines=1.0)) if isinstance(e, EngineCommand)]
     for c in cmds:
         now.handle(switched(c.engine, c.cmd, "decode", "prefill", ts=116.0))
@@ -516,12 +508,8 @@ def test_a_second_move_the_same_way_waits_until_the_first_has_settled() -> None:
 
 
 def test_a_failed_move_does_not_hold_the_next_one() -> None:
-    cfg = _config(settle_s=120.0, max_switch_fraction=0.25, initial_switch_fraction=0.25, failure_cooldown_s=300.0)
-    alloc = Allocator(cfg)
-    for i in range(8):
-        role = "prefill" if i < 2 else "decode"
-        alloc.handle(registered(f"e{i}", role))
-        alloc.handle(stats(f"e{i}", role, ts=1.0))
+    alloc = _two_six(_config(settle_s=120.0, max_switch_fraction=0.25, initial_switch_fraction=0.25,
+                             failure_cooldown_s=300.0))
     first = [e for e in alloc.handle(forecast(t=100.0, prefill_engines=6.0, decode_engines=1.0))
              if isinstance(e, EngineCommand)]
     assert first

@@ -140,6 +140,9 @@ def priced_net(
         return rp, rd
 
     phi = cfg.closed_loop_coupling
+    # The shares each role serves of its work at the current split (the coupling's base).
+    rp0, rd0 = (min(float(r[0]), 1.0) for r in ratios(np.array([p * horizon], float), np.array([d * horizon], float),
+                                                     np.array([w_p]), np.array([w_d], float)))
 
     def f(cap_p: np.ndarray, cap_d: np.ndarray, work_p: np.ndarray) -> np.ndarray:
         work_d = np.full(cap_d.shape, w_d, dtype=float)
@@ -148,10 +151,8 @@ def priced_net(
             # The closed loop: each role's work is fed by what the other role finishes. A
             # role short of capacity (ratio < 1) passes on only that share of its work, so
             # a move that lets it serve more raises the other role's work by as much.
-            rp0, rd0 = ratios(np.array([p * horizon], float), np.array([d * horizon], float),
-                              np.array([w_p]), np.array([w_d], float))
-            g_p = np.minimum(rp, 1.0) / max(min(float(rp0[0]), 1.0), 1e-9)
-            g_d = np.minimum(rd, 1.0) / max(min(float(rd0[0]), 1.0), 1e-9)
+            g_p = np.minimum(rp, 1.0) / max(rp0, 1e-9)
+            g_d = np.minimum(rd, 1.0) / max(rd0, 1e-9)
             fed = demand.decode_fed_share
             rp, rd = ratios(cap_p, cap_d, work_p * (1.0 + phi * (g_d - 1.0)), work_d * (1.0 + phi * fed * (g_p - 1.0)))
         return np.minimum(rp, rd)
