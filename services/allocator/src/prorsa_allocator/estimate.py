@@ -107,6 +107,7 @@ class ClusterShape:
         kv_capacity: C_KVᴰ, mean KV capacity of the decode engines (of all, if none is decode).
         gpus_prefill / gpus_decode: mᴾ / mᴰ, median GPUs of that role's engines (of all, if none).
         gpu_budget: G, the GPUs of all PD engines.
+        n_prefill: the engines counted as prefill (where they are going, if switching).
     """
 
     engines: list[EngineView]
@@ -114,6 +115,7 @@ class ClusterShape:
     gpus_prefill: int
     gpus_decode: int
     gpu_budget: int
+    n_prefill: int = 0
 
 
 def cluster_shape(views: Iterable[EngineView], m_p: int | None = None, m_d: int | None = None) -> ClusterShape:
@@ -144,4 +146,5 @@ def cluster_shape(views: Iterable[EngineView], m_p: int | None = None, m_d: int 
         gpus_prefill=median_gpus("prefill", m_p),
         gpus_decode=median_gpus("decode", m_d),
         gpu_budget=sum(every),
+        n_prefill=len(gpus["prefill"]),
     )

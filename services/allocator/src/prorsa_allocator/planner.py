@@ -230,7 +230,7 @@ class Allocator:
                 horizon_s=fc.horizon,
                 decode_fed_share=fc.decode_kv_tokens / kv_total if kv_total > 0 else 1.0,
             )
-        imbalance = self._imbalance_age(alloc, engines, fc.t)
+        imbalance = self._imbalance_age(alloc, len(engines), shape.n_prefill, fc.t)
         if cfg.rule == "priced":
             measure_served(self.served, engines, fc, cfg, self.last_update_ts, self._first_t, self.prefill_backlog)
             served = {p: r for p, (r, n, t) in self.served.items()
@@ -267,25 +267,21 @@ class Allocator:
         decision.events.append(plan)
         self.counters.plans += 1
         # Validated in one call (pydantic-core over the list): a first plan may hold hundreds.
+        min_deadline, slack, run = cfg.min_deadline_s, cfg.deadline_slack, fc.run
         cmds = _COMMANDS.validate_python([
-            dict(
-                id=f"{base}:cmd{i}",
-                ts=ts,
-                run=fc.run,
-                cmd=f"{base}:sw{i}",
-                engine=move.engine.engine,
-                action="switch_role",
-                to_role=move.to_role,
-                deadline=ts + max(cfg.min_deadline_s, cfg.deadline_slack * (move.drain_s + move.switch_s)),
-            )
+            {"id": f"{base}:cmd{i}", "ts": ts, "run": run, "cmd": f"{base}:sw{i}", "engine": move.engine.engine,
+             "action": "switch_role", "to_role": move.to_role,
+             "deadline": ts + max(min_deadline, slack * (move.drain_s + move.switch_s))}
             for i, move in enumerate(sel.moves)
         ]) if sel.moves else []
+        in_flight = self.table.commands
         for move, cmd in zip(sel.moves, cmds):
             self.table.apply(cmd)
-            if cmd.cmd in self.table.commands:
-                self.table.commands[cmd.cmd].expected_drain_s = move.drain_s
-            decision.events.append(cmd)
-            self.counters.commands += 1
+            tracked = in_flight.get(cmd.cmd)
+            if tracked is not None:
+                tracked.expected_drain_s = move.drain_s
+        decision.events.extend(cmds)
+        self.counters.commands += len(cmds)
         if sel.moves:
             self.last_direction, self.last_switch_ts = sel.moves[0].to_role, ts
             self.settle_since = ts
@@ -303,11 +299,10 @@ class Allocator:
             return False
         return t - self.last_update_ts <= cfg.opening_hold_s
 
-    def _imbalance_age(self, alloc: Allocation, engines: list, t: float) -> float:
-        """How long the engines have been outside the target band in the same direction
-        (0 when inside it or the direction just changed); restarts wait for it."""
-        n = len(engines)
-        p = sum(v.committed_role == "prefill" for v in engines)
+    def _imbalance_age(self, alloc: Allocation, n: int, p: int, t: float) -> float:
+        """How long the ``n`` engines, ``p`` of them counted as prefill, have been outside
+        the target band in the same direction (0 when inside it or the direction just
+        changed); restarts wait for it."""
         lo, hi = prefill_band(alloc, n)
         direction = "prefill" if p < lo else "decode" if p > hi else None
         if direction != self._imbalance_dir:

@@ -121,9 +121,16 @@ def band_move(engines, alloc, cfg, now, last_direction, last_switch_ts, initial)
     if n < 2:
         return Selection(reason="fewer than two PD engines")
     p = in_flight = 0
+    settled: dict[str, list[EngineView]] = {"prefill": [], "decode": []}
     for v in engines:
-        p += v.committed_role == "prefill"
-        in_flight += v.switching_to is not None
+        going = v.switching_to
+        if going is None:
+            p += v.role == "prefill"
+            if v.role in settled:
+                settled[v.role].append(v)
+        else:
+            p += going == "prefill"
+            in_flight += 1
     d = n - p
     lo, hi = prefill_band(alloc, n)
     if lo <= p <= hi:
@@ -131,7 +138,7 @@ def band_move(engines, alloc, cfg, now, last_direction, last_switch_ts, initial)
     to_role, donor, wanted = ("prefill", "decode", lo - p) if p < lo else ("decode", "prefill", p - hi)
     if last_direction is not None and last_direction != to_role and now - last_switch_ts < cfg.min_dwell_s:
         return Selection(reason=f"would reverse the last switch (to {last_direction}) within the dwell time")
-    donors = [v for v in engines if v.role == donor and v.switching_to is None]
+    donors = settled[donor]
     fraction = max(cfg.max_switch_fraction, cfg.initial_switch_fraction) if initial else cfg.max_switch_fraction
     return n, p, d, in_flight, to_role, donor, wanted, donors, fraction
 
