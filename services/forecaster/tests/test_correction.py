@@ -1,12 +1,12 @@
 """The robust layer: the lifecycle forecast blended with the naive predictors by their
-running WAPE (blend.py), on hand-computed cases."""
+cumulative errors (terms/correction.py), on hand-computed cases."""
 
 import math
 
 import numpy as np
 import pytest
 
-from prorsa_forecaster.terms.correction import ETA, HEAD_START, Blend, NewArrivals, SeriesBlend, WapeScale
+from prorsa_forecaster.terms.correction import HEAD_START, Blend, NewArrivals, SeriesBlend, WapeScale
 
 
 def test_before_any_window_the_lifecycle_forecast_is_all_there_is():
@@ -15,16 +15,101 @@ def test_before_any_window_the_lifecycle_forecast_is_all_there_is():
     assert SeriesBlend().combine(1234.0) == 1234.0
 
 
-def test_weights_follow_the_running_wape_in_units_of_an_average_window():
-    b = Blend(("lifecycle", "naive"))
-    b.update([100.0, 90.0], 100.0)  # errors 0 and 10
-    b.update([50.0, 100.0], 100.0)  # errors 50 and 0
-    # Mean actual 100: scores 50/100 + 0 and 10/100 + HEAD_START.
-    s = np.array([0.5, 0.1 + HEAD_START])
-    assert b.scores() == pytest.approx(s)
-    w = np.exp(-ETA * (s - s.min()))
-    assert b.weights() == pytest.approx(w / w.sum())
+def _weights(log_w):
+    w = np.exp(np.asarray(log_w) - max(log_w))
+    return w / w.sum()
+
+
+def test_three_predictors_by_hand():
+    # Hedge on cumulative errors L_i with eta = sqrt(8 ln N / V), V the sum over windows of
+    # the squared range of that window's errors; the prior gives the two naive ones -2 nats.
+    b = Blend(("lifecycle", "a", "b"))
+    gain = math.sqrt(8 * math.log(3))  # 2.9646
+
+    # Window 1: every predictor exact. Nothing tells them apart: the prior alone.
+    b.update([10.0, 10.0, 10.0], 10.0)
+    assert b.spread == 0.0
+    assert b.weights() == pytest.approx(_weights([0.0, -2.0, -2.0]))  # 0.787, 0.1065, 0.1065
+
+    # Window 2: errors 10, 0, 10 (range 10): L = [10, 0, 10], V = 100, eta = gain / 10.
+    b.update([0.0, 10.0, 20.0], 10.0)
+    assert b.err.tolist() == [10.0, 0.0, 10.0] and b.spread == 100.0
+    lw = [-gain, -2.0, -2.0 - gain]  # -2.965, -2, -4.965: exp 0.0516, 0.1353, 0.0070
+    assert b.log_weights() == pytest.approx(lw)
+    w = b.weights()
+    assert w == pytest.approx([0.2660, 0.6980, 0.0360], abs=1e-4)
+    # The published forecast of the next window is the weighted average of the three:
+    # 0.266 x 30 + 0.698 x 20 + 0.036 x 10 = 22.30.
+    assert float(w @ [30.0, 20.0, 10.0]) == pytest.approx(22.30, abs=0.01)
+
+    # Window 3: errors 0, 20, 0 (range 20): L = [10, 20, 10], V = 500.
+    b.update([10.0, 30.0, 10.0], 10.0)
+    lw = [0.0, -2.0 - gain * 10 / math.sqrt(500), -2.0]  # 0, -3.326, -2: exp 1, 0.0359, 0.1353
+    assert b.log_weights() == pytest.approx(lw)
+    assert b.weights() == pytest.approx([0.8538, 0.0307, 0.1155], abs=1e-4)
     assert sum(b.named().values()) == pytest.approx(1.0)
+
+
+def test_the_weights_do_not_depend_on_the_unit():
+    # Tokens cancel: the same windows in thousands of tokens give the same weights.
+    small, large = Blend(("lifecycle", "a", "b")), Blend(("lifecycle", "a", "b"))
+    for f, a in (([5.0, 7.0, 1.0], 6.0), ([2.0, 4.0, 9.0], 3.0), ([8.0, 8.0, 2.0], 7.5)):
+        small.update(f, a)
+        large.update([1000 * x for x in f], 1000 * a)
+    assert small.weights() == pytest.approx(large.weights())
+
+
+def test_small_errors_on_a_large_demand_still_tell_the_predictors_apart():
+    # A backlog of a million tokens every predictor knows; the lifecycle forecast is 2,000
+    # tokens off each window, the naive one 1,000 (running WAPE 0.2% against 0.1%). After 10
+    # windows: L = 20,000 and 10,000, V = 10 x 1,000^2, so the lifecycle forecast is
+    # sqrt(8 ln 2) x 10,000 / (1,000 sqrt(10)) = 7.45 nats behind, 5.45 after the prior.
+    b = Blend(("lifecycle", "naive"))
+    for _ in range(10):
+        b.update([1_002_000.0, 1_001_000.0], 1_000_000.0)
+    behind = math.sqrt(8 * math.log(2)) * math.sqrt(10) - HEAD_START
+    assert b.weights() == pytest.approx(_weights([-behind, 0.0]))
+    assert b.weights()[0] == pytest.approx(0.0043, abs=1e-4)
+
+
+def test_near_ties_keep_comparable_weights_and_the_average_beats_both():
+    # Two predictors with errors of the same size, independent: neither stands out of the
+    # noise, so the weights stay mixed, and the average's error (convexity) is below both.
+    rng = np.random.default_rng(3)
+    b = Blend(("lifecycle", "naive"), head_start=0.0)
+    err = np.zeros(3)
+    total = 0.0
+    for _ in range(500):
+        a = 1000.0
+        f = a + 100.0 * rng.standard_normal(2)
+        pub = float(b.weights() @ f)
+        err += np.abs([pub, *f] - np.array(a))
+        total += a
+        b.update(f, a)
+    assert 0.2 < b.weights()[0] < 0.8
+    assert err[0] < 0.85 * min(err[1], err[2])
+
+
+def test_the_published_wape_converges_to_the_best_predictors():
+    # Three predictors of a noisy series: the lifecycle one biased by 5%, two unbiased with
+    # noise of different sizes. The excess of the published running WAPE over the best
+    # predictor's shrinks as windows close (O(1/sqrt(n))), and the biased one loses its weight.
+    rng = np.random.default_rng(4)
+    b = Blend(("lifecycle", "a", "b"))
+    err, total, excess = np.zeros(4), 0.0, {}
+    for n in range(1, 2001):
+        a = 1000.0 * (1 + 0.3 * rng.standard_normal()) ** 2
+        noise = rng.standard_normal(3)
+        f = np.array([1.05 * a + 30 * noise[0], a + 40 * noise[1], a + 80 * noise[2]])
+        pub = float(b.weights() @ f)
+        err += np.abs(np.array([pub, *f]) - a)
+        total += a
+        b.update(f, a)
+        if n in (50, 2000):
+            excess[n] = (err[0] - err[1:].min()) / total
+    assert excess[2000] < 0.0005
+    assert excess[2000] < excess[50] / 3
+    assert b.weights()[0] < 1e-3
 
 
 def test_the_wape_scale_is_the_weighted_median_of_actual_over_forecast():
@@ -79,8 +164,12 @@ def test_new_arrivals_split_the_sampler_term_from_the_naive_level():
     assert n.split() == (1.0, 0.0)
     for _ in range(30):
         n.close(0.0, 500.0)  # the sampler term says nothing; 500 tokens arrive every window
+    # The sampler term 500 tokens off in each of 29 windows (the first: all 0): it is
+    # sqrt(8 ln 4 x 29) = 10.0 nats behind the naive ones, 8.0 after their 2-nat prior.
+    behind = math.sqrt(8 * math.log(4) * 29) - HEAD_START
     w, level = n.split()
-    assert w < 1e-6 and level == pytest.approx(500.0, rel=1e-3)
+    assert w == pytest.approx(math.exp(-behind) / (math.exp(-behind) + 3))
+    assert w < 2e-4 and level == pytest.approx(500.0 * (1 - w))
 
 
 def test_garbage_in_gives_finite_non_negative_out():
