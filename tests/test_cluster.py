@@ -118,7 +118,7 @@ async def test_killing_nodes_of_a_three_node_cluster_one_at_a_time_loses_and_dup
         return tracker.event_rows >= N
 
     await async_wait_until(all_committed, timeout=60, what="the tracker to hold every event")
-    await async_wait_until(lambda: tracker.consumer_resets > resets, timeout=10, what="the consumer re-created")
+    await async_wait_until(lambda: tracker.consumer_resets > resets, timeout=60, what="the consumer re-created")
     stop.set()
     await asyncio.wait_for(task, 30)
 
