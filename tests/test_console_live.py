@@ -39,7 +39,10 @@ def test_console_shows_a_live_run_its_forecast_switches_and_a_trajectory(tmp_pat
            "--engines", "6", "--prefill", "1", "--batch-size", "16", "--steps", "2", "--max-turns", "5",
            "--horizon", "3", "--run", RUN, "--workdir", str(tmp_path), "--keep-running"]
     log = (tmp_path / "up.out").open("w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=ENV)
+    # Started with SIGINT ignored, as some job runners start their children: `up` still
+    # stops on Ctrl-C (it installs its own handler).
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=ENV,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     out = lambda: (tmp_path / "up.out").read_text()[-4000:]  # noqa: E731
     try:
         # The run is over (summary written) and the services keep running.

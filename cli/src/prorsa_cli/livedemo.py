@@ -95,6 +95,9 @@ def run_up(opts: UpOptions, keep_running: bool = False, fresh: bool = False) -> 
         raise KeyboardInterrupt  # SIGTERM to `prorsa up` stops like Ctrl-C
 
     old_term = signal.signal(signal.SIGTERM, on_term)
+    # Ctrl-C stops it even when started with SIGINT ignored (a parent that ignores it, as
+    # some job runners do: Python then installs no handler of its own).
+    old_int = signal.signal(signal.SIGINT, on_term)
     code = 0
     try:
         for spec in plan.specs:
@@ -131,6 +134,7 @@ def run_up(opts: UpOptions, keep_running: bool = False, fresh: bool = False) -> 
         code = 130
     finally:
         signal.signal(signal.SIGTERM, old_term)
+        signal.signal(signal.SIGINT, signal.default_int_handler if old_int is signal.SIG_IGN else old_int)
         console.print("stopping services")
         try:
             sup.stop()
