@@ -158,12 +158,8 @@ def priced_net(
         return np.minimum(rp, rd)
 
     k = np.arange(1, len(prices) + 1, dtype=float)
-    theta, hit = ctx.theta, ctx.hit
-    live = np.cumsum(np.maximum(0.0, horizon - np.minimum([x.drain_s + x.switch_s for x in prices], horizon)))
-    if any(x.reprefill_tokens or x.cache_lost_tokens for x in prices):
-        extra = np.cumsum([x.prefill_engine_s(theta, hit) for x in prices])
-    else:  # nothing aborted or lost (idle engines, the pause): the usual first plan
-        extra = np.zeros(len(prices))
+    live = np.cumsum(np.maximum(0.0, horizon - np.minimum([x.dead_s for x in prices], horizon)))
+    extra = np.cumsum([x.prefill_engine_s(ctx.theta, ctx.hit) for x in prices])
     if to_role == "prefill":
         cap_p, cap_d = p * horizon + live, (d - k) * horizon
     else:
@@ -216,17 +212,11 @@ def select_priced(
     candidates = donor_candidates(donors, n, in_flight, wanted, fraction, to_role, now, cfg)
     if isinstance(candidates, Selection):
         return candidates
-    in_place_s, restart_cost_s = cost.in_place_s, cost.restart_s
-    turn, pause, window = ctx.decode_turn_s, ctx.pause_left_s, demand.horizon_s
-    prices, restart_s = [], None
-    for v in candidates:
-        if "in_place" in v.switch_modes:
-            prices.append(price_switch(v, to_role, in_place_s, cfg, turn, pause, window))
-        else:
-            prices.append(price_switch(v, to_role, restart_cost_s, cfg, turn, pause, window))
-            sw = prices[-1].switch_s
-            restart_s = sw if restart_s is None else max(restart_s, sw)
-    horizon = max(cfg.horizon_s, cfg.horizon_switch_multiple * max(x.drain_s + x.switch_s for x in prices))
+    prices = [price_switch(v, to_role, cost.for_engine(v), cfg, ctx.decode_turn_s, ctx.pause_left_s, demand.horizon_s)
+              for v in candidates]
+    horizon = max(cfg.horizon_s, cfg.horizon_switch_multiple * max(x.dead_s for x in prices))
+    # The Moves are built for the chosen prefix only (a first plan may price hundreds).
+    restart_s = max((pr.switch_s for v, pr in zip(candidates, prices) if "in_place" not in v.switch_modes), default=None)
     if restart_s is not None:
         if imbalance_s < restart_s:
             return Selection(reason=f"imbalance toward {to_role} has lasted {imbalance_s:.0f}s < restart {restart_s:.0f}s")
