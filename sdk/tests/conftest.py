@@ -138,6 +138,10 @@ class _Handler(BaseHTTPRequestHandler):
         if body.get("stream"):
             self.send_response(200)
             self.send_header("content-type", "text/event-stream")
+            # The body ends when the connection closes (no length, not chunked): HTTP/1.1
+            # needs "connection: close" for that, or the client keeps the connection for
+            # its next request and, under load, sends one into the closed socket.
+            self.send_header("connection", "close")
             self.end_headers()
             self._chunk(self._answer(sglang, body, prompt, 1, None, received, first, first))
             time.sleep(s.decode_s)
