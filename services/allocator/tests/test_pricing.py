@@ -11,7 +11,9 @@ import pytest
 from prorsa_allocator.config import AllocatorConfig
 from prorsa_allocator.engines import EngineView
 from prorsa_allocator.planner import Allocator
-from prorsa_allocator.pricing import PricedContext, SwitchPrice, price_switch, priced_net, role_pressed
+from prorsa_allocator.pricing import (
+    PricedContext, SwitchPrice, SwitchPrices, price_switch, price_switches, priced_net, role_pressed,
+)
 from prorsa_allocator.switching import DemandView
 from prorsa_allocator.testing import KV, RUN, THETA, failed, forecast, registered, stats, switched
 from prorsa_schemas import EngineCommand, PolicyUpdated
@@ -71,6 +73,27 @@ def test_a_switch_in_the_pause_costs_only_what_outlasts_the_pause() -> None:
     assert price_switch(v, "prefill", 15.0, CFG, decode_turn_s=40.0, pause_left_s=3.0) == SwitchPrice(0.0, 12.0)
     pf = view("prefill", running=2, rate=20_000.0, hit=0.5)
     assert price_switch(pf, "decode", 2.0, CFG, pause_left_s=3.0) == SwitchPrice(0.0, 0.0)
+
+
+def test_pricing_many_engines_at_once_is_pricing_each() -> None:
+    # A mixed list (idle, busy decode, busy prefill with and without cache figures, in-place
+    # and restart times): the array pricing equals the hand-checked one engine at a time.
+    views = [view("decode"), view("decode", running=20, kv_used=100_000), view("prefill", running=2),
+             view("prefill", running=2, rate=20_000.0, hit=0.5, kv_cap=500_000),
+             view("prefill", running=1, rate=20_000.0, hit=0.99, kv_cap=0), view("prefill")]
+    switch = [15.0, 15.0, 90.0, 15.0, 2.0, 90.0]
+    for turn, pause in ((None, 0.0), (40.0, 0.0), (5.0, 0.0), (30.0, 3.0)):
+        many = price_switches(views, "prefill", switch, CFG, decode_turn_s=turn, pause_left_s=pause, window_s=10.0)
+        assert len(many) == len(views)
+        assert [many[i] for i in range(len(views))] == [
+            price_switch(v, "prefill", s, CFG, decode_turn_s=turn, pause_left_s=pause, window_s=10.0)
+            for v, s in zip(views, switch)]
+    # And priced_net takes either form.
+    dv = DemandView(7.0, 1.0, 7.0, 1.0, 10.0)
+    listed = [SwitchPrice(10.0, 15.0, 75_000.0), SwitchPrice(0.0, 15.0)]
+    a, a_old = priced_net(6, 2, "prefill", listed, dv, CFG, 120.0, PricedContext(50_000.0))
+    b, b_old = priced_net(6, 2, "prefill", SwitchPrices.of(listed), dv, CFG, 120.0, PricedContext(50_000.0))
+    assert a.tolist() == b.tolist() and a_old == b_old
 
 
 def test_priced_net_by_hand() -> None:

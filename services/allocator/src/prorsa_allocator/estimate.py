@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -96,6 +96,10 @@ class SwitchCost:
     def for_engine(self, view: EngineView) -> float:
         """An engine that advertises in-place switching switches in place; any other restarts."""
         return self.in_place_s if "in_place" in view.switch_modes else self.restart_s
+
+    def for_engines(self, views: Sequence[EngineView]) -> np.ndarray:
+        """:meth:`for_engine` of each of ``views``, as an array."""
+        return np.fromiter((self.for_engine(v) for v in views), float, len(views))
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,7 @@ pays over the lookahead, measured against the prefill rates each count served
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,9 +42,46 @@ class SwitchPrice:
 
     def prefill_engine_s(self, theta: float, hit: float) -> float:
         """Seconds of one prefill engine the extra work takes (θᴾ full-prompt tokens/s)."""
-        if theta <= 0:
-            return 0.0
-        return self.reprefill_tokens / theta + self.cache_lost_tokens / (theta * max(1.0 - hit, 1e-6))
+        return float(_prefill_engine_s(self.reprefill_tokens, self.cache_lost_tokens, theta, hit))
+
+
+def _prefill_engine_s(reprefill, cache_lost, theta: float, hit: float):
+    """Re-prefilled tokens run at θᴾ, lost cache hits recomputed at θᴾ·(1 − hit); scalars or
+    arrays."""
+    if theta <= 0:
+        return reprefill * 0.0
+    return reprefill / theta + cache_lost / (theta * max(1.0 - hit, 1e-6))
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchPrices:
+    """The prices of switching several engines, one array entry per engine, in order: what
+    :class:`SwitchPrice` is for one (a first plan prices hundreds at once)."""
+
+    drain_s: np.ndarray
+    switch_s: np.ndarray
+    reprefill_tokens: np.ndarray
+    cache_lost_tokens: np.ndarray
+
+    @classmethod
+    def of(cls, prices: Sequence[SwitchPrice]) -> "SwitchPrices":
+        cols = np.array([(x.drain_s, x.switch_s, x.reprefill_tokens, x.cache_lost_tokens) for x in prices],
+                        dtype=float).reshape(-1, 4)
+        return cls(*(np.ascontiguousarray(c) for c in cols.T))
+
+    def __len__(self) -> int:
+        return len(self.drain_s)
+
+    def __getitem__(self, i: int) -> SwitchPrice:
+        return SwitchPrice(float(self.drain_s[i]), float(self.switch_s[i]), float(self.reprefill_tokens[i]),
+                           float(self.cache_lost_tokens[i]))
+
+    @property
+    def dead_s(self) -> np.ndarray:
+        return self.drain_s + self.switch_s
+
+    def prefill_engine_s(self, theta: float, hit: float) -> np.ndarray:
+        return _prefill_engine_s(self.reprefill_tokens, self.cache_lost_tokens, theta, hit)
 
 
 def price_switch(
@@ -55,7 +93,21 @@ def price_switch(
     pause_left_s: float = 0.0,
     window_s: float = DEFAULT_WINDOW_S,
 ) -> SwitchPrice:
-    """The price of switching ``view`` to ``to_role`` (hand-checked in test_pricing.py).
+    """The price of switching ``view`` to ``to_role``: :func:`price_switches` of one engine."""
+    return price_switches([view], to_role, [switch_s], cfg, decode_turn_s, pause_left_s, window_s)[0]
+
+
+def price_switches(
+    views: Sequence[EngineView],
+    to_role: str,
+    switch_s: Sequence[float] | np.ndarray,
+    cfg: AllocatorConfig,
+    decode_turn_s: float | None = None,
+    pause_left_s: float = 0.0,
+    window_s: float = DEFAULT_WINDOW_S,
+) -> SwitchPrices:
+    """The price of switching each of ``views`` to ``to_role`` (``switch_s``: each one's
+    switch time), computed over arrays (hand-checked in test_pricing.py).
 
     * In the weight-update pause (``pause_left_s`` > 0: seconds of it left) every engine
       is empty and its cache already flushed: no drain, nothing aborted, no cache lost;
@@ -74,25 +126,34 @@ def price_switch(
       decode turn, then the window's prefill wait and tool call; a proxy: the cycle is not
       measured), at most its KV capacity (a cache cannot hold more).
     """
+    n = len(views)
+    switch = np.asarray(switch_s, dtype=float).reshape(n)
+    zeros = np.zeros(n)
     if pause_left_s > 0:
-        return SwitchPrice(0.0, max(0.0, switch_s - pause_left_s))
-    if not view.busy:
-        return SwitchPrice(0.0, switch_s)
-    if view.role == "decode":
+        return SwitchPrices(zeros, np.maximum(0.0, switch - pause_left_s), zeros, zeros.copy())
+    busy = np.fromiter((v.busy for v in views), bool, n)
+    decode = busy & np.fromiter((v.role == "decode" for v in views), bool, n)
+    other = busy & ~decode  # a busy prefill (or mixed) engine
+    drain, reprefill, cached = zeros, zeros.copy(), zeros.copy()
+    if decode.any():
         deadline = cfg.drain_deadline_s
+        kv_used = np.fromiter((v.kv_used_tokens for v in views), float, n)
         if decode_turn_s is None or decode_turn_s <= 0:
-            return SwitchPrice(deadline, switch_s, float(view.kv_used_tokens))
-        drain = min(deadline, decode_turn_s)
-        aborted = max(0.0, 1.0 - deadline / decode_turn_s)
-        return SwitchPrice(drain, switch_s, aborted * view.kv_used_tokens)
-    drain = min(cfg.drain_prefill_s, cfg.drain_deadline_s)
-    hit = min(view.cache_hit_rate or 0.0, cfg.max_cache_hit_rate)
-    rate = view.prefill_tokens_per_s or 0.0
-    cycle = (decode_turn_s or 0.0) + window_s
-    cached = hit / (1.0 - hit) * rate * cycle
-    if view.kv_capacity_tokens > 0:
-        cached = min(cached, float(view.kv_capacity_tokens))
-    return SwitchPrice(drain, switch_s, 0.0, cached)
+            drain = np.where(decode, deadline, drain)
+            reprefill = np.where(decode, kv_used, 0.0)
+        else:
+            drain = np.where(decode, min(deadline, decode_turn_s), drain)
+            reprefill = np.where(decode, max(0.0, 1.0 - deadline / decode_turn_s) * kv_used, 0.0)
+    if other.any():
+        drain = np.where(other, min(cfg.drain_prefill_s, cfg.drain_deadline_s), drain)
+        hit = np.minimum(np.fromiter((v.cache_hit_rate or 0.0 for v in views), float, n), cfg.max_cache_hit_rate)
+        rate = np.fromiter((v.prefill_tokens_per_s or 0.0 for v in views), float, n)
+        cap = np.fromiter((v.kv_capacity_tokens for v in views), float, n)
+        cycle = (decode_turn_s or 0.0) + window_s
+        lost = hit / (1.0 - hit) * rate * cycle
+        lost = np.where(cap > 0, np.minimum(lost, cap), lost)
+        cached = np.where(other, lost, 0.0)
+    return SwitchPrices(drain, switch, reprefill, cached)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,8 +178,8 @@ class PricedContext:
 
 
 def priced_net(
-    p: int, d: int, to_role: str, prices: list[SwitchPrice], demand: DemandView, cfg: AllocatorConfig,
-    horizon: float, ctx: PricedContext,
+    p: int, d: int, to_role: str, prices: SwitchPrices | Sequence[SwitchPrice], demand: DemandView,
+    cfg: AllocatorConfig, horizon: float, ctx: PricedContext,
 ) -> tuple[np.ndarray, float]:
     """(f(k) for k = 1..len(prices), f(0)): the bottleneck ratio over ``horizon`` after
     moving the first k engines, priced.
@@ -157,9 +218,11 @@ def priced_net(
             rp, rd = ratios(cap_p, cap_d, work_p * (1.0 + phi * (g_d - 1.0)), work_d * (1.0 + phi * fed * (g_p - 1.0)))
         return np.minimum(rp, rd)
 
+    if not isinstance(prices, SwitchPrices):
+        prices = SwitchPrices.of(prices)
     k = np.arange(1, len(prices) + 1, dtype=float)
-    live = np.cumsum(np.maximum(0.0, horizon - np.minimum([x.dead_s for x in prices], horizon)))
-    extra = np.cumsum([x.prefill_engine_s(ctx.theta, ctx.hit) for x in prices])
+    live = np.cumsum(np.maximum(0.0, horizon - np.minimum(prices.dead_s, horizon)))
+    extra = np.cumsum(prices.prefill_engine_s(ctx.theta, ctx.hit))
     if to_role == "prefill":
         cap_p, cap_d = p * horizon + live, (d - k) * horizon
     else:
@@ -183,7 +246,7 @@ def select_priced(
     settle_since: float = -math.inf,
 ) -> Selection:
     """The 'priced' rule: the same band, candidates, caps and dwell as
-    :func:`select_switches`; the gain test prices each move (:func:`price_switch`) and
+    :func:`select_switches`; the gain test prices each move (:func:`price_switches`) and
     judges it over the horizon (``horizon_s``, at least ``horizon_switch_multiple`` x the
     slowest move's dead time). Candidates are taken least loaded first; the test takes the
     best prefix of them (the moves are priced one by one and summed).
@@ -212,17 +275,20 @@ def select_priced(
     candidates = donor_candidates(donors, n, in_flight, wanted, fraction, to_role, now, cfg)
     if isinstance(candidates, Selection):
         return candidates
-    prices = [price_switch(v, to_role, cost.for_engine(v), cfg, ctx.decode_turn_s, ctx.pause_left_s, demand.horizon_s)
-              for v in candidates]
-    horizon = max(cfg.horizon_s, cfg.horizon_switch_multiple * max(x.dead_s for x in prices))
+    prices = price_switches(candidates, to_role, cost.for_engines(candidates), cfg, ctx.decode_turn_s,
+                            ctx.pause_left_s, demand.horizon_s)
+    dead = prices.dead_s
+    horizon = max(cfg.horizon_s, cfg.horizon_switch_multiple * float(dead.max()))
     # The Moves are built for the chosen prefix only (a first plan may price hundreds).
-    restart_s = max((pr.switch_s for v, pr in zip(candidates, prices) if "in_place" not in v.switch_modes), default=None)
+    restarts = prices.switch_s[~np.fromiter(("in_place" in v.switch_modes for v in candidates), bool,
+                                            len(candidates))]
+    restart_s = float(restarts.max()) if restarts.size else None
     if restart_s is not None:
         if imbalance_s < restart_s:
             return Selection(reason=f"imbalance toward {to_role} has lasted {imbalance_s:.0f}s < restart {restart_s:.0f}s")
         horizon = max(horizon, cfg.restart_lookahead_s)
     elif ctx.pause_left_s <= 0 and cfg.persist_dead_multiple > 0:
-        wait = cfg.persist_dead_multiple * prices[0].dead_s  # the first (cheapest) move's dead time
+        wait = cfg.persist_dead_multiple * float(dead[0])  # the first (cheapest) move's dead time
         if imbalance_s < wait:
             return Selection(reason=f"imbalance toward {to_role} has lasted {imbalance_s:.0f}s < "
                                     f"{wait:.0f}s ({cfg.persist_dead_multiple:g} x a switch's dead time)")
@@ -263,7 +329,8 @@ def select_priced(
     gain = float(f_new[best]) / max(f_old, 1e-9) - 1.0
     where = " in the pause" if ctx.pause_left_s > 0 else ""
     if gain > cfg.hysteresis:
-        moves = [Move(v, to_role, pr.drain_s, pr.switch_s) for v, pr in zip(candidates[: best + 1], prices)]
+        drains, switches = prices.drain_s.tolist(), prices.switch_s.tolist()
+        moves = [Move(v, to_role, drains[i], switches[i]) for i, v in enumerate(candidates[: best + 1])]
         return Selection(
             moves,
             f"{best + 1} engine(s) to {to_role}{where}: priced bottleneck gain {gain:+.1%} over {horizon:.0f}s",
