@@ -100,3 +100,49 @@ def test_with_the_rank_a_prefill_holds_its_queue_from_the_previous_departure():
     # prefill.started -> finished is 2.5 s, but the rank spent 2 s on each request.
     assert _back_to_back(True) == pytest.approx(2.0, rel=0.02)
     assert _back_to_back(False) == pytest.approx(2.5, rel=0.02)
+
+
+def _unnamed_pool(n: int = 200, switch_at: int | None = None) -> tuple[float, LiveState]:
+    """Requests of 1000 new tokens whose engine the log does not name (a router in front
+    of the engines, as the demo's driver sees it), all queued at 0 s; two prefill engines
+    of 2 attention-DP ranks each (4 queues), each request holding a queue for 2 s, so
+    one departs every 0.5 s from 2 s on. With ``switch_at``, a decode engine of 2 ranks
+    becomes a prefill engine after that many departures (6 queues; 2 s / 6 apart from
+    then on). Returns the pool's learnt g(1000 tokens)."""
+    st = LiveState(ForecastConfig())
+    k = 0
+
+    def ev(kind, ts, **f):
+        nonlocal k
+        k += 1
+        return event_from_dict({"v": 1, "id": f"e{k}", "type": kind, "ts": ts, "run": "r", **f})
+
+    par = {"tp": 1, "dp": 2, "ep": 2, "attn_dp": 2}
+    for name, role in (("p0", "prefill"), ("p1", "prefill"), ("d0", "decode")):
+        st.apply(ev("engine.registered", 0.0, engine=name, server="s0", role=role, gpus=8, kv_capacity_tokens=10**6, parallel=par))
+    for j in range(n):
+        st.apply(ev("request.queued", 0.0, traj=f"t{j}", req=f"r{j}", turn=0, prompt_tokens=1000))
+    ts, gap = 2.0, 0.5
+    for j in range(n):
+        if j == switch_at:
+            st.apply(ev("engine.switched", ts, engine="d0", cmd="c", from_role="decode", to_role="prefill", seconds=1.0))
+            gap = 2.0 / 6
+        st.apply(ev("prefill.finished", ts, traj=f"t{j}", req=f"r{j}", cached_tokens=0))
+        ts += gap
+    a, b, d = st.history.prefill_model(None).coefficients3()
+    return a + b * 1000 + d * 1000 * 500, st
+
+
+def test_requests_on_no_named_engine_are_served_by_every_prefill_queue():
+    # The pool is the 4 queues of the two prefill engines: each request held one for the
+    # time since the 4th departure before its own, 2 s (one queue would make it 0.5 s, and
+    # the queue model would then run 4 queues of each engine 4 times too fast).
+    g, st = _unnamed_pool()
+    assert st.servers(None) == 4
+    assert g == pytest.approx(2.0, rel=0.02)
+    # A third prefill engine joins: 6 queues, a departure every 1/3 s, still 2 s each.
+    g, st = _unnamed_pool(n=400, switch_at=100)
+    assert st.servers(None) == 6
+    assert g == pytest.approx(2.0, rel=0.03)
+    # No engine known at all: one queue, as before.
+    assert LiveState(ForecastConfig()).servers(None) == 1

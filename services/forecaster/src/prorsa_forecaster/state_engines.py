@@ -18,6 +18,9 @@ from prorsa_schemas.fold import Mutators
 from prorsa_schemas.registry import EngineRegistry
 
 
+DEPARTURES_KEPT = 256  # prefill departures kept per engine (and for the pool); more when it has more queues
+
+
 class EngineFold:
     """Engine events and the prefill helpers of the fold (see LiveState).
 
@@ -70,8 +73,13 @@ class EngineFold:
         return np.clip(c, 0.0, np.maximum(prompt - 1.0, 0.0))
 
     def servers(self, engine: str | None) -> int:
-        """Data-parallel prefill queues of an engine (1 when unknown)."""
-        return self._servers.get(engine, 1) if engine is not None else 1
+        """Data-parallel prefill queues of an engine (1 when unknown). ``None`` is the pool
+        that serves the requests whose engine the log does not name: every queue of the
+        prefill (and mixed) engines known, 1 when none is."""
+        if engine is not None:
+            return self._servers.get(engine, 1)
+        pool = sum(self._servers.get(e, 1) for e, r in self._role.items() if r in ("prefill", "mixed"))
+        return max(pool, 1)
 
     def _learn_prefill(self, i: int, ts: float, cached_tokens: int | None) -> None:
         """Slot ``i``'s prefill finished at ``ts``: learn the prefix-cache hit rates and
@@ -104,11 +112,14 @@ class EngineFold:
         # data-parallel queues behind the engine a FIFO request starts at the later of its
         # arrival and the c-th previous departure. A prefill that spans a weight update
         # was restarted (and paused): it says nothing about the engine's speed.
+        # The pool's queues change with every switch: enough departures are kept for
+        # any size it takes.
+        servers = self.servers(name)
         deps = self._departures.get(name)
-        if deps is None:
-            deps = self._departures[name] = deque(maxlen=self.servers(name))
+        if deps is None or deps.maxlen < servers:
+            deps = self._departures[name] = deque(deps or (), maxlen=max(servers, DEPARTURES_KEPT))
         if np.isnan(self.started_at[i]):
-            last = deps[0] if len(deps) == deps.maxlen else -np.inf
+            last = deps[-servers] if len(deps) >= servers else -np.inf
             begin = max(self.queued_at[i], last)
         else:
             begin = self.started_at[i]
