@@ -177,3 +177,21 @@ def test_emulated_model_selects_the_profile_and_bad_names_are_refused():
     bad = EmulatedProcess("bad", engine_command(port, extra=["--emulated-model", "gpt-9"]),
                           f"http://127.0.0.1:{port}").start()
     assert bad.proc.wait(30) != 0
+
+
+def test_running_requests_per_rank_as_sglang_resolves_them():
+    from prorsa_emulated.engine import EmulatedEngine, max_running_per_rank
+    from prorsa_emulated.options import EngineOptions
+
+    # Not given: SGLang's floor of 2048 a data-parallel worker, at most half its KV tokens.
+    assert max_running_per_rank(None, 1_270_699, 16) == 2048
+    assert max_running_per_rank(None, 3000, 1) == 1500
+    # Given: split over the ranks, still at most half the KV tokens, at least one.
+    assert max_running_per_rank(256, 1_270_699, 16) == 16
+    assert max_running_per_rank(64, 100, 2) == 32
+    assert max_running_per_rank(64, 40, 2) == 20
+    assert max_running_per_rank(8, 1_000_000, 16) == 1
+    eng = EmulatedEngine(EngineOptions(emulated_model="deepseek-v3.2"))
+    assert {r.max_running for r in eng.ranks} == {2048} and len(eng.ranks) == 16
+    eng = EmulatedEngine(EngineOptions(emulated_model="deepseek-v3.2", max_running_requests=256))
+    assert {r.max_running for r in eng.ranks} == {16}

@@ -27,7 +27,9 @@ def engine_parser() -> argparse.ArgumentParser:
     p.add_argument("--pp-size", type=int, default=1)
     p.add_argument("--max-total-tokens", dest="max_total_num_tokens", type=int, default=None,
                    help="KV tokens (default: the emulated model's capacity)")
-    p.add_argument("--max-running-requests", type=int, default=256)
+    p.add_argument("--max-running-requests", type=int, default=None,
+                   help="requests the engine may run, split over its attention-DP ranks "
+                        "(default: SGLang's, 2048 a rank or half its KV tokens)")
     p.add_argument("--chunked-prefill-size", type=int, default=None,
                    help="default: the emulated model's chunk size")
     g = p.add_argument_group("emulation (not SGLang flags)")
@@ -58,7 +60,7 @@ def engine_options(argv: list[str]) -> EngineOptions:
         v = getattr(args, flag)
         if v is not None and v < (0 if flag == "switch_seconds" else 1):
             raise SystemExit(f"--{flag.replace('_', '-')} must be positive, got {v}")
-    if args.max_running_requests < 1:
+    if args.max_running_requests is not None and args.max_running_requests < 1:
         raise SystemExit("--max-running-requests must be >= 1")
     return EngineOptions(**vars(args))
 

@@ -40,6 +40,23 @@ def _log_crash(task: asyncio.Task) -> None:
         log.error("emulated scheduler loop crashed", exc_info=task.exception())
 
 
+
+# SGLang's floor of the requests one data-parallel worker may run when
+# --max-running-requests is not given: sglang/srt/model_executor/model_runner.py
+# (resolve_max_num_reqs) takes token_capacity / context_len * 512 clamped to
+# [2048, 4096], then at most token_capacity // 2. The profiles carry no context length, so
+# the floor of that clamp is taken: at these capacities the cap is a KV budget, not a
+# request count.
+SGLANG_MIN_MAX_RUNNING = 2048
+
+
+def max_running_per_rank(requested: int | None, capacity_per_rank: int, ranks: int) -> int:
+    """Requests one attention-DP rank may run, as SGLang resolves it: ``requested`` (the
+    engine's --max-running-requests) split over the ranks, else SGLang's default; never
+    more than half the rank's KV tokens."""
+    want = SGLANG_MIN_MAX_RUNNING if requested is None else requested // max(ranks, 1)
+    return max(1, min(want, capacity_per_rank // 2))
+
 class NotAccepted(Exception):
     """The instance cannot take a generate request now (starting, switching, unhealthy)."""
 
@@ -62,7 +79,8 @@ class EmulatedEngine:
         n = self.profile.attn_dp
         total = options.max_total_num_tokens or self.profile.kv_capacity_tokens
         self.chunk = options.chunked_prefill_size or self.profile.chunk_size
-        self.ranks = [Rank(i, total // n, options.max_running_requests // n) for i in range(n)]
+        per_rank = max_running_per_rank(options.max_running_requests, total // n, n)
+        self.ranks = [Rank(i, total // n, per_rank) for i in range(n)]
         self.generated_tokens = 0
         self.busy_s = 0.0
         """Emulated seconds the engine spent stepping (any rank busy)."""

@@ -31,7 +31,9 @@ class EngineOptions:
     pp_size: int = 1
     max_total_num_tokens: int | None = None
     """KV tokens of the whole engine; default: the profile's capacity."""
-    max_running_requests: int = 256
+    max_running_requests: int | None = None
+    """--max-running-requests of the engine (split over its attention-DP ranks); default:
+    SGLang's own (``engine.max_running_per_rank``)."""
     chunked_prefill_size: int | None = None
     """Default: the profile's chunk size."""
     # emulation knobs (not SGLang flags)

@@ -162,7 +162,7 @@ def create_engine_app(options: EngineOptions, engine: EmulatedEngine | None = No
             "max_total_num_tokens": capacity,
             "chunked_prefill_size": eng.chunk,
             "emulated_model": eng.profile.name,
-            "max_running_requests": options.max_running_requests,
+            "max_running_requests": sum(r.max_running for r in eng.ranks),
             "startup_time": eng.started_at,
             "internal_states": [
                 {
