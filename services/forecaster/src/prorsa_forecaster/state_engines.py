@@ -50,6 +50,7 @@ class EngineFold:
     def _engine_event(self, ev) -> None:
         """Apply ``ev`` to the registry and to the forecaster's engine state (``_mutate``)."""
         change = self.engine_registry.apply(ev)
+        self.__dict__.pop("_pool_servers", None)  # roles or queues may have changed
         rec = change.record
         if rec is None:
             self._role.pop(ev.engine, None)
@@ -78,6 +79,11 @@ class EngineFold:
         prefill (and mixed) engines known, 1 when none is."""
         if engine is not None:
             return self._servers.get(engine, 1)
+        return self._pool_servers
+
+    @cached_property
+    def _pool_servers(self) -> int:
+        """The pool's queues (``servers(None)``), recomputed after an engine event."""
         pool = sum(self._servers.get(e, 1) for e, r in self._role.items() if r in ("prefill", "mixed"))
         return max(pool, 1)
 
