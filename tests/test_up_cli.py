@@ -198,3 +198,43 @@ def test_the_emulated_cluster_time_scales_the_services(tmp_path: Path, monkeypat
     again = {s.name: s.env for s in plan_stack(UpOptions(workdir=tmp_path / "o", port_base=0,
                                                          emulated_cluster=True, speed=10.0)).specs}
     assert "PRORSA_FORECASTER_TIME_SCALE" not in again["forecaster"]
+
+
+def test_a_free_block_is_claimed_against_every_other_planner(tmp_path: Path, monkeypatch):
+    # Two `prorsa up --port-base 0` planning at once each see the other's ports free until
+    # they are bound (a decode engine's bootstrap port is bound only once it serves
+    # prefill): a block is claimed, one lock file per 100-port unit, for the process's life.
+    import random
+    import subprocess
+    import sys
+
+    import prorsa_cli.options as o
+
+    mine = o.PortBlocks(tmp_path / "locks", keep=2)
+    monkeypatch.setattr(o, "blocks", mine)
+    first = o.plan_ports(o.UpOptions(port_base=0, emulated_cluster=True), rng=random.Random(7))
+    assert first.nats % o.PORT_QUANTUM == 0
+    unit = first.nats // o.PORT_QUANTUM
+    # Claimed by this process: a second claim (another planner) fails until it is dropped.
+    other = o.PortBlocks(tmp_path / "locks")
+    assert not other.claim([unit])
+    mine.release()
+    assert other.claim([unit])
+    other.release()
+    # Another process holds the unit: the same draw now plans a block that does not overlap.
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+         "print('held', flush=True); sys.stdin.read()", str(tmp_path / "locks" / f"{unit}.lock")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        second = o.plan_ports(o.UpOptions(port_base=0, emulated_cluster=True), rng=random.Random(7))
+        ports_first = {p for _, p in first.named()}
+        assert not ports_first & {p for _, p in second.named()}
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    # At most `keep` claims per process: the oldest is dropped.
+    mine.release()
+    assert mine.claim([1]) and mine.claim([2]) and mine.claim([3])
+    assert other.claim([1]) and not other.claim([3])

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import random
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -96,8 +97,62 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
     return not port_in_use(port, host)
 
 
-def plan_ports(opts: UpOptions) -> Ports:
-    """Standard ports, or a block from ``port_base`` (0: a random free block)."""
+PORT_QUANTUM = 100
+"""Ports per claimable unit: a `--port-base 0` block starts on a multiple of it and claims
+the units it spans, so that two claimed blocks never overlap."""
+
+
+class PortBlocks:
+    """Claims on port blocks, one lock file per unit of :data:`PORT_QUANTUM` ports in
+    ``directory`` (an exclusive ``flock``: released when this process exits or drops it, so
+    a crashed `prorsa up` leaves nothing to clean up). A process keeps at most ``keep``
+    claims, dropping its oldest (a stack planned that long ago has bound its ports, or is
+    gone). Without ``fcntl`` (not POSIX) every claim succeeds."""
+
+    def __init__(self, directory: Path | None = None, keep: int = 16):
+        self.directory = directory or Path(tempfile.gettempdir()) / "prorsa-port-blocks"
+        self.keep = keep
+        self.held: list[list] = []
+
+    def claim(self, units) -> bool:
+        """Claim every unit of ``units`` (all or none)."""
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX
+            return True
+        self.directory.mkdir(parents=True, exist_ok=True)
+        files = []
+        for u in units:
+            f = open(self.directory / f"{u}.lock", "a")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                f.close()
+                for g in files:
+                    g.close()
+                return False
+            files.append(f)
+        self.held.append(files)
+        while len(self.held) > self.keep:
+            for g in self.held.pop(0):
+                g.close()
+        return True
+
+    def release(self) -> None:
+        """Drop every claim of this process."""
+        for files in self.held:
+            for f in files:
+                f.close()
+        self.held.clear()
+
+
+blocks = PortBlocks()
+"""This process's claims."""
+
+
+def plan_ports(opts: UpOptions, rng: random.Random | None = None) -> Ports:
+    """Standard ports, or a block from ``port_base`` (0: a random free block, claimed
+    against every other process that plans one on this host: :class:`PortBlocks`)."""
     n, k = opts.engines, opts.agents
 
     def layout(b: int | None) -> Ports:
@@ -114,10 +169,18 @@ def plan_ports(opts: UpOptions) -> Ports:
         span = max(p for _, p in layout(0).named()) + 1
         low = ephemeral_low()
         top = low - span if low - span > 20000 + 100 else 60000
-        rng = random.Random()
+        rng = rng or random.Random()
+        quanta = -(-span // PORT_QUANTUM)
         for _ in range(200):
-            ports = layout(rng.randrange(20000, top))
-            if all(port_free(p, opts.host) for _, p in ports.named()):
+            # A block starts on the quantum grid and is claimed (blocks.claim) for as long
+            # as this process lives: two `prorsa up` planning at once each see the other's
+            # ports free until they are bound (an engine's bootstrap port only when it
+            # serves prefill), so a free-looking block is not enough.
+            q = rng.randrange(20000 // PORT_QUANTUM, max(top // PORT_QUANTUM, 20000 // PORT_QUANTUM + 1))
+            ports = layout(q * PORT_QUANTUM)
+            if not all(port_free(p, opts.host) for _, p in ports.named()):
+                continue
+            if blocks.claim(range(q, q + quanta)):
                 return ports
         raise UpError("found no block of free ports; pass --port-base N")
     return layout(opts.port_base)
