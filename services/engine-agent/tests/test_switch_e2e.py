@@ -240,3 +240,28 @@ def _phase(agent, cmd: str) -> str | None:
     except (OSError, ValueError):
         return None
     return sw["phase"] if sw else None
+
+
+async def test_an_engine_that_cannot_start_is_reported_with_its_log(agent_factory, events, ns, router):
+    # A prefill engine whose bootstrap port is taken exits at startup, as SGLang does: the
+    # agent deregisters it, logs why with the last lines of the engine's own log, and says
+    # how many of its engines are up; the other engine serves.
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        e0 = emulated_instance("e0", "prefill", bootstrap_port=taken.getsockname()[1])
+        e1 = emulated_instance("e1", "decode")
+        agent = agent_factory([e0, e1]).start()
+        gone = await events.wait("engine.deregistered", engine="e0", timeout=60)
+        assert "not healthy" in gone.reason
+        await events.wait("engine.registered", engine="e1", timeout=60)
+        await async_wait_until(lambda: "ready: 1 of 2 engines up" in agent.tail(), timeout=30,
+                               what="the agent's ready line")
+        log = agent.tail()
+        assert "e0 not healthy at" in log and "its process exited" in log, log
+        assert "address already in use" in log, log
+    finally:
+        taken.close()

@@ -123,7 +123,8 @@ class EngineAgent(Commands, BusWatchers):
         backlog = self.spawn(self._read_command_backlog(js, stop))
         self.spawn(reconcile_loop(self, stop))  # a restarted router gets our engines back
         self.ready.set()
-        log.info("engine agent %s ready: %d engines, router %s", s.server, len(self.engines), s.router_url)
+        log.info("engine agent %s ready: %d of %d engines up, router %s", s.server,
+                 sum(st.up for st in self.engines.values()), len(self.engines), s.router_url)
         try:
             while not stop.is_set():
                 try:

@@ -102,6 +102,10 @@ class Instances:
                 await self.launch(st, self.journal.roles.get(inst.engine, inst.role))
         if not await self.wait_healthy(st, self.settings.restart_timeout_s):
             st.up = False
+            exited = bool(st.pid) and self.processes.exited(inst.engine, st.pid)
+            log.error("%s not healthy at %s after startup (%s); %s:\n%s", inst.engine, inst.url,
+                      "its process exited" if exited else f"{self.settings.restart_timeout_s:.0f}s",
+                      self.processes.log_path(inst.engine), self.processes.tail(inst.engine))
             self.publish(EngineDeregistered, engine=inst.engine,
                          reason=f"not healthy at {inst.url} after startup (logs: {self.log_dir})")
             return

@@ -37,10 +37,25 @@ class Processes:
         self.log_dir = log_dir
         self._popen: dict[str, subprocess.Popen] = {}
 
+    def log_path(self, engine: str) -> Path:
+        """Where the engine's process writes its output."""
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in engine)
+        return self.log_dir / f"{safe}.log"
+
+    def tail(self, engine: str, lines: int = 5) -> str:
+        """The last lines of the engine's log ('' when there is none)."""
+        try:
+            with open(self.log_path(engine), "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 4096))
+                text = f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+        return "\n".join(text.strip().splitlines()[-lines:])
+
     def launch(self, engine: str, cmd: list[str], env: dict[str, str]) -> int:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in engine)
-        log = open(self.log_dir / f"{safe}.log", "ab")
+        log = open(self.log_path(engine), "ab")
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 env={**os.environ, **env}, start_new_session=True)
         log.close()
