@@ -97,3 +97,49 @@ def test_tool_latencies_are_correlated_within_a_group():
     icc = between / (between + logs.var(axis=1, ddof=1).mean())
     # Group sigma 0.6 against trajectory 0.3 and the per-call spread averaged over turns.
     assert icc > 0.3
+
+
+def test_the_live_demos_caps():
+    # The live rollout driver caps turns and outputs; the simulator runs that scenario with
+    # the same caps (one plan, cut the same way).
+    from prorsa_sim.simconfig import build_config
+    from prorsa_sim.workloads import TrajectoryPlan
+
+    plan = TrajectoryPlan(1000, [300, 900, 50, 700], [10, 20, 30], [1.0, 2.0, 3.0], 0.0, 0.0, 1.0, True, 1.0)
+    cut = plan.capped(max_turns=2, max_output=512)
+    assert (cut.outputs, cut.results, cut.tool_s) == ([300, 512], [10], [1.0])
+    assert plan.capped().outputs == plan.outputs and plan.capped(max_turns=9).results == plan.results
+    assert plan.capped(max_turns=1).results == [] and plan.capped(max_turns=1).outputs == [300]
+    with pytest.raises(ValueError, match="--max-turns must be >= 1"):
+        build_config(max_turns=0)
+
+    class Sink(list):
+        write = list.append
+
+    events = Sink()
+    cfg = SimConfig(workload="general", model="deepseek-v3.2", steps=1, batch_size=16, total_gpus=64,
+                    max_turns=2, max_output=64)
+    Simulator(cfg, make_policy("colocation"), sink=events).run()
+    turns: dict[str, int] = {}
+    for e in events:
+        if isinstance(e, E.RequestQueued):
+            turns[e.traj] = max(turns.get(e.traj, 0), e.turn + 1)
+    assert len(turns) == 16 and max(turns.values()) == 2
+    outs = [e.output_tokens for e in events if isinstance(e, E.DecodeFinished)]
+    assert outs and max(outs) == 64
+
+
+def test_without_the_group_prefix_no_member_finds_its_groups_prompt_cached():
+    # The live driver's prompt texts are each trajectory's own: `--no-group-prefix` runs the
+    # same plans with no shared first prompt, so the members compute what the group's
+    # prefix cache saved them (the same prompt tokens sent either way).
+    def run(shared: bool) -> dict:
+        cfg = SimConfig(workload="general", model="deepseek-v3.2", steps=1, batch_size=32, total_gpus=64,
+                        max_turns=2, max_output=64, group_prefix=shared)
+        return Simulator(cfg, make_policy("colocation")).run().summary
+
+    shared, own = run(True), run(False)
+    assert shared["prefill_tokens"] == own["prefill_tokens"]
+    assert shared["cached_tokens"] > 10 * own["cached_tokens"]
+    saved = shared["cached_tokens"] - own["cached_tokens"]
+    assert own["prefill_computed_tokens"] - shared["prefill_computed_tokens"] == saved

@@ -27,7 +27,17 @@ DpRoutingOpt = Annotated[str, typer.Option(
 )]
 
 
-def _config(workload, model, staleness, steps, seed, batch_size, gpus, dp_routing="load"):
+MaxTurnsOpt = Annotated[int | None, typer.Option(
+    "--max-turns", help="Cap on each trajectory's turns (default: the workload's own; the live demo: 6).")]
+MaxOutputOpt = Annotated[int | None, typer.Option(
+    "--max-output", help="Cap on each turn's output tokens (default: the workload's own; the live demo: 512).")]
+NoGroupPrefixOpt = Annotated[bool, typer.Option(
+    "--no-group-prefix", help="A GRPO group's members do not share their first prompt's prefix cache (as the "
+    "live demo's prompts do not).")]
+
+
+def _config(workload, model, staleness, steps, seed, batch_size, gpus, dp_routing="load",
+            max_turns=None, max_output=None, no_group_prefix=False):
     from prorsa_runtime.cli import fail
 
     from .simconfig import build_config
@@ -36,6 +46,7 @@ def _config(workload, model, staleness, steps, seed, batch_size, gpus, dp_routin
         return build_config(
             workload=workload, model=model, staleness=staleness, steps=steps, seed=seed,
             batch_size=batch_size, total_gpus=gpus, dp_routing=dp_routing,
+            max_turns=max_turns, max_output=max_output, group_prefix=not no_group_prefix,
         )
     except (ValueError, TypeError) as exc:
         fail(str(exc))
@@ -74,6 +85,9 @@ def register(app: typer.Typer) -> None:
         batch_size: BatchOpt = 512,
         gpus: GpusOpt = 128,
         dp_routing: DpRoutingOpt = "load",
+        max_turns: MaxTurnsOpt = None,
+        max_output: MaxOutputOpt = None,
+        no_group_prefix: NoGroupPrefixOpt = False,
         start: StartOpt = "own",
         jobs: JobsOpt = None,
         no_plot: Annotated[bool, typer.Option("--no-plot", help="Skip timeline.png and ideal_split.png.")] = False,
@@ -85,7 +99,8 @@ def register(app: typer.Typer) -> None:
         from .catalog import make_policy
         from .runner import default_jobs, parse_start, run_to_dir
 
-        cfg = _config(workload, model, staleness, steps, seed, batch_size, gpus, dp_routing)
+        cfg = _config(workload, model, staleness, steps, seed, batch_size, gpus, dp_routing,
+                      max_turns, max_output, no_group_prefix)
         _check(cfg)
         try:
             if policy != "static":
@@ -122,6 +137,9 @@ def register(app: typer.Typer) -> None:
         batch_size: BatchOpt = 512,
         gpus: GpusOpt = 128,
         dp_routing: DpRoutingOpt = "load",
+        max_turns: MaxTurnsOpt = None,
+        max_output: MaxOutputOpt = None,
+        no_group_prefix: NoGroupPrefixOpt = False,
         start: StartOpt = "best",
         grid: Annotated[int, typer.Option("--grid", help="Points of the static sweep.")] = 7,
         jobs: JobsOpt = None,
@@ -136,7 +154,8 @@ def register(app: typer.Typer) -> None:
         from .compare import compare_seeds
         from .runner import default_jobs, parse_start
 
-        cfg = _config(workload, model, staleness, steps, 0, batch_size, gpus, dp_routing)
+        cfg = _config(workload, model, staleness, steps, 0, batch_size, gpus, dp_routing,
+                      max_turns, max_output, no_group_prefix)
         _check(cfg)
         specs = expand_policies(policies)
         if not specs:

@@ -42,6 +42,15 @@ class SimConfig:
     """How the attention-DP rank of a request is chosen (``cluster.DP_ROUTING``): ``load``
     (default: SGLang's data-parallel controller balances ranks by load, so a prefix is reused
     only when the chosen rank holds it) or ``prefix`` (a DP-aware, cache-aware router)."""
+    max_turns: int | None = None
+    """A cap on each trajectory's turns (None: the workload's own); with ``max_output`` and
+    ``group_prefix=False`` the live demo's scenario (its rollout driver caps turns and
+    outputs to keep a run short)."""
+    max_output: int | None = None
+    """A cap on each turn's output tokens (None: the workload's own)."""
+    group_prefix: bool = True
+    """The members of a GRPO group share their first prompt and its prefix cache (False:
+    each trajectory's prompt is its own, as the live driver's prompt texts are)."""
     run: str = "sim"
     max_sim_s: float = 200_000.0
     """Safety stop (simulated seconds)."""
@@ -57,4 +66,7 @@ def build_config(**kw) -> SimConfig:
     get_profile(kw.get("model", "deepseek-v3.2"))
     if kw.get("dp_routing", "load") not in DP_ROUTING:
         raise ValueError(f"unknown dp routing {kw['dp_routing']!r}; choose one of: {', '.join(DP_ROUTING)}")
+    for cap in ("max_turns", "max_output"):
+        if kw.get(cap) is not None and kw[cap] < 1:
+            raise ValueError(f"--{cap.replace('_', '-')} must be >= 1, got {kw[cap]}")
     return SimConfig(**kw)

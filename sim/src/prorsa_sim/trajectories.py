@@ -63,9 +63,9 @@ class Trajectories(ClusterSim):
         i = self.next_idx
         self.next_idx += 1
         g = self.spec.group_size
-        plan = plan_trajectory(self.spec, self.cfg.seed, i)
+        plan = plan_trajectory(self.spec, self.cfg.seed, i).capped(self.cfg.max_turns, self.cfg.max_output)
         tr = Traj(i, f"t{i:06d}", f"g{i // g:05d}", plan, self.version, self.now, context=plan.prompt_tokens)
-        if g > 1:
+        if g > 1 and self.cfg.group_prefix:
             # Group members answer the same prompt: one shared prefix (versioned: caches
             # flush at every policy update).
             tr.shared_key, tr.shared_tokens = f"{tr.group}@{self.version}", plan.prompt_tokens

@@ -138,6 +138,15 @@ class TrajectoryPlan:
     admitted: bool
     reward: float
 
+    def capped(self, max_turns: int | None = None, max_output: int | None = None) -> "TrajectoryPlan":
+        """The plan cut to at most ``max_turns`` turns of at most ``max_output`` output
+        tokens each (None: no cap), as the live rollout driver runs it; the tool calls
+        and results of the turns cut go with them."""
+        turns = len(self.outputs) if max_turns is None else max(1, min(len(self.outputs), max_turns))
+        outs = self.outputs[:turns] if max_output is None else [min(o, max_output) for o in self.outputs[:turns]]
+        return TrajectoryPlan(self.prompt_tokens, outs, self.results[: turns - 1], self.tool_s[: turns - 1],
+                              self.cold_start_s, self.prewarm_s, self.reward_s, self.admitted, self.reward)
+
 
 def _lognormal(rng: np.random.Generator, median: float, sigma: float, size=None):
     if sigma <= 0:

@@ -195,7 +195,8 @@ class Driver:
     # -- one trajectory -----------------------------------------------------------------------
     async def trajectory(self, em: _Counted, client: aiohttp.ClientSession, traj: str, group: str,
                          plan: TrajectoryPlan) -> None:
-        turns = min(len(plan.outputs), self.cfg.max_turns)
+        plan = plan.capped(self.cfg.max_turns, self.cfg.max_output)
+        turns = len(plan.outputs)
         context = min(plan.prompt_tokens, self.spec.max_context)
         await em.dispatched(traj, context, group=group, policy_version=self.step)
         if self.spec.sandbox:
@@ -205,7 +206,7 @@ class Driver:
             await self.sleep_sim(plan.prewarm_s if warm else plan.cold_start_s)
             await em.sandbox_ready(traj)
         for turn in range(turns):
-            out = min(plan.outputs[turn], self.cfg.max_output)
+            out = plan.outputs[turn]
             last = turn == turns - 1
             context = await self.request(em, client, traj, turn, context, out, last)
             if last:
