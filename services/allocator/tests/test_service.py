@@ -72,7 +72,8 @@ async def cluster(h: Harness) -> None:
         await h.publish(registered(f"p{i}", "prefill"), registered(f"d{i}", "decode"))
 
 
-async def test_forecast_to_plan_and_commands_then_switched(nats_url: str, ns: Namespace) -> None:
+async def test_forecast_to_plan_and_commands_then_switched(nats_url: str, ns: Namespace, caplog) -> None:
+    caplog.set_level("INFO", logger="prorsa.allocator.service")
     async with Harness(nats_url, ns) as h:
         svc = await h.start_service()
         await cluster(h)
@@ -94,6 +95,10 @@ async def test_forecast_to_plan_and_commands_then_switched(nats_url: str, ns: Na
         await h.publish(forecast(t=70.0, prefill_engines=6.0, decode_engines=1.0))
         await async_wait_until(lambda: len(h.of(AllocationPlan)) == 2, 10, what="second plan")
         assert h.of(AllocationPlan)[1].switches is None and len(h.of(EngineCommand)) == 2
+        # Each plan's log line says why it switches or holds (the operator's first question).
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("plan t=")]
+        assert len(lines) == 2 and all(line.endswith(")") for line in lines), lines
+        assert "prefill count 6 within target band" in lines[1], lines
 
 
 ONE_COMMAND = dict(max_switch_fraction=0.125, initial_switch_fraction=0.125, ack_grace_s=5.0, max_attempts=2,

@@ -207,8 +207,11 @@ class AllocatorService:
             if isinstance(ev, AllocationPlan):
                 st.plans.append(ev)
                 del st.plans[:-100]
-                log.info("plan t=%s: %d prefill : %d decode, delta=%.3f, feasible=%s, %d switches",
-                         ev.t, ev.n_prefill, ev.n_decode, ev.delta, ev.feasible, len(ev.switches or []))
+                d = st.allocator.last_decision
+                why = (d.selection.reason if d.selection is not None else d.skipped) if d is not None and d.t == ev.t else ""
+                log.info("plan t=%s: %d prefill : %d decode, delta=%.3f, feasible=%s, %d switches%s",
+                         ev.t, ev.n_prefill, ev.n_decode, ev.delta, ev.feasible, len(ev.switches or []),
+                         f" ({why})" if why else "")
             elif isinstance(ev, EngineCommand):
                 log.info("command %s: %s -> %s by %.1f", ev.cmd, ev.engine, ev.to_role, ev.deadline)
 
