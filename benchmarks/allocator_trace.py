@@ -3,6 +3,7 @@ explanations were read from).
 
     .venv/bin/python benchmarks/allocator_trace.py WORKLOAD STALENESS [--policy prorsa]
         [--model deepseek-v3.2] [--steps 2] [--start P:D] [--from 0] [--to inf] [--quiet-band]
+        [--gpus 128] [--batch-size 512] [--max-turns N --max-output N --no-group-prefix]
         [--set FIELD=VALUE ...]
 
 One line per window: the prefill engines now, the demands in instances (aᴾ, aᴰ), the
@@ -32,6 +33,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch-size", type=int, default=512)
+    ap.add_argument("--gpus", type=int, default=128)
+    ap.add_argument("--max-turns", type=int, default=None, help="cap on turns (the live demo: 6)")
+    ap.add_argument("--max-output", type=int, default=None, help="cap on output tokens a turn (the live demo: 512)")
+    ap.add_argument("--no-group-prefix", action="store_true", help="no shared first prompt in a GRPO group")
     ap.add_argument("--from", dest="t_from", type=float, default=0.0)
     ap.add_argument("--to", dest="t_to", type=float, default=math.inf)
     ap.add_argument("--start", default=None, help="P:D split to start from (default: the policy's own)")
@@ -52,8 +57,13 @@ def main() -> None:
     if not args.policy.split(":")[0] in ("prorsa", "oracle"):
         ap.error("--policy must be prorsa or oracle (the policies that run the allocator)")
 
-    cfg = build_config(workload=args.workload, model=args.model, staleness=args.staleness, steps=args.steps,
-                       seed=args.seed, batch_size=args.batch_size)
+    try:
+        cfg = build_config(workload=args.workload, model=args.model, staleness=args.staleness, steps=args.steps,
+                           seed=args.seed, batch_size=args.batch_size, total_gpus=args.gpus,
+                           max_turns=args.max_turns, max_output=args.max_output,
+                           group_prefix=not args.no_group_prefix)
+    except ValueError as e:
+        ap.error(str(e))
     policy = make_policy(args.policy)
     driver = policy.driver
     driver.overrides = overrides

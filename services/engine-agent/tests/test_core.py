@@ -132,6 +132,12 @@ def test_loads_sum_ranks_and_the_prefill_counter():
                 disaggregation={"prefill_inflight_queue_reqs": 3})
     load = parse_loads({"loads": [rank, {**rank, "total_prefill_uncached_tokens": 3000, "cache_hit_rate": 0.3}]})
     assert (load.running, load.waiting, load.pd_queued, load.capacity_tokens) == (4, 2, 6, 2000)
+    # engine.stats' queued_reqs: what waits for this engine, not what waits on its PD peer.
+    assert load.queued == 2 and not load.idle
+    dec = dict(num_running_reqs=1, num_waiting_reqs=1,
+               disaggregation={"decode_prealloc_queue_reqs": 2, "decode_transfer_queue_reqs": 5})
+    pd = parse_loads({"loads": [dec, dec]})
+    assert (pd.queued, pd.pd_queued, pd.prealloc) == (6, 14, 4)
     assert load.gen_throughput == 100.0 and load.cache_hit_rate == pytest.approx(0.4)
     assert load.prefill_computed_total == 10_000
     # A rank without the counter (an SGLang older than it) makes the sum unknown, not short.

@@ -18,6 +18,7 @@ class Load:
     running: int
     waiting: int
     pd_queued: int
+    """Every PD queue (bootstrap, in-flight, prealloc, transfer): SGLang's idle check."""
     used_tokens: int
     capacity_tokens: int
     gen_throughput: float
@@ -25,6 +26,17 @@ class Load:
     prefill_computed_total: int | None = None
     """SGLang's cumulative ``total_prefill_uncached_tokens`` (prompt tokens computed, after
     prefix-cache hits) summed over ranks; None when a rank does not report it."""
+
+    prealloc: int = 0
+    """Requests a decode engine holds waiting for its own KV (``decode_prealloc_queue_reqs``)."""
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for this engine itself: its waiting queue and, on a decode
+        engine, the prealloc queue. Not those waiting on the PD peer (a prefill engine's
+        bootstrap and in-flight queues wait for the decode side, a decode engine's transfer
+        queue for the prefill side's KV): they say nothing of this role's load."""
+        return self.waiting + self.prealloc
 
     @property
     def idle(self) -> bool:
@@ -48,6 +60,7 @@ def parse_loads(body: dict) -> Load:
         running=sum(int(l.get("num_running_reqs", 0)) for l in loads),
         waiting=sum(int(l.get("num_waiting_reqs", 0)) for l in loads),
         pd_queued=pd,
+        prealloc=sum(int((l.get("disaggregation") or {}).get("decode_prealloc_queue_reqs", 0)) for l in loads),
         used_tokens=sum(int(l.get("num_used_tokens", 0)) for l in loads),
         capacity_tokens=sum(int(l.get("max_total_num_tokens", 0)) for l in loads),
         gen_throughput=sum(float(l.get("gen_throughput", 0.0)) for l in loads),

@@ -184,7 +184,7 @@ class Instances:
                                                     asyncio.get_running_loop().time(), st.role)
                 self.publish(
                     EngineStats, engine=st.inst.engine, role=st.role or "mixed",
-                    running_reqs=load.running, queued_reqs=load.waiting + load.pd_queued,
+                    running_reqs=load.running, queued_reqs=load.queued,
                     kv_used_tokens=load.used_tokens, kv_capacity_tokens=load.capacity_tokens,
                     prefill_tokens_per_s=prefill_rate if st.role != "decode" else None,
                     decode_tokens_per_s=load.gen_throughput if st.role != "prefill" else None,
