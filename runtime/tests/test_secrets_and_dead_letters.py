@@ -84,3 +84,17 @@ def test_dead_letter_record_logs_and_counts() -> None:
     assert 'prorsa_my_svc_dead_letters_total{kind="invalid"} 1.0' in text
     assert 'prorsa_my_svc_dead_letters_total{kind="subject"} 1.0' in text
     assert letters.total == 2
+
+
+def test_a_log_tail_is_its_last_lines_from_its_last_bytes(tmp_path):
+    import pytest
+
+    from prorsa_runtime.logs import tail_lines
+
+    log = tmp_path / "e.log"
+    log.write_bytes(b"one\ntwo\nthree \xff\n\n")
+    assert tail_lines(log, 2) == "two\nthree \ufffd"
+    assert tail_lines(log, 9) == "one\ntwo\nthree \ufffd"
+    assert tail_lines(log, 1, max_bytes=4) == "\ufffd"
+    with pytest.raises(OSError):
+        tail_lines(tmp_path / "missing.log", 3)

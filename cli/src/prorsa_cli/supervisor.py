@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prorsa_runtime.logs import tail_lines
+
 
 @dataclass
 class ProcSpec:
@@ -108,10 +110,9 @@ class Supervisor:
 
     def tail(self, name: str, lines: int = 15) -> str:
         try:
-            text = self.children[name].log.read_text(errors="replace")
+            return tail_lines(self.children[name].log, lines)
         except OSError:
             return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
 
     # -- watch --------------------------------------------------------------------------
     def poll(self) -> list[str]:

@@ -12,6 +12,7 @@ import json
 import logging
 import sys
 import time
+from pathlib import Path
 
 from .redact import mask_secrets
 
@@ -52,3 +53,13 @@ def setup_logging(level: str = "INFO", json_lines: bool = False, service: str = 
     root.handlers[:] = [handler]
     root.setLevel(level)
     logging.getLogger("nats").setLevel(max(logging.WARNING, root.level))
+
+
+def tail_lines(path: str | Path, lines: int, max_bytes: int = 65536) -> str:
+    """The last ``lines`` lines of a text log (read from its last ``max_bytes``; bytes that
+    are not UTF-8 replaced). Raises OSError when the file cannot be read."""
+    with open(path, "rb") as f:
+        f.seek(0, 2)
+        f.seek(max(0, f.tell() - max_bytes))
+        text = f.read().decode("utf-8", "replace")
+    return "\n".join(text.strip().splitlines()[-lines:])

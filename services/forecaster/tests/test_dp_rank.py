@@ -68,17 +68,22 @@ def test_the_fold_carries_each_requests_rank_and_the_switch_turns_it_off():
         assert st.snapshot(3.0).ready_rank.tolist() == want
 
 
+def _events():
+    """A factory of events of run ``r`` with fresh ids: ``ev(type, ts, **fields)``."""
+    ids = iter(range(1, 10**9))
+
+    def ev(kind, ts, **f):
+        return event_from_dict({"v": 1, "id": f"e{next(ids)}", "type": kind, "ts": ts, "run": "r", **f})
+
+    return ev
+
+
 def _back_to_back(use_rank: bool, n: int = 300) -> float:
     """Requests of 1000 new tokens on rank 0 of engine p0, each holding the rank for 2 s;
     chunked prefill starts each one 0.5 s before the previous one finishes (its head
     rides in the last chunk of the one ahead). Returns the learnt g(1000 tokens)."""
     st = LiveState(ForecastConfig(use_dp_rank=use_rank))
-    k = 0
-
-    def ev(kind, ts, **f):
-        nonlocal k
-        k += 1
-        return event_from_dict({"v": 1, "id": f"e{k}", "type": kind, "ts": ts, "run": "r", **f})
+    ev = _events()
 
     st.apply(ev("engine.registered", 0.0, engine="p0", server="s0", role="prefill", gpus=8, kv_capacity_tokens=10**6,
                 parallel={"tp": 1, "dp": 2, "ep": 2, "attn_dp": 2}))
@@ -110,12 +115,7 @@ def _unnamed_pool(n: int = 200, switch_at: int | None = None) -> tuple[float, Li
     becomes a prefill engine after that many departures (6 queues; 2 s / 6 apart from
     then on). Returns the pool's learnt g(1000 tokens)."""
     st = LiveState(ForecastConfig())
-    k = 0
-
-    def ev(kind, ts, **f):
-        nonlocal k
-        k += 1
-        return event_from_dict({"v": 1, "id": f"e{k}", "type": kind, "ts": ts, "run": "r", **f})
+    ev = _events()
 
     par = {"tp": 1, "dp": 2, "ep": 2, "attn_dp": 2}
     for name, role in (("p0", "prefill"), ("p1", "prefill"), ("d0", "decode")):

@@ -12,6 +12,8 @@ import signal
 import subprocess
 from pathlib import Path
 
+from prorsa_runtime.logs import tail_lines
+
 
 def alive(pid: int | None) -> bool:
     """Whether ``pid`` is a live (not zombie) process."""
@@ -45,13 +47,9 @@ class Processes:
     def tail(self, engine: str, lines: int = 5) -> str:
         """The last lines of the engine's log ('' when there is none)."""
         try:
-            with open(self.log_path(engine), "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - 4096))
-                text = f.read().decode("utf-8", "replace")
+            return tail_lines(self.log_path(engine), lines)
         except OSError:
             return ""
-        return "\n".join(text.strip().splitlines()[-lines:])
 
     def launch(self, engine: str, cmd: list[str], env: dict[str, str]) -> int:
         self.log_dir.mkdir(parents=True, exist_ok=True)
