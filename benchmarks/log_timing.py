@@ -33,12 +33,15 @@ LOAD_BUCKETS = ((0, 3), (3, 10), (10, 30), (30, 100), (100, 10**9))
 
 def _events(path: str):
     opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        for n, line in enumerate(f, 1):
-            try:
-                yield json.loads(line)
-            except ValueError:
-                sys.exit(f"{path}:{n}: not a JSON line")
+    try:
+        with opener(path, "rt") as f:
+            for n, line in enumerate(f, 1):
+                try:
+                    yield json.loads(line)
+                except ValueError:
+                    sys.exit(f"{path}:{n}: not a JSON line")
+    except OSError as exc:
+        sys.exit(f"{path}: cannot read: {exc}")
 
 
 def timing(path: str, scale: float) -> None:
