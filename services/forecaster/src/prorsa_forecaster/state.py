@@ -338,8 +338,13 @@ class LiveState(SamplerFold, EngineFold):
 
     def prefill_instances(self) -> list[str | None]:
         """Prefill instances to simulate: the known prefill/mixed engines, else the
-        engines seen serving prefills, else the pool (None)."""
+        engines seen serving prefills, else the pool (None). An engine switching away
+        from prefill takes no new request from its ``engine.switching`` on (it drains):
+        it is left out, unless every prefill engine is."""
         names = [n for n, r in self._role.items() if r in ("prefill", "mixed")]
+        records = self.engine_registry.engines
+        staying = [n for n in names if records[n].switching_to in (None, "prefill", "mixed")]
+        names = staying or names
         if not names:
             names = [n for n, m in self.history.prefill.items() if m.n > 0]
         return sorted(names) if names else [None]
