@@ -9,7 +9,6 @@ loop hands each closed window to ``correction.learn`` (terms/correction.py).
 from __future__ import annotations
 
 import math
-from collections import deque
 
 import numpy as np
 
@@ -120,50 +119,6 @@ class TurnBinnedRatio(SizeBinnedRatio):
         return turn_bin(size)
 
 
-class PrefillLatency:
-    """What follows a prefill's end on its server before its ``prefill.finished`` is
-    seen (the KV transfer to the decode engine, the router's hops back to the client):
-    a delay that holds no server.
-
-    A log without ``prefill.started`` times a request from the departure that freed its
-    queue (:meth:`~prorsa_forecaster.state_engines.EngineFold._learn_prefill`); there the
-    delay cancels out, since that departure came as late after its own server's end. A
-    request that found a queue free is timed from its arrival instead: server time plus
-    the delay. Those are kept (the most recent ``keep``), and the delay is the median of
-    their excess over the server time the fit gives now (:meth:`value`), so that what the
-    fit learns later corrects the early ones: 0 until the fit has ``min_fit`` timed
-    requests of its own."""
-
-    __slots__ = ("_obs", "min_fit")
-
-    def __init__(self, keep: int = 256, min_fit: int = 8) -> None:
-        self._obs: deque[tuple[str | None, float, float, float]] = deque(maxlen=keep)
-        self.min_fit = min_fit
-
-    def observe(self, engine: str | None, tokens: float, cached: float, seconds: float) -> None:
-        """A request that found a queue free took ``seconds`` from arrival to its end."""
-        if all(math.isfinite(v) and v >= 0 for v in (tokens, cached, seconds)):
-            self._obs.append((engine, float(tokens), float(cached), float(seconds)))
-
-    @property
-    def n(self) -> int:
-        return len(self._obs)
-
-    def value(self, model_of) -> float:
-        """The delay in seconds, given ``model_of(engine)`` (each engine's
-        :class:`PrefillTimeModel`)."""
-        excess = []
-        for name in {o[0] for o in self._obs}:
-            model = model_of(name)
-            if model.n < self.min_fit:
-                continue
-            rows = np.array([o[1:] for o in self._obs if o[0] == name])
-            excess.append(rows[:, 2] - model.g(rows[:, 0], rows[:, 1]))
-        if not excess:
-            return 0.0
-        return max(float(np.median(np.concatenate(excess))), 0.0)
-
-
 class History:
     """Learnt statistics the predictor conditions on (see the module docstring)."""
 
@@ -231,9 +186,6 @@ class History:
         self.cache_same_size = SizeBinnedRatio(self.cache_same, cfg.cache_same_pseudo)
         # Seconds from policy.updated until prefill resumes (the weight-sync pause).
         self.update_pause = RunningMean(0.0, alpha=0.2)
-        # Seconds from a prefill's end on its server to its prefill.finished (the KV
-        # transfer, the router's hops): it delays completions without holding a server.
-        self.prefill_latency = PrefillLatency()
         self.prefill: dict[str, PrefillTimeModel] = {}
         # reward.finished events seen: launches after completed rewards are forecast only
         # in a log that has shown some (a serving trace's requests end without one).

@@ -95,8 +95,6 @@ class Snapshot:
       ``cache_hit`` is the probability of that hit and ``cache_cold`` the share of any
       prompt found cached regardless (prefill computes only the rest).
     * ``prefill_pause``: seconds after t before prefill resumes (a weight-sync pause).
-    * ``prefill_latency``: seconds from a prefill's end on its server to its
-      ``prefill.finished`` (a delay that holds no server).
 
     Optional columns (``*_cached``, ``instance_per_pair``, ``instance_servers``) may be
     left empty: they then mean zero cached tokens, no attention term, one queue.
@@ -147,13 +145,6 @@ class Snapshot:
     instance_per_pair: np.ndarray = field(default_factory=_f)
     instance_servers: np.ndarray = field(default_factory=_i)
     prefill_pause: float = 0.0
-    prefill_latency: float = 0.0
-    """Seconds from a prefill's end on its server to its observed completion
-    (``prefill.finished``): the KV transfer and the router's hops, which hold no server."""
-    server_free: np.ndarray = field(default_factory=_f)
-    """When each prefill server (the instances' queues in order) last freed, absolute
-    seconds, NaN where not known; empty when the log shows prefill starts (the servers are
-    then held by the in-flight requests) or nothing tells it."""
     cache_hit: float = 1.0
     cache_hit_unrouted: float = float("nan")
     """Hit probability of a request not routed yet (a future arrival): ``cache_hit`` times

@@ -76,7 +76,6 @@ def build_snapshot(state, t: float) -> Snapshot:
         return np.where(ok, np.minimum(cache_prompt[mask], xs), 0.0)
 
     tool_x = state.context[:n][tool] + np.clip(growth, 0.0, None)
-    latency = h.prefill_latency.value(h.prefill_model)
     pause = max(state.last_update_ts + h.update_pause.value - t, 0.0) if h.update_pause.n else 0.0
     ranks = h.config.use_dp_rank
 
@@ -117,8 +116,6 @@ def build_snapshot(state, t: float) -> Snapshot:
         ready_unrouted=unrouted[ready],
         inflight_unrouted=unrouted[inflight],
         prefill_pause=pause if np.isfinite(pause) else 0.0,
-        prefill_latency=latency,
-        server_free=state.server_free(names, latency),
         cache_hit=h.cache_warm.value,
         cache_hit_unrouted=h.cache_warm.value * h.cache_same.value,
         cache_same_table=h.cache_same_size.table(),

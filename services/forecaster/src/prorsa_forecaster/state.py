@@ -102,7 +102,6 @@ class LiveState(SamplerFold, EngineFold):
         self._cause_now = np.nan
         self.last_update_ts = -np.inf
         self._pause_pending = False
-        self.starts_seen = False  # a prefill.started was seen: requests' starts are known
         # Sync: when the last update came with the batch drained (next batch not yet out).
         self.sync_wait: float | None = None
         self._sync_after_update = False  # sync_wait is a policy.updated (not run.started)
@@ -262,7 +261,6 @@ class LiveState(SamplerFold, EngineFold):
             self.ignored += 1
             return
         self._prefill_progress(ev.ts)
-        self.starts_seen = True
         self.state[i] = PREFILL
         self.started_at[i] = ev.ts
         if ev.engine is not None:

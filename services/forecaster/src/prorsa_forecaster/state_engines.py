@@ -81,32 +81,6 @@ class EngineFold:
             return self._servers.get(engine, 1)
         return self._pool_servers
 
-    def _queues_known(self, engine: str | None) -> bool:
-        """Whether an engine's queues (``None``: the pool's) are known from its
-        registration: only then does a request that found no queue ahead of it say so."""
-        if engine is not None:
-            return engine in self._servers
-        return any(e in self._servers for e, r in self._role.items() if r in ("prefill", "mixed"))
-
-    def server_free(self, names: list[str | None], latency: float = 0.0) -> np.ndarray:
-        """When each prefill server (``names``' queues in order) last freed, as the pool's
-        departures tell it, for a log that times requests by departures alone (no
-        prefill.started; queues known from the engines' registrations): the most recent
-        departures, less the ``latency`` that follows a server's end, dealt round-robin over
-        the instances. Empty when the log shows starts (the queue model then knows who
-        holds a server) or the queues are unknown."""
-        if self.starts_seen or None in names or not self._queues_known(None):
-            return np.zeros(0)
-        c = [self.servers(nm) for nm in names]
-        V = sum(c)
-        offset = np.concatenate(([0], np.cumsum(c)[:-1])).astype(int)
-        interleaved = [offset[k] + j for j in range(max(c)) for k in range(len(c)) if j < c[k]]
-        deps = self._departures.get(None, ())
-        recent = sorted(list(deps)[-V:], reverse=True)
-        out = np.full(V, np.nan)
-        out[interleaved[: len(recent)]] = np.asarray(recent, dtype=float) - latency
-        return out
-
     @cached_property
     def _pool_servers(self) -> int:
         """The pool's queues (``servers(None)``), recomputed after an engine event."""
@@ -150,8 +124,7 @@ class EngineFold:
         deps = self._departures.get(name)
         if deps is None or deps.maxlen < servers:
             deps = self._departures[name] = deque(deps or (), maxlen=max(servers, DEPARTURES_KEPT))
-        by_departure = bool(np.isnan(self.started_at[i]))
-        if by_departure:
+        if np.isnan(self.started_at[i]):
             last = deps[-servers] if len(deps) >= servers else -np.inf
             begin = max(self.queued_at[i], last)
         else:
@@ -168,17 +141,7 @@ class EngineFold:
             begin = max(begin, self._rank_departures.get(key, -np.inf))
             self._rank_departures[key] = ts
         if begin >= self.last_update_ts:
-            model = h.prefill_model(name)
-            if by_departure and begin == self.queued_at[i] and len(deps) >= servers and self._queues_known(name):
-                # It found a queue free: from request.queued to prefill.finished is its
-                # server time plus what follows the server (the KV transfer to the decode
-                # engine, the router's hops back to the client). A request that waited
-                # for a departure is timed from that departure, which came as late after
-                # its own server freed: there the latency cancels, and what is left is
-                # the server time the queue model needs.
-                h.prefill_latency.observe(name, x, cached, ts - begin)
-            else:
-                model.observe(x, ts - begin, cached)
+            h.prefill_model(name).observe(x, ts - begin, cached)
         deps.append(ts)
         self.cache_prompt[i] = x
         self.cache_ts[i] = ts

@@ -137,7 +137,6 @@ def decode_admissions_split(
         """Per scenario of when the servers get to the arrivals (``b_arr``: one row of
         completion times each), (server, sub-step) row and used class: the admitted share
         before ``end``."""
-        end = end - kq.latency  # completed on the server by then, admitted by ``end``
         with np.errstate(divide="ignore", invalid="ignore"):
             sp, gc = spread[rows], g_cls[rows]
             begin = (b_arr[:, rows] - svc_f[rows])[..., None] + gc

@@ -102,8 +102,6 @@ class KnownQueue:
     end: np.ndarray
     """Per server: when it frees from its in-flight holder (and the weight-sync pause),
     that time's variance, the pause, and when it is through its known queue."""
-    latency: float = 0.0
-    """Seconds from a prefill's end on its server to its completion (holds no server)."""
     cache: dict = field(default_factory=dict, compare=False, repr=False)
     """:meth:`edges` per (horizon, steps)."""
 
@@ -115,7 +113,7 @@ class KnownQueue:
         """Each in-flight and each queued request's probability of finishing before
         ``end`` (seconds after t), over its cache outcomes and its start's spread. With an
         array of ends: ``(n, len(end))`` each."""
-        e = np.asarray(end, dtype=float) - self.latency
+        e = np.asarray(end, dtype=float)
         col = (slice(None), None) if e.ndim else (slice(None),)
         w_in = self.p_in[col] * (self.started[col] + self.gh_in[col] < e)
         w_in = w_in + (1.0 - self.p_in[col]) * (self.started[col] + self.gm_in[col] < e)
@@ -210,24 +208,15 @@ def known_queue(snap: Snapshot) -> KnownQueue:
             later = b_in[pick] > free[s_pick]
             free[s_pick[later]] = b_in[pick][later]
             free_var[s_pick[later]] = var_in[pick][later]
-    x_rd = clean(snap.ready_prompt)
-    i_rd = inst_of(snap.ready_instance)
-    u_rd = np.clip(np.nan_to_num(np.asarray(snap.ready_since, dtype=float) - snap.t, nan=0.0), -BIG, 0.0)
-    last_free = np.asarray(snap.server_free, dtype=float)
-    if len(last_free) == V and not len(b_in):
-        # Starts are not observed: a queued request may have been on its server for a
-        # while. The servers freed when the departures say; one with no departure was
-        # free before any queued request came.
-        floor = min(float(u_rd.min()) if len(u_rd) else 0.0, 0.0) - 1.0
-        rel = last_free - snap.t
-        free = np.where(np.isfinite(rel), np.clip(rel, floor, 0.0), floor)
     pause = float(np.clip(np.nan_to_num(snap.prefill_pause, nan=0.0, posinf=0.0), 0.0, BIG))
     free_var = np.where(free > pause, free_var, 0.0)  # a pause that ends later is certain
-    if pause > 0:
-        free = np.maximum(free, pause)
+    free = np.maximum(free, pause)
 
     # Queued: in arrival order per instance, dealt round-robin over its servers from the
     # earliest free one.
+    x_rd = clean(snap.ready_prompt)
+    i_rd = inst_of(snap.ready_instance)
+    u_rd = np.clip(np.nan_to_num(np.asarray(snap.ready_since, dtype=float) - snap.t, nan=0.0), -BIG, 0.0)
     gh_rd, gm_rd = outcomes(x_rd, snap.column("ready_cached", "ready_prompt"), i_rd)
     srv_rd = np.zeros(len(x_rd), dtype=np.int64)
     if len(x_rd):
@@ -274,5 +263,4 @@ def known_queue(snap: Snapshot) -> KnownQueue:
         x_in=x_in, i_in=i_in, started=started, gh_in=gh_in, gm_in=gm_in, p_in=p_in,
         x_rd=x_rd, i_rd=i_rd, u_rd=u_rd, gh_rd=gh_rd, gm_rd=gm_rd, hit_rd=hit_rd, svc_rd=svc_rd, var_rd=var_rd,
         srv_rd=srv_rd, b_rd=b_rd, s_rd=s_rd, sd=sd, free=free, free_var=free_var, pause=pause, end=end,
-        latency=float(np.clip(np.nan_to_num(snap.prefill_latency, nan=0.0, posinf=0.0), 0.0, BIG)),
     )
