@@ -79,7 +79,7 @@ def register(app: typer.Typer) -> None:
     def demo_cmd(
         workdir: WorkdirOpt = Path(".prorsa/demo"),
         policy: Annotated[str, typer.Option(help="prorsa (switching), static or colocation (for comparison).")] = "prorsa",
-        speed: Annotated[float, typer.Option(help="Simulated seconds per wall second.")] = 10.0,
+        speed: Annotated[float, typer.Option(help="Simulated seconds per wall second (5: what two CPU cores keep up with; see docs/demo.md).")] = 5.0,
         engines: Annotated[int, typer.Option(help="Emulated engines.")] = 4,
         batch_size: Annotated[int, typer.Option(help="Trajectories per rollout step (256: 4 per attention-DP rank of 4 DeepSeek-V3.2 engines, the paper's load per rank).")] = 256,
         steps: Annotated[int, typer.Option(help="Rollout steps.")] = 2,
