@@ -49,6 +49,8 @@ class _TrackerCollector:
         st = tr.state
         yield CounterMetricFamily("prorsa_tracker_events_written", "messages committed to SQL by this process",
                                   value=tr.written)
+        yield CounterMetricFamily("prorsa_tracker_transactions", "batches committed to SQL by this process",
+                                  value=getattr(tr, "transactions", 0))
         yield GaugeMetricFamily("prorsa_tracker_stream_position", "last committed stream sequence", value=tr.position)
         yield GaugeMetricFamily("prorsa_tracker_buffered_messages", "received but not yet committed",
                                 value=getattr(tr, "inflight", len(getattr(tr, "_buf", ()))))

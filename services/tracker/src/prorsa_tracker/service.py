@@ -80,6 +80,7 @@ class Tracker:
         self.state = new_state()
         self.position = 0
         self.written = 0  # messages committed by this process
+        self.transactions = 0  # batches committed by this process
         self.hub = None  # the console's live feed (console_live.Hub) while the HTTP API runs
         self.restored = 0  # events replayed at start (after the snapshot, if any)
         self.ready = asyncio.Event()
@@ -241,6 +242,8 @@ class Tracker:
                     if not done and s.clock == "wall":
                         await self._publish_watermark(heartbeat=True)
                     continue
+                if self._next is None and self.settings.linger_s > 0:
+                    await self._linger(stopper)
                 await self._one_batch(stop)
         finally:
             stopper.cancel()
@@ -252,6 +255,22 @@ class Tracker:
                 else:
                     nxt.lookup.cancel()
             await self._flush_write()
+
+    async def _linger(self, stopper: asyncio.Future) -> None:
+        """Let a batch smaller than ``batch_max`` grow for up to ``linger_s``: a trickle of
+        messages (a live run: a few hundred a second, in bursts) is then one transaction
+        (a thread hop, a commit, the pages it writes, one transitions publish) per linger,
+        not one per few messages. A full buffer, a stop or a receiver that died ends it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.linger_s
+        while len(self._buf) < self.settings.batch_max and not self._receiver_died and not stopper.done():
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            self._wake.clear()
+            waiter = asyncio.ensure_future(self._wake.wait())
+            await asyncio.wait([waiter, stopper], timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
 
     def _take(self) -> tuple[list[tuple[int, bytes, str | None, str]], int]:
         """Up to batch_max new messages, and how many were taken off the buffer."""
@@ -288,8 +307,9 @@ class Tracker:
         except (OperationalError, InterfaceError):  # stopping during an outage: restart resumes
             return
         # The next batch's lookup runs (in a thread, or on the database server) while this
-        # one is applied: _size_dedup_cache keeps enough ids in the window for that.
-        if self._buf:
+        # one is applied: _size_dedup_cache keeps enough ids in the window for that. A
+        # batch that is not full yet lingers first (_linger), unless the linger is off.
+        if len(self._buf) >= self.settings.batch_max or (self._buf and self.settings.linger_s <= 0):
             self._next = self._prepare(stop)
         batch = projection.fold(self.state, self.consumer, cur.decoded, known, asked=cur.asked)
         if self.settings.publish_transitions:
@@ -332,6 +352,7 @@ class Tracker:
         if snap is not None:
             self._last_snapshot = self.position
         self.written += n
+        self.transactions += 1
         self.event_rows += len(batch.events)
         if self.hub is not None:
             self.hub.publish(batch.events)

@@ -15,6 +15,11 @@ from .state import SEEN_IDS_CAPACITY
 class _TrackerFields(ServiceSettings):
     db_url: str = Field(default=DEFAULT_DB_URL, description="SQLAlchemy URL: sqlite:///file.db or postgresql://...")
     batch_max: int = Field(default=5000, ge=1, le=100_000, description="most messages written per transaction")
+    linger_s: float = Field(
+        default=0.05, ge=0, le=10,
+        description="how long a batch smaller than batch_max waits for more messages before it is written "
+        "(0: at once); one transaction for many messages instead of a few",
+    )
     clock: Literal["wall", "event"] = Field(
         default="wall",
         description="'wall': production, a heartbeat advances the watermark to wall time when the bus is quiet; "
