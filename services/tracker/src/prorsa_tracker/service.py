@@ -235,11 +235,8 @@ class Tracker:
                     await self._flush_write()
                     if self._buf:
                         continue
-                    self._wake.clear()
-                    waiter = asyncio.ensure_future(self._wake.wait())
-                    done, _ = await asyncio.wait([waiter, stopper], timeout=s.heartbeat_s, return_when=asyncio.FIRST_COMPLETED)
-                    waiter.cancel()
-                    if not done and s.clock == "wall":
+                    woken = await self._wait_for_messages(stopper, s.heartbeat_s)
+                    if not woken and s.clock == "wall":
                         await self._publish_watermark(heartbeat=True)
                     continue
                 if self._next is None and self.settings.linger_s > 0:
@@ -267,10 +264,16 @@ class Tracker:
             left = deadline - loop.time()
             if left <= 0:
                 return
-            self._wake.clear()
-            waiter = asyncio.ensure_future(self._wake.wait())
-            await asyncio.wait([waiter, stopper], timeout=left, return_when=asyncio.FIRST_COMPLETED)
-            waiter.cancel()
+            await self._wait_for_messages(stopper, left)
+
+    async def _wait_for_messages(self, stopper: asyncio.Future, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the receiver to hand over messages (or a stop);
+        False when the time ran out."""
+        self._wake.clear()
+        waiter = asyncio.ensure_future(self._wake.wait())
+        done, _ = await asyncio.wait([waiter, stopper], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        return bool(done)
 
     def _take(self) -> tuple[list[tuple[int, bytes, str | None, str]], int]:
         """Up to batch_max new messages, and how many were taken off the buffer."""
