@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import asyncio
 
-from prorsa_runtime import connect, ensure_stream
 from prorsa_runtime.testing import async_wait_until
-from prorsa_schemas import encode_event
 from prorsa_tracker.examples import iter_workload
 from prorsa_tracker.service import Tracker
 from prorsa_tracker.settings import TrackerSettings
-from prorsa_tracker.testing import snapshot
+from prorsa_tracker.testing import publish, snapshot
 
 
 def _settings(nats_url, ns, tmp_path, **kw) -> TrackerSettings:
@@ -20,22 +18,12 @@ def _settings(nats_url, ns, tmp_path, **kw) -> TrackerSettings:
                            db_url=f"sqlite:///{tmp_path}/t.db", clock="event", **kw)
 
 
-async def _publish_one_by_one(nats_url, ns, events) -> None:
-    """Each event its own acknowledged publish: the tracker sees them arrive one at a time."""
-    nc = await connect(nats_url, "trickle")
-    js = nc.jetstream()
-    await ensure_stream(js, ns)
-    for e in events:
-        await js.publish(ns.subject_for(e), encode_event(e), headers={"Nats-Msg-Id": e.id})
-    await nc.close()
-
-
 async def test_a_trickle_within_the_linger_is_one_transaction(nats_url, ns, tmp_path) -> None:
     events = list(iter_workload(12, live=3))
     tracker, stop = Tracker(_settings(nats_url, ns, tmp_path, linger_s=2.0)), asyncio.Event()
     task = asyncio.create_task(tracker.run(stop))
     await asyncio.wait_for(tracker.ready.wait(), 60)
-    await _publish_one_by_one(nats_url, ns, events)  # milliseconds apart, all within 2 s
+    await publish(nats_url, ns, events, invalid=False)  # all within 2 s
     await async_wait_until(lambda: tracker.written >= len(events), timeout=30, what="ingest")
     stop.set()
     await task
@@ -50,7 +38,7 @@ async def test_a_full_batch_does_not_wait_for_the_linger(nats_url, ns, tmp_path)
     tracker, stop = Tracker(_settings(nats_url, ns, tmp_path, linger_s=10.0, batch_max=4)), asyncio.Event()
     task = asyncio.create_task(tracker.run(stop))
     await asyncio.wait_for(tracker.ready.wait(), 60)
-    await _publish_one_by_one(nats_url, ns, events)
+    await publish(nats_url, ns, events, invalid=False)
     await async_wait_until(lambda: tracker.written >= len(events), timeout=5, what="two full batches")
     stop.set()
     await task
@@ -63,7 +51,7 @@ async def test_a_stop_during_the_linger_loses_nothing(nats_url, ns, tmp_path) ->
     tracker, stop = Tracker(s), asyncio.Event()
     task = asyncio.create_task(tracker.run(stop))
     await asyncio.wait_for(tracker.ready.wait(), 60)
-    await _publish_one_by_one(nats_url, ns, events)
+    await publish(nats_url, ns, events, invalid=False)
     await async_wait_until(lambda: len(tracker._buf) + tracker.written >= len(events), timeout=30, what="delivery")
     stop.set()  # while the batch lingers: the stop does not wait the 10 s out
     await asyncio.wait_for(task, 5)

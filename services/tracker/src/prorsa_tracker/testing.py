@@ -115,14 +115,16 @@ def private_pg() -> Iterator[PrivatePostgres]:
 # --- the bus and the database as a user sees them ---------------------------------------
 
 
-async def publish(url, ns, events) -> None:
-    """Publish ``events`` (with their ids as Nats-Msg-Id) and then one invalid message."""
+async def publish(url, ns, events, invalid: bool = True) -> None:
+    """Publish ``events`` (with their ids as Nats-Msg-Id) and then, unless ``invalid`` is
+    False, one invalid message."""
     nc = await connect(url, "test-pub")
     js = nc.jetstream()
     await ensure_stream(js, ns)
     for e in events:
         await nc.publish(ns.subject_for(e), encode_event(e), headers={"Nats-Msg-Id": e.id})
-    await nc.publish(ns.invalid(), b"not json at all")
+    if invalid:
+        await nc.publish(ns.invalid(), b"not json at all")
     await nc.flush()
     await nc.close()
 
