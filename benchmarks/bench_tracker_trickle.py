@@ -70,7 +70,7 @@ async def one_run(url: str, db: str, ns: Namespace, n: int, rate: float, linger:
     tr, stop = Tracker(s), asyncio.Event()
     task = asyncio.create_task(tr.run(stop))
     await asyncio.wait_for(tr.ready.wait(), 60)
-    receiver = tr._receiver.pid if tr._receiver is not None else None
+    receiver = tr.receiver_pid
     cpu0, rcv0, t0 = time.process_time(), cpu_of(receiver), time.perf_counter()
     pub = subprocess.Popen([sys.executable, "-c", PUBLISHER, url, ns.prefix, ns.stream, str(n), str(rate)])
     while tr.written < n:

@@ -18,7 +18,7 @@ docs/simulator.md) unless a source is named, not measured traces.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -144,8 +144,7 @@ class TrajectoryPlan:
         and results of the turns cut go with them."""
         turns = len(self.outputs) if max_turns is None else max(1, min(len(self.outputs), max_turns))
         outs = self.outputs[:turns] if max_output is None else [min(o, max_output) for o in self.outputs[:turns]]
-        return TrajectoryPlan(self.prompt_tokens, outs, self.results[: turns - 1], self.tool_s[: turns - 1],
-                              self.cold_start_s, self.prewarm_s, self.reward_s, self.admitted, self.reward)
+        return replace(self, outputs=outs, results=self.results[: turns - 1], tool_s=self.tool_s[: turns - 1])
 
 
 def _lognormal(rng: np.random.Generator, median: float, sigma: float, size=None):

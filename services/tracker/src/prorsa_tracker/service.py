@@ -323,6 +323,11 @@ class Tracker:
         await self._flush_write()
         self._writing = asyncio.ensure_future(self._write(stop, batch, cur.n, cur.taken, snap))
 
+    @property
+    def receiver_pid(self) -> int | None:
+        """The receiver child's process id (None while it is not running)."""
+        return self._receiver.pid if self._receiver is not None else None
+
     def _credit(self, n: int) -> None:
         self.credited += n
         if self._receiver is not None:
