@@ -153,6 +153,12 @@ def test_paper_report_small_cli_json_and_resume(tmp_path):
     sp = [f for f in rep["figures"] if f["section"] == "Fig. 5 (DeepSeek-V3.2)"][0]
     assert sp["sim"] == pytest.approx(entry["speedup"]["mean"], abs=1e-4)
     assert any(b["bar"] == "PD >= 2x colocation" for b in rep["must_show"])
+    # A sync setting's ceiling: colocation's step over its floor, never below what the
+    # best split reached.
+    (ceil,) = [f for f in rep["figures"] if f["figure"].startswith("the highest speedup any P:D split")]
+    assert ceil["sim"] == entry["speedup_ceiling"]["mean"] >= entry["speedup"]["mean"]
+    assert ceil["sim"] == pytest.approx(entry["colocation"]["rollout_time_s"]["mean"] / entry["floor_s"]["mean"], rel=1e-3)
+    assert set(entry["phases"]["pd"]) == {"mean", "step_tail"}
     assert (tmp_path / "report.md").read_text().startswith("# Simulator vs paper")
     runs = sorted(p.name for p in (tmp_path / "runs").glob("*.json"))
     assert len(runs) == 3  # colocation + 2 static ratios

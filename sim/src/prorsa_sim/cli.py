@@ -398,8 +398,8 @@ def _print_paper(stdout, rep: dict) -> None:
                   fmt_value(r["sim_spread"], r["unit"]), within, miss_text(r), r["status"])
     stdout.print(t)
     t = Table(title="must show")
-    for c in ("bar", "setting", "value", "ok"):
+    for c in ("bar", "setting", "value", "ok", "note"):
         t.add_column(c)
     for b in rep["must_show"]:
-        t.add_row(b["bar"], b["setting"], fmt_value(b["value"]), "yes" if b["ok"] else "NO")
+        t.add_row(b["bar"], b["setting"], fmt_value(b["value"]), "yes" if b["ok"] else "NO", b.get("note", ""))
     stdout.print(t)

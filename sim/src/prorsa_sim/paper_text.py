@@ -27,6 +27,20 @@ def miss_text(r: dict) -> str:
     return f"{r['miss_abs']:+.3g} ({100 * rel:+.0f}%)" if rel is not None else f"{r['miss_abs']:+.3g}"
 
 
+def model_share(e: dict, policy: str, part: str = "mean") -> str:
+    """The share of a trajectory's time (the mean one, or in sync the step-ending one) spent
+    in the model (prefill and decode, with their queues), which a P:D split changes."""
+    ph = e.get("phases", {}).get(policy, {}).get(part)
+    total = sum(v for k, v in ph.items() if k != "model") if ph else 0
+    return f"{100 * ph['model'] / total:.0f}%" if total else "-"
+
+
+def ceiling_text(e: dict) -> str:
+    """A sync setting's floor and the highest speedup over colocation any split could give."""
+    f, c = e.get("floor_s"), e.get("speedup_ceiling")
+    return f"{f['mean']:.0f} ({c['mean']:.2f}x)" if f and c else "-"
+
+
 def to_markdown(rep: dict) -> str:
     """The report as markdown tables (for benchmarks/paper_report.py)."""
     m = rep["meta"]
@@ -51,13 +65,15 @@ def to_markdown(rep: dict) -> str:
             f"{fmt_value(r['sim'], r['unit'])} | {fmt_value(r['sim_spread'], r['unit'])} | {within} | {miss_text(r)} | "
             f"{r['status']} |"
         )
-    lines += ["", "## Must show", "", "| bar | setting | value | ok |", "|---|---|---|---|"]
+    lines += ["", "## Must show", "", "| bar | setting | value | ok | note |", "|---|---|---|---|---|"]
     for b in rep["must_show"]:
-        lines.append(f"| {b['bar']} | {b['setting']} | {fmt_value(b['value'])} | {'yes' if b['ok'] else 'NO'} |")
+        lines.append(f"| {b['bar']} | {b['setting']} | {fmt_value(b['value'])} | {'yes' if b['ok'] else 'NO'} | "
+                     f"{b.get('note', '')} |")
     lines += ["", "## Per setting", "",
               "| model | workload | staleness | colocation s | PD s | PD | speedup (min-max) | coloc idle | "
-              "traj s coloc -> PD | ideal split moves |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "traj s coloc -> PD | model share of a trajectory, coloc -> PD | sync floor s (speedup ceiling) | "
+              "ideal split moves |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for e in rep["settings"]:
         sp = e["speedup"]
         lines.append(
@@ -65,6 +81,7 @@ def to_markdown(rep: dict) -> str:
             f"{fmt_value(e['pd']['rollout_time_s']['mean'])} | {e['pd_policy']} | {fmt_value(sp['mean'])} "
             f"({fmt_value(sp['min'])}-{fmt_value(sp['max'])}) | {fmt_value(e['colocation']['gpu_idle_ratio']['mean'], 'ratio')} | "
             f"{fmt_value(e['colocation']['mean_trajectory_s']['mean'])} -> {fmt_value(e['pd']['mean_trajectory_s']['mean'])} | "
+            f"{model_share(e, 'colocation')} -> {model_share(e, 'pd')} | {ceiling_text(e)} | "
             f"{fmt_value(e['ideal_split_moves_per_seed'])} |"
         )
     return "\n".join(lines) + "\n"

@@ -84,6 +84,13 @@ class Simulator(Trajectories):
         self.done = False
         self.pool_free = self.spec.prewarm_pool
         self.traj_times: list[float] = []
+        self.traj_phases: list[tuple] = []
+        """Per finished trajectory, beside ``traj_times``: seconds in each of
+        :data:`~prorsa_sim.trajectories.PHASES`."""
+        self.step_tails: list[tuple] = []
+        """Sync, per step: (the phases of the trajectory that ended it, the longest time a
+        trajectory of the step spent in the workload's own phases)."""
+        self._step_fixed_max = 0.0
         self.dropped = 0
         self.prefill_tokens = 0
         self.decode_tokens = 0

@@ -63,6 +63,35 @@ def switch_stats(switch_log: list[dict], since_t: float | None, measured_steps: 
     }
 
 
+def phase_breakdown(traj_times: list[float], traj_phases: list[tuple], step_tails: list[tuple]) -> dict:
+    """Where the trajectories' time goes (:data:`~prorsa_sim.trajectories.PHASES`): the
+    mean seconds per phase over ``traj_phases``, the same over the slowest 1% (at least
+    one), and in a sync run the step's own: the phases of the trajectory that ended each
+    step (they add up to the step time) and ``floor_s``, the mean over the steps of the
+    longest time one of its trajectories spent in the workload's phases (sandbox, tools,
+    reward). No P:D split makes a sync step shorter than its floor, so the rollout time
+    over the floor bounds the speedup any split can give (Amdahl)."""
+    from .trajectories import PHASES
+
+    def mean_of(rows) -> dict:
+        rows = list(rows)
+        if not rows:
+            return {}
+        out = {name: _r(sum(r[i] for r in rows) / len(rows), 2) for i, name in enumerate(PHASES)}
+        out["model"] = _r(out["prefill"] + out["decode"], 2)
+        return out
+
+    out: dict = {"mean": mean_of(traj_phases)}
+    if traj_phases:
+        k = max(1, len(traj_phases) // 100)
+        slowest = sorted(range(len(traj_phases)), key=lambda i: traj_times[i])[-k:]
+        out["slowest_1pct"] = {"n": k, **mean_of(traj_phases[i] for i in slowest)}
+    if step_tails:
+        out["step_tail"] = mean_of(p for p, _ in step_tails)
+        out["floor_s"] = _r(sum(f for _, f in step_tails) / len(step_tails), 2)
+    return out
+
+
 def build_result(sim) -> Result:
     """Summarise ``sim`` (a finished :class:`~prorsa_sim.simulator.Simulator`).
 
@@ -87,6 +116,8 @@ def build_result(sim) -> Result:
     total = cfg.total_gpus * max(now["t"] - base["t"], 1e-9)
     stepping = busy + wait + empty_rank
     traj_measured = trajs[base["trajs"]:] or trajs
+    phases_measured = sim.traj_phases[base["trajs"]:] or sim.traj_phases
+    tails_measured = sim.step_tails[1:] if mark else sim.step_tails
     summary = {
         "workload": cfg.workload,
         "model": cfg.model,
@@ -110,6 +141,9 @@ def build_result(sim) -> Result:
         # Dispatch to reward, trajectories finished after the warm-up step.
         "mean_trajectory_s": _mean(traj_measured),
         "trajectories_done": len(trajs),
+        # Where their time goes, and in sync the floor no split goes below
+        # (:func:`phase_breakdown`).
+        "trajectory_phases_s": phase_breakdown(traj_measured, phases_measured, tails_measured),
         "trajectories_dropped": sim.dropped,
         # Share of the GPU time of stepping engines lost waiting at the MoE sync for a
         # slower attention DP rank (the paper's Fig. 6 idle ratio).

@@ -6,13 +6,22 @@ and the weight-update pause, and the events they emit. Mixed into
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prorsa_schemas import events as E
 
 from .cluster import ClusterSim
 from .engines import Engine, Req
 from .workloads import TrajectoryPlan, plan_trajectory
+
+PHASES = ("sandbox", "prefill", "decode", "tool", "reward")
+"""Where a trajectory's time goes, dispatch to reward: its sandbox start, its requests
+waiting for and in prefill (``request.queued`` to ``prefill.finished``, re-queues after an
+abort included), from there to the answer (KV transfer, waiting for decode KV, decoding),
+its tool calls and its reward. The prefill and decode phases are the cluster's, which the
+P:D split changes; the other three are the workload's (``FIXED_PHASES``)."""
+SANDBOX, PREFILL, DECODE, TOOL, REWARD = range(len(PHASES))
+FIXED_PHASES = (SANDBOX, TOOL, REWARD)
 
 
 @dataclass(eq=False, slots=True)
@@ -33,6 +42,11 @@ class Traj:
     shared_key: str | None = None
     """Prefix-cache key of the GRPO group's shared first prompt (None once irrelevant)."""
     shared_tokens: int = 0
+    phase: int = SANDBOX
+    """Index into :data:`PHASES` of what the trajectory is doing since ``t_phase``."""
+    t_phase: float = 0.0
+    phase_s: list = field(default_factory=lambda: [0.0] * len(PHASES))
+    """Seconds spent in each of :data:`PHASES` so far."""
 
 
 class Trajectories(ClusterSim):
@@ -43,6 +57,7 @@ class Trajectories(ClusterSim):
 
     def _start_sync_step(self) -> None:
         self.step_start = self.now
+        self._step_fixed_max = 0.0
         self.outstanding = self.cfg.batch_size
         for _ in range(self.cfg.batch_size):
             self._dispatch()
@@ -64,7 +79,8 @@ class Trajectories(ClusterSim):
         self.next_idx += 1
         g = self.spec.group_size
         plan = plan_trajectory(self.spec, self.cfg.seed, i).capped(self.cfg.max_turns, self.cfg.max_output)
-        tr = Traj(i, f"t{i:06d}", f"g{i // g:05d}", plan, self.version, self.now, context=plan.prompt_tokens)
+        tr = Traj(i, f"t{i:06d}", f"g{i // g:05d}", plan, self.version, self.now, context=plan.prompt_tokens,
+                  t_phase=self.now)
         if g > 1 and self.cfg.group_prefix:
             # Group members answer the same prompt: one shared prefix (versioned: caches
             # flush at every policy update).
@@ -93,7 +109,12 @@ class Trajectories(ClusterSim):
         self.emit(E.SandboxReady, traj=tr.tid)
         self._new_request(tr)
 
+    def _phase(self, tr: Traj, phase: int) -> None:
+        tr.phase_s[tr.phase] += self.now - tr.t_phase
+        tr.phase, tr.t_phase = phase, self.now
+
     def _new_request(self, tr: Traj, out_left: int | None = None) -> None:
+        self._phase(tr, PREFILL)
         tr.nreq += 1
         if out_left is None:
             out_left = tr.plan.outputs[tr.turn]
@@ -136,6 +157,8 @@ class Trajectories(ClusterSim):
             self.emit(E.PrefillStarted, traj=req.traj.tid, req=req.rid, engine=eng.name)
 
     def _on_prefill_finished(self, req: Req, eng: Engine, decode_eng: Engine | None) -> None:
+        if req.traj.alive and req.traj.req is req:
+            self._phase(req.traj, DECODE)
         self.cur.decode_admit += req.traj.context
         self.cur.prefills_done += 1
         self.cur.prefill_prompt_done += req.prompt
@@ -160,10 +183,12 @@ class Trajectories(ClusterSim):
         if tr.length_capped or last:
             finish = "length" if tr.length_capped else "stop"
             self.emit(E.DecodeFinished, traj=tr.tid, req=req.rid, output_tokens=output_tokens, finish=finish)
+            self._phase(tr, REWARD)
             self.emit(E.RewardStarted, traj=tr.tid)
             self.at(self.now + tr.plan.reward_s, self._reward_finished, tr)
             return
         self.emit(E.DecodeFinished, traj=tr.tid, req=req.rid, output_tokens=output_tokens, finish="tool")
+        self._phase(tr, TOOL)
         self.emit(E.ToolStarted, traj=tr.tid, tool="sandbox" if self.spec.sandbox else "tool", calls=1)
         self.at(self.now + tr.plan.tool_s[tr.turn], self._tool_finished, tr)
 
@@ -204,10 +229,17 @@ class Trajectories(ClusterSim):
             return
         self.emit(E.RewardFinished, traj=tr.tid, admitted=tr.plan.admitted, reward=tr.plan.reward)
         self._end(tr)
+        self._phase(tr, REWARD)
         self.traj_times.append(self.now - tr.t_dispatch)
+        self.traj_phases.append(tuple(tr.phase_s))
         if self.cfg.mode == "sync":
             self.outstanding -= 1
+            self._step_fixed_max = max(self._step_fixed_max, sum(tr.phase_s[i] for i in FIXED_PHASES))
             if self.outstanding == 0:
+                # Every trajectory of a sync step is dispatched at its start, so the last
+                # one's phases add up to the step time, and no split can make the step
+                # shorter than the longest time a trajectory of it spent outside the model.
+                self.step_tails.append((tuple(tr.phase_s), self._step_fixed_max))
                 self.step_times.append(self.now - self.step_start)
                 self.step += 1
                 self._tick_progress()
