@@ -10,7 +10,7 @@ from prorsa_sim.paper import _ceiling
 from prorsa_sim.simconfig import SimConfig
 from prorsa_sim.simulator import Simulator
 from prorsa_sim.summary import phase_breakdown
-from prorsa_sim.trajectories import FIXED_PHASES, PHASES
+from prorsa_sim.trajectories import FIXED_PHASES, PHASES, Traj
 
 SYNC = SimConfig(workload="coding", model="deepseek-v3.2", staleness=0, steps=3, batch_size=16, total_gpus=64)
 
@@ -49,6 +49,16 @@ def test_phases_add_up_to_each_trajectory_and_the_sync_step():
     assert sum(v for k, v in br["mean"].items() if k != "model") == pytest.approx(s["mean_trajectory_s"], abs=0.05)
     assert sum(v for k, v in br["step_tail"].items() if k != "model") == pytest.approx(s["rollout_time_s"], abs=0.05)
     assert br["floor_s"] == pytest.approx(sum(f for _, f in sim.step_tails[1:]) / 2, abs=0.01)
+
+
+def test_a_trajectorys_floor_by_hand():
+    sim = Simulator(SYNC, make_policy("colocation"))
+    # DeepSeek-V3.2's fastest step: the weights read and the EP all-to-all (costmodel).
+    assert sim.min_decode_step_s == pytest.approx(sim.profile.decode_fixed_s + sim.profile.decode_s_per_seq)
+    tr = Traj(0, "t0", "g0", None, 0, 0.0, phase_s=[2.0, 5.0, 40.0, 30.0, 3.0], decode_steps=1000)
+    # Sandbox 2 + tools 30 + reward 3, and 1,000 decode steps at the fastest step; the
+    # prefill (5 s) and the measured decode (40 s) do not count.
+    assert sim._floor(tr) == pytest.approx(35.0 + 1000 * sim.min_decode_step_s)
 
 
 def test_the_floor_is_the_workloads_own_and_bounds_every_split():

@@ -88,9 +88,12 @@ class Simulator(Trajectories):
         """Per finished trajectory, beside ``traj_times``: seconds in each of
         :data:`~prorsa_sim.trajectories.PHASES`."""
         self.step_tails: list[tuple] = []
-        """Sync, per step: (the phases of the trajectory that ended it, the longest time a
-        trajectory of the step spent in the workload's own phases)."""
+        """Sync, per step: (the phases of the trajectory that ended it, the largest floor
+        of its trajectories, ``Trajectories._floor``)."""
         self._step_fixed_max = 0.0
+        self.min_decode_step_s = self.profile.decode_step_time(1, 0)
+        """The fastest decode step of this model's engines (one sequence, no KV: the
+        weights read and the EP all-to-all)."""
         self.dropped = 0
         self.prefill_tokens = 0
         self.decode_tokens = 0

@@ -68,9 +68,10 @@ def phase_breakdown(traj_times: list[float], traj_phases: list[tuple], step_tail
     mean seconds per phase over ``traj_phases``, the same over the slowest 1% (at least
     one), and in a sync run the step's own: the phases of the trajectory that ended each
     step (they add up to the step time) and ``floor_s``, the mean over the steps of the
-    longest time one of its trajectories spent in the workload's phases (sandbox, tools,
-    reward). No P:D split makes a sync step shorter than its floor, so the rollout time
-    over the floor bounds the speedup any split can give (Amdahl)."""
+    largest floor of its trajectories: the time one spent in the workload's phases
+    (sandbox, tools, reward) plus its decode steps at the model's fastest step
+    (``Trajectories._floor``). No P:D split makes a sync step shorter than its floor, so
+    the rollout time over the floor bounds the speedup any split can give."""
     from .trajectories import PHASES
 
     def mean_of(rows) -> dict:

@@ -47,6 +47,8 @@ class Traj:
     t_phase: float = 0.0
     phase_s: list = field(default_factory=lambda: [0.0] * len(PHASES))
     """Seconds spent in each of :data:`PHASES` so far."""
+    decode_steps: int = 0
+    """Decode steps its answers took (output tokens after each request's first)."""
 
 
 class Trajectories(ClusterSim):
@@ -178,6 +180,7 @@ class Trajectories(ClusterSim):
         tr.req = None
         self.decode_tokens += output_tokens
         self.cur.decode_tokens += output_tokens
+        tr.decode_steps += max(0, output_tokens - 1)
         tr.context += output_tokens
         last = tr.turn >= len(tr.plan.outputs) - 1
         if tr.length_capped or last:
@@ -198,6 +201,7 @@ class Trajectories(ClusterSim):
             return
         req.alive = False
         self.decode_tokens += gen_total
+        tr.decode_steps += max(0, gen_total - 1)
         self.emit(E.DecodeFinished, traj=tr.tid, req=req.rid, output_tokens=gen_total, finish="abort")
         # The partial answer joins the context and the rest is generated after a re-prefill.
         tr.context += gen_total
@@ -234,11 +238,11 @@ class Trajectories(ClusterSim):
         self.traj_phases.append(tuple(tr.phase_s))
         if self.cfg.mode == "sync":
             self.outstanding -= 1
-            self._step_fixed_max = max(self._step_fixed_max, sum(tr.phase_s[i] for i in FIXED_PHASES))
+            self._step_fixed_max = max(self._step_fixed_max, self._floor(tr))
             if self.outstanding == 0:
                 # Every trajectory of a sync step is dispatched at its start, so the last
-                # one's phases add up to the step time, and no split can make the step
-                # shorter than the longest time a trajectory of it spent outside the model.
+                # one's phases add up to the step time, and no split makes the step shorter
+                # than its slowest trajectory's floor (:meth:`_floor`).
                 self.step_tails.append((tuple(tr.phase_s), self._step_fixed_max))
                 self.step_times.append(self.now - self.step_start)
                 self.step += 1
@@ -252,6 +256,13 @@ class Trajectories(ClusterSim):
             self.admitted_total += 1
             self._maybe_train()
         self._fill_async()
+
+    def _floor(self, tr: Traj) -> float:
+        """The least time ``tr`` could have taken on any split of the cluster: its sandbox,
+        tools and reward (the workload's, the same plan under every policy) and its decode
+        steps, each at least one step of a lone sequence (:attr:`min_decode_step_s`); its
+        prefills and queues are counted as free."""
+        return sum(tr.phase_s[i] for i in FIXED_PHASES) + tr.decode_steps * self.min_decode_step_s
 
     def _end(self, tr: Traj) -> None:
         tr.alive = False
