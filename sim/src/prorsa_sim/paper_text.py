@@ -28,11 +28,14 @@ def miss_text(r: dict) -> str:
 
 
 def model_share(e: dict, policy: str, part: str = "mean") -> str:
-    """The share of a trajectory's time (the mean one, or in sync the step-ending one) spent
-    in the model (prefill and decode, with their queues), which a P:D split changes."""
+    """The shares of a trajectory's time (the mean one, or in sync the step-ending one)
+    spent in prefill (with its queue) and in decode (with the KV transfer), which a P:D
+    split changes, as ``prefill+decode%``."""
     ph = e.get("phases", {}).get(policy, {}).get(part)
     total = sum(v for k, v in ph.items() if k != "model") if ph else 0
-    return f"{100 * ph['model'] / total:.0f}%" if total else "-"
+    if not total:
+        return "-"
+    return f"{100 * ph['prefill'] / total:.0f}+{100 * ph['decode'] / total:.0f}%"
 
 
 def ceiling_text(e: dict) -> str:
@@ -71,7 +74,7 @@ def to_markdown(rep: dict) -> str:
                      f"{b.get('note', '')} |")
     lines += ["", "## Per setting", "",
               "| model | workload | staleness | colocation s | PD s | PD | speedup (min-max) | coloc idle | "
-              "traj s coloc -> PD | model share of a trajectory, coloc -> PD | sync floor s (speedup ceiling) | "
+              "traj s coloc -> PD | prefill+decode share of a trajectory, coloc -> PD | sync floor s (speedup ceiling) | "
               "ideal split moves |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for e in rep["settings"]:
