@@ -95,3 +95,60 @@ def test_bad_input_is_a_message_and_exit_code_2(tmp_path, capsys, text, message)
     assert mod.main([str(csv), str(tmp_path / "out.jsonl")]) == 2
     assert message in capsys.readouterr().err
     assert mod.main([str(tmp_path / "missing.csv"), str(tmp_path / "out.jsonl")]) == 2
+
+
+def _mooncake(path: Path, rows: list[tuple[int, int, int, list[int]]]) -> None:
+    import json
+
+    path.write_text("".join(json.dumps({"timestamp": t, "input_length": i, "output_length": o, "hash_ids": h}) + "\n"
+                            for t, i, o, h in rows))
+
+
+def test_mooncake_rows_and_conversations_rebuilt_from_prefix_blocks(tmp_path):
+    mod = _module()
+    trace = tmp_path / "conv.jsonl"
+    _mooncake(trace, [
+        (0, 1800, 100, [0, 1, 2, 3]),           # A
+        (1000, 700, 50, [0, 5]),                # B: two blocks, the shared first one alone: never a parent
+        (60000, 2600, 80, [0, 1, 2, 9, 10]),    # C: starts with A's full blocks -> A's next turn
+        (61000, 2000, 10, [0, 1, 2, 11]),       # D: A's blocks too, but A is continued already
+        (62000, 3100, 10, [0, 1, 2, 9, 12]),    # E: C's full blocks, but C's answer has not ended: D's next turn
+        (90000, 3300, 10, [0, 1, 2, 9, 10, 13]),  # F: C's next turn
+    ])
+    rows = mod.read_rows(trace)
+    assert [(r.ts, r.prompt, r.output) for r in rows][:3] == [(0.0, 1800, 100), (1.0, 700, 50), (60.0, 2600, 80)]
+    assert rows[2].blocks == (0, 1, 2, 9, 10)
+    out = tmp_path / "log.jsonl"
+    assert mod.main([str(trace), str(out), "--sessions", "--servers", "1", "--tpot-ms", "30"]) == 0
+    events = [line.event for line in read_log(out)]
+    assert all(e is not None for e in events)
+    queued = [(e.traj, e.turn, e.prompt_tokens) for e in events if e.type == "request.queued"]
+    assert queued == [("r0", 0, 1800), ("r1", 0, 700), ("r0", 1, 2600), ("r3", 0, 2000), ("r3", 1, 3100),
+                      ("r0", 2, 3300)]
+    assert [e.traj for e in events if e.type == "trajectory.dispatched"] == ["r0", "r1", "r3"]
+    # Every answer waits for the user; a next turn's arrival ends the wait, its growth past
+    # the previous prompt and answer as the result.
+    assert sum(e.type == "tool.started" for e in events) == 6
+    assert {e.finish for e in events if e.type == "decode.finished"} == {"tool"}
+    assert [(e.traj, round(e.ts, 6), e.result_tokens) for e in events if e.type == "tool.finished"] == [
+        ("r0", 60.0, 2600 - 1800 - 100), ("r3", 62.0, 3100 - 2000 - 10), ("r0", 90.0, 3300 - 2600 - 80)]
+    report = evaluate_log(out).report()
+    assert report["ignored_events"] == 0 and report["invalid_lines"] == 0
+    # Without --sessions each request is its own trajectory, as for the CSV traces.
+    assert mod.main([str(trace), str(out)]) == 0
+    assert len({e.traj for e in (line.event for line in read_log(out))}) == 6
+
+
+@pytest.mark.parametrize("text, args, message", [
+    ('{"timestamp": 0, "input_length": 10}\n', [], "malformed line"),
+    ('{"timestamp": "x", "input_length": 10, "output_length": 1}\n', [], "malformed line"),
+    ('{"timestamp": 0, "input_length": -1, "output_length": 1}\n', [], "negative"),
+    ('not json\n', ["--format", "mooncake"], "malformed line"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.5,4,2\n", ["--sessions"], "needs a trace with prefix"),
+])
+def test_bad_jsonl_traces_and_sessions_without_blocks(tmp_path, capsys, text, args, message):
+    mod = _module()
+    trace = tmp_path / "bad.trace"
+    trace.write_text(text)
+    assert mod.main([str(trace), str(tmp_path / "out.jsonl"), *args]) == 2
+    assert message in capsys.readouterr().err
