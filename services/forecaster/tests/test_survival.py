@@ -74,3 +74,30 @@ def test_prior_fades_as_observations_come_in():
     tail, within = math.exp(-27.7 / 30.0), math.exp(-27.7 / 30.0) - math.exp(-37.7 / 30.0)
     assert m.conditional(np.array([27.7]), 10.0)[0] == pytest.approx((7 + w * within) / (7 + w * tail), rel=1e-2)
     assert m.count == 7
+
+
+def test_returning_a_share_of_calls_that_never_end():
+    m = DurationModel("tool", prior_mean=5.0)
+    # Nothing open: every call returns.
+    p, pi = m.returning(np.array([]))
+    assert p == 1.0 and pi.shape == (0,)
+    for _ in range(100):
+        m.observe(10.0)
+    # Open calls younger than the learnt durations: no evidence that any never returns.
+    p, pi = m.returning(np.full(50, 0.5))
+    assert p == pytest.approx(1.0, abs=1e-4) and np.all(pi > 0.999)
+    # 300 calls open for 10,000 s, far past every return (all at 10 s): their survival if
+    # they will return is the Lindy floor, 0.1 x q90 / e = 1e-4, so nearly all are taken to
+    # never return, and p is the ended ones' share: (100 + 3 prior) / (103 + 300).
+    p, pi = m.returning(np.full(300, 1e4))
+    q90 = m.quantile(0.9)
+    assert q90 == pytest.approx(10.0, rel=0.02)
+    s = 0.1 * q90 / 1e4
+    assert p == pytest.approx(103 / 403, abs=2e-3)
+    # (ages on the bucket grid, ~2% wide)
+    assert pi == pytest.approx(np.full(300, p * s / (p * s + 1 - p)), rel=0.02)
+    # The estimate is the EM's fixed point: p = (ended + sum over open of Pr(returns)) / all.
+    ages = np.concatenate((np.full(40, 2.0), np.full(60, 400.0)))
+    p, pi = m.returning(ages)
+    assert p == pytest.approx((103 + pi.sum()) / (103 + 100), rel=1e-4)
+    assert pi[:40].min() > pi[40:].max() and np.all((pi >= 0) & (pi <= 1))

@@ -208,5 +208,45 @@ class DurationModel:
         """Pr(T < limit) for fresh durations (elapsed 0), vectorised."""
         return np.clip(self.cdf(np.clip(np.asarray(limits, dtype=float), 0.0, None)), 0.0, 1.0)
 
+    def quantile(self, q: float) -> float:
+        """The ``q`` quantile of the current distribution (prior included)."""
+        return float(np.interp(q, self._cumulative(), _EDGES))
+
+    def returning(self, open_elapsed: np.ndarray) -> tuple[float, np.ndarray]:
+        """For durations that may never end (a user who does not write again): ``(p,
+        pi)``, the share of them that end at all and, per duration still open at
+        ``open_elapsed``, the probability that it ends at all given that it has not yet.
+
+        A cure-rate model: a duration ends with probability p, after the distribution
+        learnt from those that did (this model); else never. p is its maximum-likelihood
+        estimate given the ended ones (:attr:`count`, plus ``prior_weight`` pseudo ones)
+        and the open ones, each of which is still running with probability S(e) = Pr(T >
+        e) if it will end (EM over the open ages, bucketed). S has a Lindy floor past the
+        learnt mass, 0.1 x q90 / e (hazard 1/e), so that a long call is not taken for one
+        that never ends before many of its age have been seen not to. pi = p S / (p S +
+        1 - p). With no open duration, or all of them young, p = 1 and pi = 1."""
+        e = np.nan_to_num(np.asarray(open_elapsed, dtype=float), nan=0.0, posinf=1e6)
+        if len(e) == 0:
+            return 1.0, np.ones(0)
+        idx = bucket_of(e)
+        counts = np.bincount(idx, minlength=len(_BUCKETS))
+        used = np.flatnonzero(counts)
+        ages, n_at = _BUCKETS[used], counts[used].astype(float)
+        q90 = max(self.quantile(0.9), 1e-3)
+        surv = np.maximum(1.0 - self.cdf(ages), np.minimum(1.0, 0.1 * q90 / np.maximum(ages, 1e-9)))
+        ended = self._n + self._prior_weight
+        total = ended + n_at.sum()
+        p = 0.5
+        for _ in range(100):
+            never = (1.0 - p) / (p * surv + 1.0 - p)
+            p_new = (ended + float((n_at * (1.0 - never)).sum())) / total
+            if abs(p_new - p) < 1e-7:
+                p = p_new
+                break
+            p = p_new
+        table = np.ones(len(_BUCKETS))
+        table[used] = np.clip(p * surv / np.maximum(p * surv + 1.0 - p, 1e-300), 0.0, 1.0)
+        return float(p), table[idx]
+
     def __repr__(self) -> str:
         return f"DurationModel({self.name!r}, n={self._n}, mean={self.mean():.3g}s)"
