@@ -28,7 +28,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .compare import Setting, run_matrix
+from .compare import Setting, run_matrix, spread
 from .runner import FULL_GRID, code_versions, default_jobs
 from .simconfig import SimConfig
 
@@ -170,10 +170,11 @@ def _phases(row: dict) -> dict:
 
 
 def _ceiling(co: dict) -> dict:
-    """Sync only: the step's floor (the longest time one of its trajectories spends in
-    tools, sandbox and reward, which no split changes; the same plans run under every
-    policy) and the highest rollout speedup over colocation any P:D split could reach,
-    colocation's step time over that floor, per seed."""
+    """Sync only: the step's floor (``summary.phase_breakdown``: the largest, over its
+    trajectories, of their sandbox, tools and reward, which the same plans make the same
+    under every policy, plus their decode steps at the fastest step) and the highest rollout
+    speedup over colocation any P:D split could reach, colocation's step time over that
+    floor, per seed."""
     floors, ceil = [], []
     for r in co["per_seed"]:
         f = r.get("trajectory_phases_s", {}).get("floor_s")
@@ -183,11 +184,7 @@ def _ceiling(co: dict) -> dict:
         ceil.append(r["rollout_time_s"] / f)
     if not floors:
         return {}
-    return {"floor_s": _spread(floors), "speedup_ceiling": _spread(ceil)}
-
-
-def _spread(xs: list[float]) -> dict:
-    return {"mean": round(sum(xs) / len(xs), 4), "min": round(min(xs), 4), "max": round(max(xs), 4)}
+    return {"floor_s": spread(floors), "speedup_ceiling": spread(ceil)}
 
 
 def _agg(row: dict) -> dict:
@@ -262,8 +259,8 @@ def figures(entries: list[dict], o: Options) -> list[dict]:
                     rows.append(_row(src, "the highest speedup any P:D split could give: colocation's sync step over "
                                      "its floor", f"{m} / {w} / {stal_name[e['staleness']]}", f"{lo}-{hi}", lo, hi,
                                      c["mean"], _sp(c), unit="x", status="ceiling: no split is faster",
-                                     note=f"floor {f['mean']:.0f} s: the step's longest time in tools, sandbox and "
-                                          f"reward, of colocation's {e['colocation']['rollout_time_s']['mean']:.0f} s"))
+                                     note=f"floor {f['mean']:.0f} s (tools, sandbox, reward and decode steps at the "
+                                          f"fastest step) of colocation's {e['colocation']['rollout_time_s']['mean']:.0f} s"))
             got = [v for _, v, _ in vals if v is not None]
             if len(got) > 1:
                 rows.append(_row(src, fig + " -- range over staleness", f"{m} / {w}", f"{lo}-{hi}", lo, hi,

@@ -27,7 +27,7 @@ def miss_text(r: dict) -> str:
     return f"{r['miss_abs']:+.3g} ({100 * rel:+.0f}%)" if rel is not None else f"{r['miss_abs']:+.3g}"
 
 
-def model_share(e: dict, policy: str, part: str = "mean") -> str:
+def phase_shares(e: dict, policy: str, part: str = "mean") -> str:
     """The shares of a trajectory's time (the mean one, or in sync the step-ending one)
     spent in prefill (with its queue) and in decode (with the KV transfer), which a P:D
     split changes, as ``prefill+decode%``."""
@@ -84,7 +84,7 @@ def to_markdown(rep: dict) -> str:
             f"{fmt_value(e['pd']['rollout_time_s']['mean'])} | {e['pd_policy']} | {fmt_value(sp['mean'])} "
             f"({fmt_value(sp['min'])}-{fmt_value(sp['max'])}) | {fmt_value(e['colocation']['gpu_idle_ratio']['mean'], 'ratio')} | "
             f"{fmt_value(e['colocation']['mean_trajectory_s']['mean'])} -> {fmt_value(e['pd']['mean_trajectory_s']['mean'])} | "
-            f"{model_share(e, 'colocation')} -> {model_share(e, 'pd')} | {ceiling_text(e)} | "
+            f"{phase_shares(e, 'colocation')} -> {phase_shares(e, 'pd')} | {ceiling_text(e)} | "
             f"{fmt_value(e['ideal_split_moves_per_seed'])} |"
         )
     return "\n".join(lines) + "\n"

@@ -22,10 +22,10 @@ from .known_queue import KnownQueue
 from .update import not_interrupted
 
 
-def returns(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray,
-            back: tuple[float, np.ndarray] | None = None) -> np.ndarray:
+def returns(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray, comes: np.ndarray) -> np.ndarray:
     """Expected next requests of trajectories in Tool: loads (4, N_CLASSES, steps).
-    ``back``: ``hist.tool.returning(tool_elapsed)``, if already computed."""
+    ``comes``: per open call, the probability that it returns at all (a chat's user may
+    not write again; ``survival.DurationModel.returning``)."""
     steps = cfg.steps
     if len(snap.tool_elapsed) == 0:
         return np.zeros((4, N_CLASSES, steps))
@@ -34,9 +34,6 @@ def returns(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray
     x = np.clip(clean(snap.tool_context) + np.clip(growth, 0.0, None), 0.0, BIG)
     cached = snap.column("tool_cached", "tool_elapsed")
     elapsed = clean(snap.tool_elapsed)
-    # A call may never return (a chat's user who does not write again): each open call
-    # counts with the probability that it returns at all (survival.DurationModel.returning).
-    _, comes = back or hist.tool.returning(elapsed)
     return spread(hist.tool, elapsed, x, cached, snap, cost, cfg, comes)
 
 
@@ -50,7 +47,7 @@ def turn_kernels(hist: History, horizon: float, steps: int) -> tuple[np.ndarray,
 
 
 def next_turn(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray, kq: KnownQueue, update: np.ndarray,
-              returning: float | None = None) -> np.ndarray:
+              returning: float) -> np.ndarray:
     """Requests after a tool call from trajectories now queued, in prefill or decoding.
 
     Beyond the paper's simplification (B.1: no second pass within a horizon), which
@@ -60,17 +57,14 @@ def next_turn(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarr
     model says (``kq``: its place in its server's queue, the pause after a weight update,
     the caches it flushed). ``update``: Pr(a pending weight update lands in sub-step k)
     (:func:`.update.update_steps`): a decode it cuts short calls no tool. ``returning``:
-    the share of tool calls that return at all (:meth:`DurationModel.returning`; computed
-    here when None).
+    the share of tool calls that return at all (:meth:`DurationModel.returning`).
     """
     steps, S = cfg.steps, cfg.horizon
     out = np.zeros((4, N_CLASSES, steps))
     extra = max(hist.output.value, 0.0)
     # The current prompt will be cached by then: it is the next request's prefix.
     tool_k, _ = turn_kernels(hist, S, steps)
-    # A new call returns at all with the learnt share (survival.DurationModel.returning).
-    if returning is None:
-        returning = hist.tool.returning(clean(snap.tool_elapsed))[0]
+    # A new call returns at all with the learnt share.
     tool_k = returning * tool_k
     # A decode that a weight update cuts short does not end in a tool call (see
     # not_interrupted): the decode ends are weighted before the tool kernel.
@@ -99,5 +93,5 @@ def next_turn(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarr
 def term(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray, kq: KnownQueue, update: np.ndarray) -> np.ndarray:
     """The tool term: returns of trajectories in Tool, and the next turns of those
     decoding, queued or in prefill: loads ``(4, N_CLASSES, steps)``."""
-    back = hist.tool.returning(clean(snap.tool_elapsed))
-    return returns(snap, hist, cfg, cost, back) + next_turn(snap, hist, cfg, cost, kq, update, back[0])
+    returning, comes = hist.tool.returning(clean(snap.tool_elapsed))
+    return returns(snap, hist, cfg, cost, comes) + next_turn(snap, hist, cfg, cost, kq, update, returning)
