@@ -1,16 +1,23 @@
 """Headless Chromium against the console: the DOM a page renders (tests) and screenshots of
 the demo run (``scripts/console-screenshots`` -> ``docs/img/console-*.png``).
 
-Uses Debian's ``chromium`` (``apt-get install chromium``) with ``--dump-dom`` /
-``--screenshot`` and a virtual time budget, so the page's fetches finish before the capture
-(the API is served without the ingest, so the live stream answers 503 at once and no
-request stays open).
+Uses Debian's ``chromium`` (``apt-get install chromium``) two ways:
+
+- ``--dump-dom`` / ``--screenshot`` with a virtual time budget, so the page's fetches finish
+  before the capture. That suits pages whose requests all end (the API served without the
+  ingest answers the live stream 503 at once).
+- :class:`Browser`, the DevTools protocol over ``--remote-debugging-pipe``, for a page that
+  keeps a stream open: Chromium's virtual clock does not wait for a stream's messages, which
+  arrive in real time, so :meth:`Tab.wait_for` polls the page in real time until it shows
+  what is awaited.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -39,6 +46,125 @@ def chromium(*args: str, budget_ms: int = 8000, timeout: float = 60) -> str:
     if res.returncode != 0:
         raise RuntimeError(f"chromium exited {res.returncode}: {res.stderr[-2000:]}")
     return res.stdout
+
+
+class Browser:
+    """Headless Chromium driven by the DevTools protocol over a pipe (``--remote-debugging-pipe``:
+    the browser reads commands on its fd 3 and answers on fd 4, one JSON message per NUL).
+    A context manager; :meth:`open` gives a :class:`Tab`."""
+
+    def __init__(self, timeout: float = 60.0) -> None:
+        if not Path(CHROMIUM).exists():
+            raise FileNotFoundError(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set PRORSA_CHROMIUM)")
+        self.timeout = timeout
+        self._profile = tempfile.TemporaryDirectory(prefix="prorsa-chromium-")
+        self._stderr = tempfile.TemporaryFile()
+        cmd_r, self._cmd_w = os.pipe()  # we write commands, the browser reads fd 3
+        self._ans_r, ans_w = os.pipe()  # the browser answers on fd 4, we read
+
+        def fds() -> None:  # in the child, before exec: the pipe ends become its fds 3 and 4
+            os.dup2(cmd_r, 3)
+            os.dup2(ans_w, 4)
+
+        self._proc = subprocess.Popen(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
+             "--disable-extensions", f"--user-data-dir={self._profile.name}", "--remote-debugging-pipe", "about:blank"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._stderr, preexec_fn=fds, pass_fds=(3, 4))
+        os.close(cmd_r)
+        os.close(ans_w)
+        self._buf, self._next_id = b"", 0
+
+    def __enter__(self) -> Browser:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            try:
+                self.call("Browser.close", timeout=10)
+            except (OSError, RuntimeError, TimeoutError):
+                pass
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(timeout=10)
+        for fd in (self._cmd_w, self._ans_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._stderr.close()
+        self._profile.cleanup()
+
+    def _died(self) -> RuntimeError:
+        self._stderr.seek(0)
+        tail = self._stderr.read()[-2000:].decode(errors="replace")
+        return RuntimeError(f"chromium closed its DevTools pipe (exit {self._proc.poll()}): {tail}")
+
+    def call(self, method: str, params: dict | None = None, session: str | None = None,
+             timeout: float | None = None) -> dict:
+        """Send one DevTools command; its result (events that arrive meanwhile are skipped)."""
+        self._next_id += 1
+        ident = self._next_id
+        msg: dict = {"id": ident, "method": method, "params": params or {}}
+        if session:
+            msg["sessionId"] = session
+        try:
+            os.write(self._cmd_w, json.dumps(msg).encode() + b"\0")
+        except BrokenPipeError:
+            raise self._died() from None
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while True:
+            while b"\0" not in self._buf:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([self._ans_r], [], [], left)[0]:
+                    raise TimeoutError(f"chromium did not answer {method} within {self.timeout:.0f}s")
+                chunk = os.read(self._ans_r, 1 << 16)
+                if not chunk:
+                    raise self._died()
+                self._buf += chunk
+            raw, self._buf = self._buf.split(b"\0", 1)
+            answer = json.loads(raw)
+            if answer.get("id") == ident:
+                if "error" in answer:
+                    raise RuntimeError(f"chromium refused {method}: {answer['error']}")
+                return answer.get("result", {})
+
+    def open(self, url: str) -> Tab:
+        """A new tab loading ``url``."""
+        target = self.call("Target.createTarget", {"url": url})["targetId"]
+        session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        return Tab(self, session)
+
+
+class Tab:
+    """One page of a :class:`Browser`."""
+
+    def __init__(self, browser: Browser, session: str) -> None:
+        self.browser, self.session = browser, session
+
+    def eval(self, expression: str) -> object:
+        """The value of a JavaScript expression in the page (None while the page cannot run it yet)."""
+        res = self.browser.call("Runtime.evaluate", {"expression": expression, "returnByValue": True}, self.session)
+        return None if "exceptionDetails" in res else res["result"].get("value")
+
+    def dom(self) -> str:
+        """The page's DOM as HTML, as ``--dump-dom`` prints it."""
+        return self.eval("document.documentElement ? document.documentElement.outerHTML : ''") or ""
+
+    def wait_for(self, text: str, timeout: float = 60.0, interval: float = 0.05) -> str:
+        """Poll the page until its DOM contains ``text``; that DOM. TimeoutError (with the DOM's
+        end) when it does not within ``timeout`` seconds of real time."""
+        deadline = time.monotonic() + timeout
+        probe = f"!!document.documentElement && document.documentElement.outerHTML.includes({json.dumps(text)})"
+        while not self.eval(probe):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the page did not show {text!r} within {timeout:.0f}s; it shows: {self.dom()[-1500:]}")
+            time.sleep(interval)
+        return self.dom()
 
 
 def page_url(base: str, fragment: str, token: str | None) -> str:
