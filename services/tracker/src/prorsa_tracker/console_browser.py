@@ -35,13 +35,16 @@ SHOTS = [  # (file, fragment, width, height)
 ]
 
 
+# Headless, no sandbox (runs as root in CI containers), no GPU, no first-run or extension noise.
+_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run", "--disable-extensions")
+
+
 def chromium(*args: str, budget_ms: int = 8000, timeout: float = 60) -> str:
     """Run headless Chromium with ``args``; its stdout."""
     if not Path(CHROMIUM).exists():
         raise FileNotFoundError(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set PRORSA_CHROMIUM)")
     with tempfile.TemporaryDirectory(prefix="prorsa-chromium-") as profile:
-        cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
-               "--disable-extensions", f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}", *args]
+        cmd = [CHROMIUM, *_FLAGS, f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}", *args]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if res.returncode != 0:
         raise RuntimeError(f"chromium exited {res.returncode}: {res.stderr[-2000:]}")
@@ -67,8 +70,7 @@ class Browser:
             os.dup2(ans_w, 4)
 
         self._proc = subprocess.Popen(
-            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
-             "--disable-extensions", f"--user-data-dir={self._profile.name}", "--remote-debugging-pipe", "about:blank"],
+            [CHROMIUM, *_FLAGS, f"--user-data-dir={self._profile.name}", "--remote-debugging-pipe", "about:blank"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._stderr, preexec_fn=fds, pass_fds=(3, 4))
         os.close(cmd_r)
         os.close(ans_w)
@@ -116,12 +118,13 @@ class Browser:
             os.write(self._cmd_w, json.dumps(msg).encode() + b"\0")
         except BrokenPipeError:
             raise self._died() from None
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        limit = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
         while True:
             while b"\0" not in self._buf:
                 left = deadline - time.monotonic()
                 if left <= 0 or not select.select([self._ans_r], [], [], left)[0]:
-                    raise TimeoutError(f"chromium did not answer {method} within {self.timeout:.0f}s")
+                    raise TimeoutError(f"chromium did not answer {method} within {limit:.0f}s")
                 chunk = os.read(self._ans_r, 1 << 16)
                 if not chunk:
                     raise self._died()
