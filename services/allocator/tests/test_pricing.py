@@ -561,3 +561,79 @@ def test_only_the_decode_demand_the_prefills_bring_is_coupled() -> None:
                          120.0, PricedContext(50_000.0))
     assert half[0] == pytest.approx(min(345 / 600, 600 / (840 * (1 + 0.5 * (g_p - 1)))))
     assert half[0] == pytest.approx(0.575)
+
+
+def test_the_latency_term_is_worth_the_step_speedup_it_buys() -> None:
+    # 4:4, no prefill demand, decode KV 3 engines' worth, and a latency-balance term asking
+    # for 20 engines (a decode phase with no admissions). Step t(n) = 0.04 + 0.01/n s.
+    # Idle engines: a move is dead 15 s, over 120 s.
+    prices = [SwitchPrice(0.0, 15.0)]
+    ctx = PricedContext(50_000.0)
+    # As a share of engines: f_old = 480/2400 = 0.2, one more decode engine 585/2400: +21.9%.
+    flat = DemandView(0.0, 20.0, 0.0, 20.0, 10.0)
+    f_flat, f_flat_old = priced_net(4, 4, "decode", prices, flat, CFG, 120.0, ctx)
+    assert (f_flat_old, f_flat[0]) == pytest.approx((0.2, 585 / 2400))
+    # By its step: 4 engines run the step at t(20)/t(4) = 0.0405/0.0425 of the balanced
+    # pace; 4.875 engines on average (585 engine-seconds over 120 s) at 0.0405/0.042051.
+    # The KV share (480/360, 585/360) does not bind. Gain +1.07%: under the hysteresis.
+    by_step = DemandView(0.0, 20.0, 0.0, 20.0, 10.0, decode_kv_now=3.0, decode_kv_later=3.0,
+                         decode_step=(0.04, 0.01))
+    f_new, f_old = priced_net(4, 4, "decode", prices, by_step, CFG, 120.0, ctx)
+    assert f_old == pytest.approx(0.0405 / 0.0425)
+    assert f_new[0] == pytest.approx(0.0405 / (0.04 + 0.01 / 4.875))
+    assert f_new[0] / f_old - 1 == pytest.approx(0.0107, abs=1e-4)
+    # Where the KV share binds, it is the ratio: KV 5 engines' worth on 4 engines (0.8),
+    # 585/600 = 0.975 after the move.
+    kv_short = DemandView(0.0, 20.0, 0.0, 20.0, 10.0, decode_kv_now=5.0, decode_kv_later=5.0,
+                          decode_step=(0.04, 0.01))
+    f_kv, f_kv_old = priced_net(4, 4, "decode", prices, kv_short, CFG, 120.0, ctx)
+    assert (f_kv_old, f_kv[0]) == pytest.approx((0.8, min(585 / 600, 0.0405 / (0.04 + 0.01 / 4.875))))
+    # With no latency excess (decode demand = its KV share) the ratio is the capacity one.
+    kv_only = DemandView(0.0, 5.0, 0.0, 5.0, 10.0, decode_kv_now=5.0, decode_kv_later=5.0, decode_step=(0.04, 0.01))
+    f_k, f_k_old = priced_net(4, 4, "decode", prices, kv_only, CFG, 120.0, ctx)
+    assert (f_k_old, f_k[0]) == pytest.approx((0.8, 585 / 600))
+
+
+def test_the_next_steps_opening_enters_the_horizon() -> None:
+    # 4:4 mid-step: prefill demand 0.5 engines, decode 3. The next update is expected in
+    # 60 s, its opening (125 s) needing 6 prefill engines and 2 decode: over a 120 s
+    # horizon the last 60 s are the opening's. W_P = 10 x 0.5 + 50 x 0.5 + 60 x 6 = 390,
+    # W_D = 60 x 3 + 60 x 2 = 300 engine-seconds.
+    prices = [SwitchPrice(0.0, 15.0)]
+    ctx = PricedContext(50_000.0)
+    dv = DemandView(0.5, 3.0, 0.5, 3.0, 10.0, upcoming=(60.0, 125.0, 6.0, 2.0))
+    f_new, f_old = priced_net(4, 4, "decode", prices, dv, CFG, 120.0, ctx)
+    assert f_old == pytest.approx(min(480 / 390, 480 / 300))
+    assert f_new[0] == pytest.approx(min(360 / 390, 585 / 300))
+    # Without it the same move looks free: prefill at the cap of its ratio.
+    f_blind, _ = priced_net(4, 4, "decode", prices, DemandView(0.5, 3.0, 0.5, 3.0, 10.0), CFG, 120.0, ctx)
+    assert f_blind[0] == pytest.approx(min(360 / 60, 585 / 360))
+
+
+def test_the_step_cycle_is_learnt_from_the_updates() -> None:
+    alloc = Allocator(_config(hysteresis=10.0))
+    for i in range(4):
+        alloc.handle(registered(f"p{i}", "prefill"))
+        alloc.handle(registered(f"d{i}", "decode"))
+    assert alloc.upcoming_opening(50.0) is None  # nothing learnt yet
+    alloc.handle(PolicyUpdated(id="pu-1", ts=0.0, run=RUN, version=1))
+    # The opening (10-120 s after the update): 6 then 2 prefill engines' worth; then steady.
+    for t in range(10, 130, 10):
+        alloc.handle(forecast(t=float(t), prefill_engines=6.0 if t <= 60 else 2.0, decode_engines=1.0))
+    for t in range(130, 300, 10):
+        alloc.handle(forecast(t=float(t), prefill_engines=0.5, decode_engines=3.0))
+    assert alloc.upcoming_opening(250.0) is None  # one update: no period yet
+    alloc.handle(PolicyUpdated(id="pu-2", ts=300.0, run=RUN, version=2))
+    assert alloc.update_period == pytest.approx(300.0)
+    # The opening's mean prefill demand: 6 windows at 6, 6 at 2.
+    assert alloc.opening_demand[0] == pytest.approx(4.0)
+    start, length, a_p, _ = alloc.upcoming_opening(550.0)
+    assert (start, length, a_p) == pytest.approx((50.0, 125.0, 4.0))
+    # A later gap moves the period by forecast_alpha (0.3); an overdue update is not guessed.
+    alloc.handle(PolicyUpdated(id="pu-3", ts=700.0, run=RUN, version=3))
+    assert alloc.update_period == pytest.approx(0.7 * 300 + 0.3 * 400)
+    assert alloc.upcoming_opening(700.0 + 340.0) is None
+    # With no opening hold there is no opening to expect.
+    off = Allocator(_config(opening_hold_s=0.0))
+    off.update_period, off.opening_demand, off.last_update_ts = 300.0, (4.0, 1.0), 0.0
+    assert off.upcoming_opening(100.0) is None

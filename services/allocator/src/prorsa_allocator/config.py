@@ -63,6 +63,15 @@ class AllocatorConfig(BaseModel):
         "step model (the priors below, or learned from engine.stats decode_tokens_per_s); "
         "without one the term is off. False: the paper's KV-only decode sizing.",
     )
+    decode_latency_by_step: bool = Field(
+        default=True,
+        description="'priced' rule: the decode demand the latency-balance term adds beyond KV is "
+        "worth the decode step speed-up a move buys (t(n)/t(n+k) with t(n) = t0 + c/n), not "
+        "its share of engines (pricing.py priced_net). The term's instances come from the "
+        "square-root rule and can be many times the pool when nothing is admitted (Little's law "
+        "on a decode phase with no arrivals: async math between updates), while one more "
+        "decode engine then shortens a step by about 1%.",
+    )
     decode_latency_room_cap: bool = Field(
         default=False,
         description="Cap the latency-balance term at the decode instances the budget leaves "

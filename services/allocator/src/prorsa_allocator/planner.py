@@ -12,6 +12,7 @@ import hashlib
 import logging
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 from pydantic import TypeAdapter
 
@@ -87,6 +88,12 @@ class Allocator:
         self.served: dict[int, tuple[float, int, float]] = {}  # count -> (EMA, windows, last t)
         self.prefill_backlog: dict[int, float] = {}  # count -> queued per prefill engine, same windows
         self._first_t: float | None = None  # the first forecast's window start (the run's ramp)
+        # The step cycle ('priced' rule): the seconds between weight updates (EMA,
+        # forecast_alpha) and the demand in instances (aᴾ, aᴰ) of a step's opening, mean over
+        # its windows, EMA over the steps; the current opening's sums until the next update.
+        self.update_period: float | None = None
+        self.opening_demand: tuple[float, float] | None = None
+        self._opening_sum: list[float] = [0.0, 0.0, 0.0]  # Σ aᴾ, Σ aᴰ, windows
 
     # -- the one entry point -----------------------------------------------------------------
     def handle(self, event: Event, act: bool = True) -> list[Event]:
@@ -121,7 +128,31 @@ class Allocator:
         if self.last_update_ts is None and self.config.served_ramp_s is None:
             self.served.clear()
             self.prefill_backlog.clear()
+        a = self.config.forecast_alpha
+        if self.last_update_ts is not None and ts > self.last_update_ts:
+            gap = ts - self.last_update_ts
+            self.update_period = gap if self.update_period is None else (1 - a) * self.update_period + a * gap
+            s_p, s_d, n = self._opening_sum
+            if n > 0:
+                mean = (s_p / n, s_d / n)
+                self.opening_demand = mean if self.opening_demand is None else tuple(  # type: ignore[assignment]
+                    (1 - a) * old + a * new for old, new in zip(self.opening_demand, mean))
+        self._opening_sum = [0.0, 0.0, 0.0]
         self.last_update_ts = ts
+
+    def upcoming_opening(self, t: float) -> tuple[float, float, float, float] | None:
+        """The next step's opening as expected at window ``t``: (seconds to the next weight
+        update, the opening's length, its aᴾ and aᴰ), from the learnt update period and the
+        openings seen; None before two updates, with the opening hold off, or once the
+        expected update is overdue (a sync step's tail: when it ends is not known)."""
+        cfg = self.config
+        if (self.update_period is None or self.opening_demand is None or self.last_update_ts is None
+                or cfg.opening_hold_s <= 0):
+            return None
+        until = self.last_update_ts + self.update_period - t
+        if until <= 0:
+            return None
+        return (until, cfg.weight_sync_s + cfg.opening_hold_s, *self.opening_demand)
 
     def pause_left(self) -> float:
         """Seconds left of the weight-update pause at event time (0: not in one)."""
@@ -203,22 +234,34 @@ class Allocator:
             if pause_left > 0 and self._steady is not None:
                 # The pause's own window sees only the requests the update aborted: the step
                 # is planned for the steady demand of the last one.
-                s_p, s_d = self._steady
+                s_p, s_d = self._steady[:2]
                 demand = Demand(s_p * fc.horizon * cap.prefill_tokens_per_s, fc.horizon, s_d * kv_cap)
         except ValueError as exc:  # e.g. a forecast of non-finite numbers that slipped through
             decision.skipped = f"cannot plan: {exc}"
             return decision
         alloc = solve(demand, cap, cfg.max_delta)
         decision.allocation = alloc
+        step = self.decode_step.value
+        step_load = 0.0 if step is None else step.per_seq_s * load[0] + step.per_kv_token_s * load[1]
         if cfg.rule == "priced" and pause_left <= 0 and not opening:
             a = cfg.forecast_alpha
-            now_pd = (alloc.prefill_demand, alloc.decode_demand)
+            # (aᴾ, aᴰ, its KV share, the decode pool's step load c)
+            now_pd = (alloc.prefill_demand, alloc.decode_demand, kv_total / kv_cap, step_load)
             self._steady = now_pd if self._steady is None else tuple(  # type: ignore[assignment]
                 (1 - a) * old + a * new for old, new in zip(self._steady, now_pd))
+        elif opening:
+            acc = self._opening_sum
+            acc[0] += alloc.prefill_demand
+            acc[1] += alloc.decode_demand
+            acc[2] += 1
         a_p_later = prefill_rate / cap.prefill_tokens_per_s
+        by_step = cfg.rule == "priced" and cfg.decode_latency_by_step and step is not None
         if pause_left > 0 and self._steady is not None:
             dv = DemandView(alloc.prefill_demand, alloc.decode_demand, alloc.prefill_demand, alloc.decode_demand,
                             fc.horizon)
+            if by_step:  # the steady step's KV share and load: the engines are empty now
+                s_kv, s_load = self._steady[2], self._steady[3]
+                dv = replace(dv, decode_kv_now=s_kv, decode_kv_later=s_kv, decode_step=(step.fixed_s, s_load))
         else:
             dv = DemandView(
                 prefill_now=alloc.prefill_demand,
@@ -229,7 +272,11 @@ class Allocator:
                     fc.decode_admit_tokens, decode_room(cfg, a_p_later, cap))),
                 horizon_s=fc.horizon,
                 decode_fed_share=fc.decode_kv_tokens / kv_total if kv_total > 0 else 1.0,
+                upcoming=self.upcoming_opening(fc.t) if cfg.rule == "priced" else None,
             )
+            if by_step:
+                dv = replace(dv, decode_kv_now=kv_total / kv_cap, decode_kv_later=decode_kv / kv_cap,
+                             decode_step=(step.fixed_s, step_load))
         imbalance = self._imbalance_age(alloc, len(engines), shape.n_prefill, fc.t)
         if cfg.rule == "priced":
             measure_served(self.served, engines, fc, cfg, self.last_update_ts, self._first_t, self.prefill_backlog)

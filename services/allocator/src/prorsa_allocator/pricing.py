@@ -194,10 +194,35 @@ def priced_net(
     s = min(demand.horizon_s, horizon)
     w_p = s * demand.prefill_now + (horizon - s) * demand.prefill_later
     w_d = s * demand.decode_now + (horizon - s) * demand.decode_later
+    if demand.upcoming is not None:
+        # The part of the next step's opening inside the horizon: its demand, not the
+        # smoothed one, over those seconds.
+        start, length, open_p, open_d = demand.upcoming
+        overlap = max(0.0, min(horizon, start + length) - max(s, start))
+        w_p = max(0.0, w_p + overlap * (open_p - demand.prefill_later))
+        w_d = max(0.0, w_d + overlap * (open_d - demand.decode_later))
+
+    # The latency-balance share of the decode work (decode.py) is priced by the step
+    # speed-up it buys: a pool of n engines (cap_d / H on average) against the n* the
+    # term asks for (W_D / H) serves its turns at t(n*)/t(n) of their balanced pace, with
+    # t(n) = t₀ + c/n; the KV share stays a capacity ratio.
+    step = demand.decode_step
+    w_kv = None
+    if step is not None and demand.decode_kv_now is not None and demand.decode_kv_later is not None:
+        w_kv = s * demand.decode_kv_now + (horizon - s) * demand.decode_kv_later
+    t0, load = step if step is not None else (0.0, 0.0)
 
     def ratios(cap_p: np.ndarray, cap_d: np.ndarray, work_p: np.ndarray, work_d: np.ndarray):
         rp = np.where(work_p > 0, np.minimum(cap_p / np.maximum(work_p, 1e-12), cap), cap)
         rd = np.where(work_d > 0, np.minimum(cap_d / np.maximum(work_d, 1e-12), cap), cap)
+        if w_kv is not None and load > 0 and t0 > 0:
+            latency = work_d > w_kv * (1.0 + 1e-9)
+            if latency.any():
+                n = np.maximum(cap_d / horizon, 1e-9)
+                n_star = np.maximum(work_d / horizon, 1e-9)
+                pace = (t0 + load / n_star) / (t0 + load / n)
+                r_kv = cap if w_kv <= 0 else np.minimum(cap_d / w_kv, cap)
+                rd = np.where(latency, np.minimum(r_kv, np.minimum(pace, cap)), rd)
         return rp, rd
 
     phi = cfg.closed_loop_coupling
@@ -279,6 +304,10 @@ def select_priced(
                             ctx.pause_left_s, demand.horizon_s)
     dead = prices.dead_s
     horizon = max(cfg.horizon_s, cfg.horizon_switch_multiple * float(dead.max()))
+    if demand.upcoming is not None and ctx.pause_left_s <= 0 and demand.upcoming[0] < horizon:
+        # A move made now is held through the next step's opening (no switch there, and the
+        # pause is shorter than a forecast window): it is judged over that opening too.
+        horizon = max(horizon, demand.upcoming[0] + demand.upcoming[1])
     # The Moves are built for the chosen prefix only (a first plan may price hundreds).
     restarts = prices.switch_s[~np.fromiter(("in_place" in v.switch_modes for v in candidates), bool,
                                             len(candidates))]

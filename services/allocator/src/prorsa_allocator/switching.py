@@ -47,6 +47,19 @@ class DemandView:
     """The share of the decode demand that the prefills bring over the horizon (the KV the
     forecast's admissions add, K̂ᴰ/(Kᴰ + K̂ᴰ)); the rest is KV already resident. The
     closed-loop coupling scales only this share with what prefill serves."""
+    decode_kv_now: float | None = None
+    decode_kv_later: float | None = None
+    """The KV share of ``decode_now`` / ``decode_later`` in instances ((Kᴰ + K̂ᴰ)/C_KVᴰ);
+    None: all of the decode demand is KV. Where the decode demand exceeds it, the excess
+    is the latency-balance term (decode.py), priced by ``decode_step``."""
+    decode_step: tuple[float, float] | None = None
+    """(t₀, c): the decode step of an empty engine and the decode pool's load in
+    engine-seconds per step (step time t(n) = t₀ + c/n on n engines): the step speed-up
+    a move to decode buys is what the latency term's demand is worth."""
+    upcoming: tuple[float, float, float, float] | None = None
+    """The next step's opening as the allocator expects it: (seconds from now to the next
+    weight update, the opening's length, its prefill and decode demand in instances),
+    learnt from the steps before (``Allocator.on_update``); None before two updates."""
 
 
 @dataclass(frozen=True, slots=True)
