@@ -80,20 +80,15 @@ class Allocator:
         self._imbalance_since = 0.0
         # Weight updates ('priced' rule): the last policy.updated's event time.
         self.last_update_ts: float | None = None
-        # The steady demand in instances (aᴾ, aᴰ): an EMA (forecast_alpha) over the windows
-        # outside a step's opening, planned for in the next pause.
-        self._steady: tuple[float, float] | None = None
+        # The steady demand in instances (aᴾ, aᴰ, the KV share of aᴰ) and the decode pool's
+        # step load c: an EMA (forecast_alpha) over the windows outside a step's opening,
+        # planned for in the next pause.
+        self._steady: tuple[float, float, float, float] | None = None
         # 'priced' rule: the full-prompt prefill rate the cluster served at each prefill
         # count, measured over whole windows with no switch under way: (EMA, windows).
         self.served: dict[int, tuple[float, int, float]] = {}  # count -> (EMA, windows, last t)
         self.prefill_backlog: dict[int, float] = {}  # count -> queued per prefill engine, same windows
         self._first_t: float | None = None  # the first forecast's window start (the run's ramp)
-        # The step cycle ('priced' rule): the seconds between weight updates (EMA,
-        # forecast_alpha) and the demand in instances (aᴾ, aᴰ) of a step's opening, mean over
-        # its windows, EMA over the steps; the current opening's sums until the next update.
-        self.update_period: float | None = None
-        self.opening_demand: tuple[float, float] | None = None
-        self._opening_sum: list[float] = [0.0, 0.0, 0.0]  # Σ aᴾ, Σ aᴰ, windows
 
     # -- the one entry point -----------------------------------------------------------------
     def handle(self, event: Event, act: bool = True) -> list[Event]:
@@ -128,31 +123,7 @@ class Allocator:
         if self.last_update_ts is None and self.config.served_ramp_s is None:
             self.served.clear()
             self.prefill_backlog.clear()
-        a = self.config.forecast_alpha
-        if self.last_update_ts is not None and ts > self.last_update_ts:
-            gap = ts - self.last_update_ts
-            self.update_period = gap if self.update_period is None else (1 - a) * self.update_period + a * gap
-            s_p, s_d, n = self._opening_sum
-            if n > 0:
-                mean = (s_p / n, s_d / n)
-                self.opening_demand = mean if self.opening_demand is None else tuple(  # type: ignore[assignment]
-                    (1 - a) * old + a * new for old, new in zip(self.opening_demand, mean))
-        self._opening_sum = [0.0, 0.0, 0.0]
         self.last_update_ts = ts
-
-    def upcoming_opening(self, t: float) -> tuple[float, float, float, float] | None:
-        """The next step's opening as expected at window ``t``: (seconds to the next weight
-        update, the opening's length, its aᴾ and aᴰ), from the learnt update period and the
-        openings seen; None before two updates, with the opening hold off, or once the
-        expected update is overdue (a sync step's tail: when it ends is not known)."""
-        cfg = self.config
-        if (self.update_period is None or self.opening_demand is None or self.last_update_ts is None
-                or cfg.opening_hold_s <= 0):
-            return None
-        until = self.last_update_ts + self.update_period - t
-        if until <= 0:
-            return None
-        return (until, cfg.weight_sync_s + cfg.opening_hold_s, *self.opening_demand)
 
     def pause_left(self) -> float:
         """Seconds left of the weight-update pause at event time (0: not in one)."""
@@ -249,17 +220,17 @@ class Allocator:
             now_pd = (alloc.prefill_demand, alloc.decode_demand, kv_total / kv_cap, step_load)
             self._steady = now_pd if self._steady is None else tuple(  # type: ignore[assignment]
                 (1 - a) * old + a * new for old, new in zip(self._steady, now_pd))
-        elif opening:
-            acc = self._opening_sum
-            acc[0] += alloc.prefill_demand
-            acc[1] += alloc.decode_demand
-            acc[2] += 1
         a_p_later = prefill_rate / cap.prefill_tokens_per_s
+        # The latency term is priced by the step it buys where a decode turn outlasts the
+        # horizon (Little's law, S·Kᴰ/Âᴰ): no turn then cycles through prefill within it, so
+        # the per-turn balance the term strikes is not traded there (pricing.priced_net).
         by_step = cfg.rule == "priced" and cfg.decode_latency_by_step and step is not None
+        turn_now = fc.horizon * fc.decode_kv_now / fc.decode_admit_tokens if fc.decode_admit_tokens > 0 else math.inf
         if pause_left > 0 and self._steady is not None:
             dv = DemandView(alloc.prefill_demand, alloc.decode_demand, alloc.prefill_demand, alloc.decode_demand,
                             fc.horizon)
-            if by_step:  # the steady step's KV share and load: the engines are empty now
+            if by_step and (self.decode_turn_s or 0.0) > cfg.horizon_s:
+                # the steady step's KV share and load: the engines are empty now
                 s_kv, s_load = self._steady[2], self._steady[3]
                 dv = replace(dv, decode_kv_now=s_kv, decode_kv_later=s_kv, decode_step=(step.fixed_s, s_load))
         else:
@@ -272,9 +243,8 @@ class Allocator:
                     fc.decode_admit_tokens, decode_room(cfg, a_p_later, cap))),
                 horizon_s=fc.horizon,
                 decode_fed_share=fc.decode_kv_tokens / kv_total if kv_total > 0 else 1.0,
-                upcoming=self.upcoming_opening(fc.t) if cfg.rule == "priced" else None,
             )
-            if by_step:
+            if by_step and turn_now > cfg.horizon_s:
                 dv = replace(dv, decode_kv_now=kv_total / kv_cap, decode_kv_later=decode_kv / kv_cap,
                              decode_step=(step.fixed_s, step_load))
         imbalance = self._imbalance_age(alloc, len(engines), shape.n_prefill, fc.t)

@@ -194,13 +194,6 @@ def priced_net(
     s = min(demand.horizon_s, horizon)
     w_p = s * demand.prefill_now + (horizon - s) * demand.prefill_later
     w_d = s * demand.decode_now + (horizon - s) * demand.decode_later
-    if demand.upcoming is not None:
-        # The part of the next step's opening inside the horizon: its demand, not the
-        # smoothed one, over those seconds.
-        start, length, open_p, open_d = demand.upcoming
-        overlap = max(0.0, min(horizon, start + length) - max(s, start))
-        w_p = max(0.0, w_p + overlap * (open_p - demand.prefill_later))
-        w_d = max(0.0, w_d + overlap * (open_d - demand.decode_later))
 
     # The latency-balance share of the decode work (decode.py) is priced by the step
     # speed-up it buys: a pool of n engines (cap_d / H on average) against the n* the
@@ -304,10 +297,6 @@ def select_priced(
                             ctx.pause_left_s, demand.horizon_s)
     dead = prices.dead_s
     horizon = max(cfg.horizon_s, cfg.horizon_switch_multiple * float(dead.max()))
-    if demand.upcoming is not None and ctx.pause_left_s <= 0 and demand.upcoming[0] < horizon:
-        # A move made now is held through the next step's opening (no switch there, and the
-        # pause is shorter than a forecast window): it is judged over that opening too.
-        horizon = max(horizon, demand.upcoming[0] + demand.upcoming[1])
     # The Moves are built for the chosen prefix only (a first plan may price hundreds).
     restarts = prices.switch_s[~np.fromiter(("in_place" in v.switch_modes for v in candidates), bool,
                                             len(candidates))]

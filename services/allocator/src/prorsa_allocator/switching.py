@@ -56,10 +56,6 @@ class DemandView:
     """(t₀, c): the decode step of an empty engine and the decode pool's load in
     engine-seconds per step (step time t(n) = t₀ + c/n on n engines): the step speed-up
     a move to decode buys is what the latency term's demand is worth."""
-    upcoming: tuple[float, float, float, float] | None = None
-    """The next step's opening as the allocator expects it: (seconds from now to the next
-    weight update, the opening's length, its prefill and decode demand in instances),
-    learnt from the steps before (``Allocator.on_update``); None before two updates."""
 
 
 @dataclass(frozen=True, slots=True)
