@@ -593,3 +593,36 @@ def test_the_latency_term_is_worth_the_step_speedup_it_buys() -> None:
     f_k, f_k_old = priced_net(4, 4, "decode", prices, kv_only, CFG, 120.0, ctx)
     assert (f_k_old, f_k[0]) == pytest.approx((0.8, 585 / 600))
 
+
+
+def _decode_phase(by_step: bool, per_seq_s: float, admit: float) -> str:
+    """4:4, four decode engines of 100 sequences (50k KV each), prefill demand 0.5 engines,
+    decode KV 2 engines' worth; ``admit`` KV tokens admitted a window (the decode turn is
+    S·Kᴰ/Âᴰ). Returns the selection's reason."""
+    from prorsa_schemas import ForecastWindow
+
+    cfg = _config(decode_latency_by_step=by_step, decode_step_fixed_s=0.04, decode_step_per_seq_s=per_seq_s,
+                  decode_step_per_kv_token_s=0.0)
+    alloc = Allocator(cfg)
+    for i in range(4):
+        alloc.handle(registered(f"p{i}", "prefill"))
+        alloc.handle(registered(f"d{i}", "decode"))
+        alloc.handle(stats(f"d{i}", "decode", ts=90.0, running=100, kv_used=50_000))
+    alloc.handle(ForecastWindow(id=f"fc-{by_step}-{admit}", ts=100.0, run=RUN, t=100.0, horizon=10.0,
+                                prefill_tokens=0.5 * 10.0 * THETA, decode_admit_tokens=admit,
+                                decode_kv_tokens=0.0, decode_kv_now=2.0 * KV))
+    return alloc.last_decision.selection.reason
+
+
+def test_the_step_prices_the_latency_term_only_where_a_turn_outlasts_the_horizon() -> None:
+    # A decode turn of 2,000 s (1k tokens admitted a window on 200k held) and a light step
+    # (c = 400 x 1e-5 = 4 ms on t0 = 40 ms): the latency term asks for ~4.4 engines. As a
+    # share of engines one more decode engine pays (+20%); by its step, 0.5%: no move.
+    assert "engine(s) to decode" in _decode_phase(False, 1e-5, 1_000.0)
+    assert "below the hysteresis" in _decode_phase(True, 1e-5, 1_000.0)
+    # A turn of 20 s (100k admitted) and a heavy step (c = 0.4 s): the term asks for more
+    # than the KV share, and the turns cycle within the horizon, so the capacity view is
+    # kept: the decision is the same whether the step pricing is on or off (+19.5%; by the
+    # step it would read t(2.39)/t(4) = 1.48 -> t(2.39)/t(4.875) = 1.70, +15%).
+    assert _decode_phase(True, 1e-3, 100_000.0) == _decode_phase(False, 1e-3, 100_000.0)
+    assert "decode" in _decode_phase(True, 1e-3, 100_000.0)
