@@ -43,9 +43,14 @@ class DecodeStep:
             if not math.isfinite(v) or v < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
 
+    def load(self, seqs: float, kv_tokens: float) -> float:
+        """c = s·b + r·kv: the engine-seconds per step of ``seqs`` sequences holding
+        ``kv_tokens`` KV, above the fixed part (spread over n engines: t = t₀ + c/n)."""
+        return self.per_seq_s * seqs + self.per_kv_token_s * kv_tokens
+
     def step_s(self, seqs: float, kv_tokens: float, n_engines: float = 1.0) -> float:
         """Step time when ``seqs`` sequences and ``kv_tokens`` KV are spread over ``n_engines``."""
-        return self.fixed_s + (self.per_seq_s * seqs + self.per_kv_token_s * kv_tokens) / n_engines
+        return self.fixed_s + self.load(seqs, kv_tokens) / n_engines
 
 
 def decode_instances_for_tpot(seqs: float, kv_tokens: float, step: DecodeStep, tpot_target_s: float) -> float:
@@ -56,7 +61,7 @@ def decode_instances_for_tpot(seqs: float, kv_tokens: float, step: DecodeStep, t
     """
     if seqs < 0 or kv_tokens < 0:
         raise ValueError("seqs and kv_tokens must be >= 0")
-    load = step.per_seq_s * seqs + step.per_kv_token_s * kv_tokens
+    load = step.load(seqs, kv_tokens)
     if load <= 0:
         return 0.0
     room = tpot_target_s - step.fixed_s
@@ -154,7 +159,7 @@ def decode_instances_for_latency(
         raise ValueError(f"inputs must be finite and >= 0, got {vals!r}")
     if prefill_instances <= 0 or kv_now <= 0 or admit_tokens <= 0 or n_decode_now <= 0:
         return 0.0
-    load = step.per_seq_s * seqs + step.per_kv_token_s * kv_tokens  # c, engine-seconds per step
+    load = step.load(seqs, kv_tokens)  # c, engine-seconds per step
     t_now = step.fixed_s + load / n_decode_now
     if load <= 0 or t_now <= 0:
         return 0.0

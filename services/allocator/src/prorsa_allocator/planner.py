@@ -213,7 +213,7 @@ class Allocator:
         alloc = solve(demand, cap, cfg.max_delta)
         decision.allocation = alloc
         step = self.decode_step.value
-        step_load = 0.0 if step is None else step.per_seq_s * load[0] + step.per_kv_token_s * load[1]
+        step_load = 0.0 if step is None else step.load(load[0], load[1])
         if cfg.rule == "priced" and pause_left <= 0 and not opening:
             a = cfg.forecast_alpha
             # (aᴾ, aᴰ, its KV share, the decode pool's step load c)
