@@ -187,9 +187,14 @@ def test_a_closed_window_teaches_each_correction_its_own_part():
     from prorsa_forecaster.terms.correction import Correction
 
     corr = Correction(ForecastConfig(bias_half_life=1e9, bias_prior_windows=0, share_half_life=1e9))
+    # Decode: 200 tokens forecast from the requests known at t, and 300 from the arrivals
+    # forecast (fewer than came: 400 + 400 tokens, of which the shares admit 1 x 400 +
+    # 0.5 x 400 = 600).
     f = SimpleNamespace(
         components={"sampler": 0.0, "sandbox": 100.0, "tool": 1000.0, "reprefill": 0.0},
-        raw_alpha=(1.0, 0.5), raw_decode=800.0, model_prefill=1600.0, model_decode=800.0, new_model=0.0,
+        raw_alpha=(1.0, 0.5), raw_decode=500.0, raw_decode_known=200.0,
+        admit_detail=SimpleNamespace(alpha=(1.0, 0.5)),
+        model_prefill=1600.0, model_decode=800.0, new_model=0.0,
     )
     for _ in range(2):  # a factor needs two windows
         corr.learn(f, prefill=2000.0, decode=900.0, decode_known=300.0,
@@ -200,6 +205,10 @@ def test_a_closed_window_teaches_each_correction_its_own_part():
     # The admitted share: the arrivals admitted (900 - 300) against what the queue model's
     # shares make of the arrivals that came (1 x 400 + 0.5 x 400): 1.0 exactly, no change.
     assert corr.share.factor == pytest.approx(1.0)
+    # The decode factor: 900 admitted against what the queue model makes of the arrivals
+    # that came (200 + 600 = 800), not against its forecast of 500: the arrival forecast's
+    # miss is the source factors' and the blend's to correct, not decode's a second time.
+    assert corr.decode.factor == pytest.approx(900.0 / 800.0)
     # The never-announced trajectories' 200 tokens feed the new-arrivals series.
     assert corr.new.naive[0].predict() == 200.0
     assert corr.prefill_blend.naive[0].predict() == 2000.0 and corr.decode_blend.naive[0].predict() == 900.0

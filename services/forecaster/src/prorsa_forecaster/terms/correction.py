@@ -9,7 +9,11 @@ from the windows that have closed.
   ``bias_prior_windows`` windows of average volume at ratio 1.
 * **The admitted share** of the predicted arrivals and **the decode forecast** each have
   a factor of the same kind that keeps only the part of its ratio standing out of its
-  own noise.
+  own noise. Both are learnt against what the queue model makes of the arrivals that
+  actually came, not of the forecast ones: the arrival forecast's error is corrected
+  where it is made (the source factors, the blend of new arrivals), and counting it in
+  the decode factor too would correct it twice (on a ramp the factor kept the ramp's
+  miss for windows after the arrivals' level had caught up).
 * **Never worse than a naive predictor** (:class:`SeriesBlend`, :class:`NewArrivals`):
   the lifecycle forecast (Appendix B) knows what each live trajectory will do next, but
   not what its view of the rollout leaves out: trajectories nobody announced (a serving
@@ -343,11 +347,17 @@ class Correction:
         trajectory's state at t; ``other``: trajectories never announced) and per sub-step."""
         for name, corrector in self.source.items():
             corrector.update(f.components.get(name, 0.0), sources.get(name, 0.0))
+        # The decode factor's prediction: the known requests' admissions as forecast, plus
+        # the (corrected) admitted share of the arrivals that came.
+        ex_post = f.raw_decode
         if len(f.raw_alpha) == len(arrivals_by_step):
             # What the queue model's admitted share makes of the arrivals that came.
             expected = sum(a * x for a, x in zip(f.raw_alpha, arrivals_by_step, strict=True))
             self.share.update(expected, decode - decode_known)
-        self.decode.update(f.raw_decode, decode)
+            alpha = f.admit_detail.alpha
+            if len(alpha) == len(arrivals_by_step):
+                ex_post = f.raw_decode_known + sum(a * x for a, x in zip(alpha, arrivals_by_step, strict=True))
+        self.decode.update(ex_post, decode)
         # Each predictor scored on the window, then the naive ones see it.
         self.prefill_blend.close(f.model_prefill, prefill, f.components.get("ready", 0.0) + f.components.get("inflight", 0.0))
         self.decode_blend.close(f.model_decode, decode)
