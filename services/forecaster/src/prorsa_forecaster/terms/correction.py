@@ -12,8 +12,8 @@ from the windows that have closed.
   own noise. Both are learnt against what the queue model makes of the arrivals that
   actually came, not of the forecast ones: the arrival forecast's error is corrected
   where it is made (the source factors, the blend of new arrivals), and counting it in
-  the decode factor too would correct it twice (on a ramp the factor kept the ramp's
-  miss for windows after the arrivals' level had caught up).
+  the decode factor too would correct it twice (on a ramp the factor would keep the
+  ramp's miss for windows after the arrivals' level has caught up).
 * **Never worse than a naive predictor** (:class:`SeriesBlend`, :class:`NewArrivals`):
   the lifecycle forecast (Appendix B) knows what each live trajectory will do next, but
   not what its view of the rollout leaves out: trajectories nobody announced (a serving
