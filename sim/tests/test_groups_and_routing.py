@@ -21,8 +21,8 @@ def _traj(tid, shared_key=None, shared_tokens=0):
 
 
 class Recorder(ClusterSim):
-    def __init__(self, profile, roles, dp_routing="prefix"):
-        super().__init__(profile, roles, dp_routing=dp_routing)
+    def __init__(self, profile, roles, dp_routing="prefix", router_policy="queue"):
+        super().__init__(profile, roles, dp_routing=dp_routing, router_policy=router_policy)
         self.started = []
 
     def _on_prefill_started(self, eng, req):
@@ -67,6 +67,64 @@ def test_dp_routing_load_ignores_the_prefix_and_prefix_follows_it():
         assert sim.started[0][1] == expected_cached, mode
     with pytest.raises(ValueError, match="dp_routing"):
         ClusterSim(prof, ["mixed"], dp_routing="random")
+
+
+def _busy(rank, n):
+    """``n`` queued requests on ``rank`` (its load for the router), not started."""
+    rank.waiting.extend(Req(_traj(f"x{rank.idx}-{i}"), f"x{rank.idx}-{i}", 5000, 1) for i in range(n))
+    rank.waiting_tokens += 5000 * n
+
+
+def test_smg_keeps_the_prefix_until_the_loads_are_imbalanced():
+    prof = get_profile("deepseek-v3.2")
+
+    def route(policy, queued, prev_prompt=5000, mode="prefix"):
+        sim = Recorder(prof, ["mixed", "mixed"], dp_routing=mode, router_policy=policy)
+        home = sim.engines[1].ranks[3]
+        _busy(home, queued)
+        tr = _traj("t")
+        tr.last_rank, tr.router_prefix = home, prev_prompt
+        home.cache_put("t", prev_prompt)
+        req = Req(tr, "t-r2", 5200, 5)
+        sim.route_prefill(req)
+        return req.rank.engine.index, req.rank.idx
+
+    # 10 requests queued on the rank that served the trajectory's last request (50,000
+    # tokens): the queue rule moves the turn to an idle rank (50,000 - 5,000 cached >
+    # 0); SMG keeps it (loads 10 against 0 differ by less than 64 requests).
+    assert route("queue", 10) == (0, 0)
+    assert route("smg", 10) == (1, 3)
+    # 70 queued: 70 - 0 > 64 and 70 > 1.5 x 0, imbalanced: SMG sends it to the least loaded.
+    assert route("smg", 70) == (0, 0)
+    # A prefix under 0.3 of the prompt (1,000 of 5,200) is no match: the smallest tree
+    # (every rank's is empty: the first) takes it.
+    assert route("smg", 10, prev_prompt=1000) == (0, 0)
+    # Without DP awareness SMG picks the engine (the prefix's: its load, 10, is within 64
+    # of the other's) and the engine's data-parallel controller the rank, by load.
+    assert route("smg", 10, mode="load") == (1, 0)
+    assert route("smg", 70, mode="load") == (0, 0)
+    with pytest.raises(ValueError, match="router_policy"):
+        ClusterSim(prof, ["mixed"], router_policy="random")
+
+
+def test_smg_smallest_tree_spreads_first_requests_and_follows_the_group():
+    # Fresh trajectories with no prefix anywhere go to the worker whose tree (what the
+    # router has sent it) is smallest, so a burst is spread over the ranks at once (the
+    # engine's own cache fills only when a prefill ends); a GRPO group's later members
+    # follow its first member's rank (the shared prompt matches all of theirs).
+    prof = get_profile("deepseek-v3.2")
+    sim = Recorder(prof, ["mixed"], router_policy="smg")
+    ranks = []
+    for i in range(16):
+        req = Req(_traj(f"f{i}"), f"f{i}-r1", 3000, 5)
+        sim.route_prefill(req)
+        ranks.append(req.rank.idx)
+    assert sorted(ranks) == list(range(16))
+    first = Req(_traj("g-a", "g@0", 3000), "g-a-r1", 3000, 5)
+    sim.route_prefill(first)
+    second = Req(_traj("g-b", "g@0", 3000), "g-b-r1", 3000, 5)
+    sim.route_prefill(second)
+    assert second.rank is first.rank
 
 
 def test_async_dispatch_launches_whole_groups():

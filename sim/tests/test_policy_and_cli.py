@@ -128,6 +128,8 @@ def test_cli_compare_json_and_bad_input():
     assert bad.exit_code == 2 and "unknown model" in bad.output
     bad = runner.invoke(app, ["sim", "compare", "--dp-routing", "random"])
     assert bad.exit_code == 2 and "unknown dp routing" in bad.output
+    bad = runner.invoke(app, ["sim", "run", "--router-policy", "random", "--out", "/tmp/x"])
+    assert bad.exit_code == 2 and "unknown router policy" in bad.output
 
 
 def test_cli_compare_takes_the_dp_routing():
@@ -142,3 +144,7 @@ def test_cli_compare_takes_the_dp_routing():
         assert rows[mode]["dp_routing"] == mode
     # Following the prefix reuses more of it: fewer prompt tokens are computed.
     assert rows["prefix"]["prefill_computed_tokens"] < rows["load"]["prefill_computed_tokens"]
+    r = runner.invoke(app, [*base, "--dp-routing", "prefix", "--router-policy", "smg"])
+    assert r.exit_code == 0, r.output
+    smg = json.loads(r.stdout)[0]["per_seed"][0]
+    assert smg["router_policy"] == "smg" and rows["prefix"]["router_policy"] == "queue"

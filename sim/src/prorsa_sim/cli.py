@@ -25,6 +25,12 @@ DpRoutingOpt = Annotated[str, typer.Option(
     help="How a request's attention-DP rank is chosen: load (SGLang's data-parallel controller, "
     "by load; default) or prefix (a DP-aware, cache-aware router).",
 )]
+RouterPolicyOpt = Annotated[str, typer.Option(
+    "--router-policy",
+    help="The router's rule between a prefix's holder and a less loaded worker: queue (the prefix's rank "
+    "unless its queue, less the cached part, is longer than the least-loaded rank's; default) or smg "
+    "(SGLang Model Gateway's cache_aware policy with its default thresholds).",
+)]
 
 
 MaxTurnsOpt = Annotated[int | None, typer.Option(
@@ -37,7 +43,7 @@ NoGroupPrefixOpt = Annotated[bool, typer.Option(
 
 
 def _config(workload, model, staleness, steps, seed, batch_size, gpus, dp_routing="load",
-            max_turns=None, max_output=None, no_group_prefix=False):
+            max_turns=None, max_output=None, no_group_prefix=False, router_policy="queue"):
     from prorsa_runtime.cli import fail
 
     from .simconfig import build_config
@@ -45,7 +51,7 @@ def _config(workload, model, staleness, steps, seed, batch_size, gpus, dp_routin
     try:
         return build_config(
             workload=workload, model=model, staleness=staleness, steps=steps, seed=seed,
-            batch_size=batch_size, total_gpus=gpus, dp_routing=dp_routing,
+            batch_size=batch_size, total_gpus=gpus, dp_routing=dp_routing, router_policy=router_policy,
             max_turns=max_turns, max_output=max_output, group_prefix=not no_group_prefix,
         )
     except (ValueError, TypeError) as exc:
@@ -85,6 +91,7 @@ def register(app: typer.Typer) -> None:
         batch_size: BatchOpt = 512,
         gpus: GpusOpt = 128,
         dp_routing: DpRoutingOpt = "load",
+        router_policy: RouterPolicyOpt = "queue",
         max_turns: MaxTurnsOpt = None,
         max_output: MaxOutputOpt = None,
         no_group_prefix: NoGroupPrefixOpt = False,
@@ -100,7 +107,7 @@ def register(app: typer.Typer) -> None:
         from .runner import default_jobs, parse_start, run_to_dir
 
         cfg = _config(workload, model, staleness, steps, seed, batch_size, gpus, dp_routing,
-                      max_turns, max_output, no_group_prefix)
+                      max_turns, max_output, no_group_prefix, router_policy)
         _check(cfg)
         try:
             if policy != "static":
@@ -137,6 +144,7 @@ def register(app: typer.Typer) -> None:
         batch_size: BatchOpt = 512,
         gpus: GpusOpt = 128,
         dp_routing: DpRoutingOpt = "load",
+        router_policy: RouterPolicyOpt = "queue",
         max_turns: MaxTurnsOpt = None,
         max_output: MaxOutputOpt = None,
         no_group_prefix: NoGroupPrefixOpt = False,
@@ -155,7 +163,7 @@ def register(app: typer.Typer) -> None:
         from .runner import default_jobs, parse_start
 
         cfg = _config(workload, model, staleness, steps, 0, batch_size, gpus, dp_routing,
-                      max_turns, max_output, no_group_prefix)
+                      max_turns, max_output, no_group_prefix, router_policy)
         _check(cfg)
         specs = expand_policies(policies)
         if not specs:

@@ -32,14 +32,38 @@ data-parallel controller then picks the rank by load (SGLang's default
 ``--load-balance-method``), so a prefix is reused only when that rank holds it."""
 
 
+ROUTER_POLICIES = ("queue", "smg")
+"""The router's rule between a prefix's holder and a less loaded worker. ``queue``: stay
+on the rank holding the trajectory's prefix unless its queue, less the cached part,
+exceeds the least-loaded rank's queue (tokens). ``smg``: SGLang Model Gateway's
+``cache_aware`` policy with its defaults (:data:`SMG_BALANCE_ABS`,
+:data:`SMG_BALANCE_REL`, :data:`SMG_CACHE_THRESHOLD`)."""
+
+SMG_BALANCE_ABS = 64
+SMG_BALANCE_REL = 1.5
+"""SMG ``cache_aware``: the loads (requests in flight per worker) count as imbalanced
+when the most loaded worker has more than 64 requests over the least loaded and more
+than 1.5x its load; then a request goes to the least loaded worker whatever it caches
+(sgl-model-gateway ``balance_abs_threshold`` / ``balance_rel_threshold`` defaults, as the
+emulated router in ``prorsa_emulated.router`` follows them)."""
+SMG_CACHE_THRESHOLD = 0.3
+"""SMG ``cache_aware``: with balanced loads a request goes to the worker whose prefix
+tree matches the largest part of its text if that part exceeds 0.3 of it (the gateway's
+``cache_threshold`` default), else to the worker with the smallest tree."""
+
+
 class ClusterSim(Interruptions):
     """Virtual clock + engines + router. Deterministic: ties break by insertion order.
     Interrupting engines (the weight-update abort, role switches) is :class:`~.switching.Interruptions`."""
 
-    def __init__(self, profile: ModelProfile, roles: list[str], dp_routing: str = "prefix"):
+    def __init__(self, profile: ModelProfile, roles: list[str], dp_routing: str = "prefix",
+                 router_policy: str = "queue"):
         if dp_routing not in DP_ROUTING:
             raise ValueError(f"dp_routing must be one of {', '.join(DP_ROUTING)}, not {dp_routing!r}")
+        if router_policy not in ROUTER_POLICIES:
+            raise ValueError(f"router_policy must be one of {', '.join(ROUTER_POLICIES)}, not {router_policy!r}")
         self.dp_routing = dp_routing
+        self.router_policy = router_policy
         self.profile = profile
         self.now = 0.0
         self._heap: list = []
@@ -66,6 +90,9 @@ class ClusterSim(Interruptions):
         self.cache_flushed_at_update_tokens = 0
         self.empty_engine_s = 0.0
         self._last_empty_t = [0.0] * len(self.engines)
+        self._tree: dict[tuple[int, int], int] = {}
+        """SMG routing: tokens in the router's prefix tree of each worker (engine index,
+        rank index or -1)."""
         self.shared_rank: dict = {}
         """GRPO group prefix key -> the rank its first member was routed to."""
 
@@ -88,6 +115,8 @@ class ClusterSim(Interruptions):
 
     def route_prefill(self, req: Req) -> Engine | None:
         """Place a new request on a prefill-capable rank (cache-aware, then least loaded)."""
+        if self.router_policy == "smg":
+            return self._route_smg(req)
         traj = req.traj
         best = None
         best_key = None
@@ -124,6 +153,62 @@ class ClusterSim(Interruptions):
         self.enqueue(best, req)
         return best.engine
 
+    def _route_smg(self, req: Req) -> Engine | None:
+        """SMG's ``cache_aware`` policy. Its workers are the engines, or with ``prefix``
+        DP routing (the gateway's ``--dp-aware``) every attention-DP rank. A worker's load
+        is its requests in flight (queued, prefilling, decoding, waiting for KV). With
+        balanced loads the request goes to the worker its prefix tree matches: the one
+        that served the trajectory's previous request (the tree holds the text the router
+        sent; it does not know what the engine has evicted or flushed since), or for a
+        first turn the one that served its GRPO group's first member, if that match is
+        more than :data:`SMG_CACHE_THRESHOLD` of the prompt; otherwise to the worker with
+        the smallest tree. The router's trees are its record of the text it sent each
+        worker (a request adds what its worker's tree did not match), never evicted here
+        (the gateway evicts a tree past 2^26 characters). Without DP awareness the engine's
+        data-parallel controller then picks the rank by load."""
+        traj = req.traj
+        engines = [e for e in self.engines if e.role != "decode" and e.routable]
+        if not engines:
+            self.unrouted.append(req)
+            return None
+        aware = self.dp_routing == "prefix"
+        workers = [r for e in engines for r in e.ranks] if aware else engines
+
+        def ranks(w):
+            return (w,) if aware else w.ranks
+
+        def load(w) -> int:
+            return sum(len(r.waiting) + len(r.running) + len(r.pending) for r in ranks(w))
+
+        def key(w) -> tuple[int, int]:
+            return (w.engine.index, w.idx) if aware else (w.index, -1)
+
+        loads = [load(w) for w in workers]
+        low, high = min(loads), max(loads)
+        chosen = None
+        new_text = req.prompt  # what the request adds to the chosen worker's tree
+        if not (high - low > SMG_BALANCE_ABS and high > SMG_BALANCE_REL * low):
+            prev, matched = traj.last_rank, getattr(traj, "router_prefix", 0)
+            shared_key = getattr(traj, "shared_key", None)
+            if prev is None and shared_key is not None:
+                prev, matched = self.shared_rank.get(shared_key), traj.shared_tokens
+            if prev is not None and matched > SMG_CACHE_THRESHOLD * req.prompt:
+                if prev.engine.role != "decode" and prev.engine.routable:
+                    chosen = prev if aware else prev.engine
+            if chosen is None:
+                chosen = min(workers, key=lambda w: self._tree.get(key(w), 0))
+            else:
+                new_text = max(req.prompt - matched, 0)
+        else:
+            chosen = workers[loads.index(low)]
+        self._tree[key(chosen)] = self._tree.get(key(chosen), 0) + new_text
+        best = chosen if aware else min(chosen.ranks, key=lambda r: (r.waiting_tokens + 256 * len(r.running), r.idx))
+        shared_key = getattr(traj, "shared_key", None)
+        if shared_key is not None and traj.last_rank is None:
+            self.shared_rank[shared_key] = best
+        self.enqueue(best, req)
+        return best.engine
+
     @staticmethod
     def _shared_hit(rank: Rank, traj) -> int:
         """Tokens of ``traj``'s group-shared prompt cached on ``rank`` (0 if none)."""
@@ -138,6 +223,7 @@ class ClusterSim(Interruptions):
         rank.waiting.append(req)
         rank.waiting_tokens += req.prompt
         req.traj.last_rank = rank
+        req.traj.router_prefix = req.prompt
         self.kick(rank.engine)
 
     def route_decode(self) -> Rank | None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from prorsa_emulated.costmodel import CLUSTER_GPUS, get_profile
 from prorsa_schemas import events as E
 
-from .cluster import DP_ROUTING
+from .cluster import DP_ROUTING, ROUTER_POLICIES
 from .workloads import get_workload
 
 
@@ -42,6 +42,11 @@ class SimConfig:
     """How the attention-DP rank of a request is chosen (``cluster.DP_ROUTING``): ``load``
     (default: SGLang's data-parallel controller balances ranks by load, so a prefix is reused
     only when the chosen rank holds it) or ``prefix`` (a DP-aware, cache-aware router)."""
+    router_policy: str = "queue"
+    """The router's rule between the worker holding a request's prefix and a less loaded
+    one (``cluster.ROUTER_POLICIES``): ``queue`` (default: the prefix's rank unless its
+    queue, less the cached part, is longer than the least-loaded rank's) or ``smg`` (SGLang
+    Model Gateway's ``cache_aware`` policy with its default thresholds)."""
     max_turns: int | None = None
     """A cap on each trajectory's turns (None: the workload's own); with ``max_output`` and
     ``group_prefix=False`` the live demo's scenario (its rollout driver caps turns and
@@ -66,6 +71,8 @@ def build_config(**kw) -> SimConfig:
     get_profile(kw.get("model", "deepseek-v3.2"))
     if kw.get("dp_routing", "load") not in DP_ROUTING:
         raise ValueError(f"unknown dp routing {kw['dp_routing']!r}; choose one of: {', '.join(DP_ROUTING)}")
+    if kw.get("router_policy", "queue") not in ROUTER_POLICIES:
+        raise ValueError(f"unknown router policy {kw['router_policy']!r}; choose one of: {', '.join(ROUTER_POLICIES)}")
     for cap in ("max_turns", "max_output"):
         if kw.get(cap) is not None and kw[cap] < 1:
             raise ValueError(f"--{cap.replace('_', '-')} must be >= 1, got {kw[cap]}")

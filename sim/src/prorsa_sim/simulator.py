@@ -66,7 +66,8 @@ class Simulator(Trajectories):
         if n < 1:
             raise ValueError(f"{config.total_gpus} GPUs hold no {prof.gpus_per_engine}-GPU engine")
         self.policy = policy
-        super().__init__(prof, policy.initial_roles(prof, n), dp_routing=config.dp_routing)
+        super().__init__(prof, policy.initial_roles(prof, n), dp_routing=config.dp_routing,
+                         router_policy=config.router_policy)
         self.sink = sink
         self.n_events = 0
         self.window_events: list = []

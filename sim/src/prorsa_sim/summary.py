@@ -127,6 +127,7 @@ def build_result(sim) -> Result:
         "staleness": cfg.staleness,
         "seed": cfg.seed,
         "dp_routing": cfg.dp_routing,
+        "router_policy": cfg.router_policy,
         "batch_size": cfg.batch_size,
         "engines": len(sim.engines),
         "gpus_per_engine": prof.gpus_per_engine,

@@ -37,6 +37,8 @@ class Traj:
     nreq: int = 0
     req: Req | None = None
     last_rank: object = None
+    router_prefix: int = 0
+    """Tokens of the last request the router sent (what its prefix tree matches)."""
     alive: bool = True
     length_capped: bool = False
     shared_key: str | None = None
