@@ -147,11 +147,16 @@ class ClusterSim(Interruptions):
             # The router picks the engine; inside it SGLang's data-parallel controller picks
             # the attention-DP rank by load (``--load-balance-method`` round_robin /
             # shortest_queue), not by prefix: the prefix is reused only if that rank has it.
-            best = min(best.engine.ranks, key=lambda r: (r.waiting_tokens + 256 * len(r.running), r.idx))
+            best = self._least_loaded_rank(best.engine)
         if shared_key is not None and traj.last_rank is None:
             self.shared_rank[shared_key] = best
         self.enqueue(best, req)
         return best.engine
+
+    @staticmethod
+    def _least_loaded_rank(eng: Engine) -> Rank:
+        """The rank SGLang's data-parallel controller gives a request: the least loaded."""
+        return min(eng.ranks, key=lambda r: (r.waiting_tokens + 256 * len(r.running), r.idx))
 
     def _route_smg(self, req: Req) -> Engine | None:
         """SMG's ``cache_aware`` policy. Its workers are the engines, or with ``prefix``
@@ -202,7 +207,7 @@ class ClusterSim(Interruptions):
         else:
             chosen = workers[loads.index(low)]
         self._tree[key(chosen)] = self._tree.get(key(chosen), 0) + new_text
-        best = chosen if aware else min(chosen.ranks, key=lambda r: (r.waiting_tokens + 256 * len(r.running), r.idx))
+        best = chosen if aware else self._least_loaded_rank(chosen)
         shared_key = getattr(traj, "shared_key", None)
         if shared_key is not None and traj.last_rank is None:
             self.shared_rank[shared_key] = best
