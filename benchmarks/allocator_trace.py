@@ -4,6 +4,7 @@ explanations were read from).
     .venv/bin/python benchmarks/allocator_trace.py WORKLOAD STALENESS [--policy prorsa]
         [--model deepseek-v3.2] [--steps 2] [--start P:D] [--from 0] [--to inf] [--quiet-band]
         [--gpus 128] [--batch-size 512] [--max-turns N --max-output N --no-group-prefix]
+        [--dp-routing load|prefix] [--router-policy queue|smg]
         [--set FIELD=VALUE ...]
 
 One line per window: the prefill engines now, the demands in instances (aᴾ, aᴰ), the
@@ -37,6 +38,8 @@ def main() -> None:
     ap.add_argument("--max-turns", type=int, default=None, help="cap on turns (the live demo: 6)")
     ap.add_argument("--max-output", type=int, default=None, help="cap on output tokens a turn (the live demo: 512)")
     ap.add_argument("--no-group-prefix", action="store_true", help="no shared first prompt in a GRPO group")
+    ap.add_argument("--dp-routing", default="load", help="load (default) or prefix (a DP-aware router)")
+    ap.add_argument("--router-policy", default="queue", help="queue (default) or smg (the gateway's cache_aware)")
     ap.add_argument("--from", dest="t_from", type=float, default=0.0)
     ap.add_argument("--to", dest="t_to", type=float, default=math.inf)
     ap.add_argument("--start", default=None, help="P:D split to start from (default: the policy's own)")
@@ -61,7 +64,8 @@ def main() -> None:
         cfg = build_config(workload=args.workload, model=args.model, staleness=args.staleness, steps=args.steps,
                            seed=args.seed, batch_size=args.batch_size, total_gpus=args.gpus,
                            max_turns=args.max_turns, max_output=args.max_output,
-                           group_prefix=not args.no_group_prefix)
+                           group_prefix=not args.no_group_prefix, dp_routing=args.dp_routing,
+                           router_policy=args.router_policy)
     except ValueError as e:
         ap.error(str(e))
     policy = make_policy(args.policy)
