@@ -45,7 +45,7 @@ from prorsa_sim.paper import FIG5_MATH_NORM, FIG5_SPEEDUP, FIG7_BEST, git_commit
 from prorsa_sim.progress import sweep_bar
 from prorsa_sim.compare import Matrix, Setting, run_matrix, spread
 from prorsa_sim.runner import FULL_GRID, code_versions, default_jobs
-from prorsa_sim.simconfig import SimConfig
+from prorsa_sim.simconfig import SimConfig, build_config
 
 MODELS = ("deepseek-v3.2", "mimo-v2.5-pro")
 WORKLOADS = ("math", "coding", "general")
@@ -95,8 +95,8 @@ def paper_range(model: str, workload: str) -> tuple[float, float] | None:
 
 
 def _cfg(a, model: str, workload: str, staleness: int) -> SimConfig:
-    return SimConfig(workload=workload, model=model, staleness=staleness, steps=a.steps, batch_size=a.batch_size,
-                     total_gpus=a.gpus)
+    return build_config(workload=workload, model=model, staleness=staleness, steps=a.steps, batch_size=a.batch_size,
+                        total_gpus=a.gpus, dp_routing=a.dp_routing, router_policy=a.router_policy)
 
 
 def settings_of(a) -> list[tuple[str, str, int]]:
@@ -430,6 +430,9 @@ def parse(argv=None):
     ap.add_argument("--no-bound", action="store_true", help="leave the bound out")
     ap.add_argument("--batch-size", type=int, default=512)
     ap.add_argument("--gpus", type=int, default=128)
+    ap.add_argument("--dp-routing", default="load", help="load (default) or prefix (a DP-aware router)")
+    ap.add_argument("--router-policy", default="queue",
+                    help="queue (default) or smg (SGLang Model Gateway's cache_aware rule; docs/simulator.md)")
     ap.add_argument("--jobs", type=int, default=None, help="parallel processes (default: the CPU count)")
     ap.add_argument("--out", type=Path, default=Path(".prorsa/headline"),
                     help="cached runs (OUT/runs), headline.json and headline.md")
@@ -457,6 +460,10 @@ def parse(argv=None):
     for w in a.workloads:
         if w not in WORKLOADS:
             ap.error(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
+    try:
+        build_config(dp_routing=a.dp_routing, router_policy=a.router_policy)
+    except ValueError as exc:
+        ap.error(str(exc))
     from prorsa_sim.catalog import make_policy
 
     for spec in a.bound.values():

@@ -167,6 +167,16 @@ def test_paper_report_small_cli_json_and_resume(tmp_path):
     assert sorted(p.name for p in (tmp_path / "runs").glob("*.json")) == runs
     bad = CliRunner().invoke(app, ["sim", "paper", "--workloads", "chess", "--out", str(tmp_path)])
     assert bad.exit_code == 2 and "unknown workload" in bad.output
+    # Under the gateway's rule on every DP rank: the same settings, simulated again (the
+    # routing is part of each run's cache key) and named in the report.
+    assert rep["meta"]["dp_routing"] == "load" and rep["meta"]["router_policy"] == "queue"
+    smg = CliRunner().invoke(app, [*args, "--dp-routing", "prefix", "--router-policy", "smg"])
+    assert smg.exit_code == 0, smg.output
+    meta = json.loads(smg.stdout)["meta"]
+    assert meta["dp_routing"] == "prefix" and meta["router_policy"] == "smg"
+    assert len(list((tmp_path / "runs").glob("*.json"))) == 2 * len(runs)
+    bad = CliRunner().invoke(app, [*args, "--router-policy", "rr"])
+    assert bad.exit_code == 2 and "unknown router policy" in bad.output
 
 
 def test_sim_run_writes_the_ideal_split_png(tmp_path):

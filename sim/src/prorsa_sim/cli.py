@@ -234,6 +234,8 @@ def register(app: typer.Typer) -> None:
             "--pd-policy", help="PD = this switching policy (from the best static ratio) instead of the best static.")] = None,
         batch_size: BatchOpt = 512,
         gpus: GpusOpt = 128,
+        dp_routing: DpRoutingOpt = "load",
+        router_policy: RouterPolicyOpt = "queue",
         quick: Annotated[bool, typer.Option("--quick", help="Preview preset: 3 steps, seed 0, 4-point static grid.")] = False,
         as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     ) -> None:
@@ -265,11 +267,11 @@ def register(app: typer.Typer) -> None:
                 fail(str(exc))
         o = options(models=ms, workloads=ws, staleness=st, seeds=_ints(seeds, "--seeds") if seeds else None,
                     steps=steps, grid=grid, jobs=jobs, pd_policy=pd_policy, batch_size=batch_size, gpus=gpus,
-                    quick=quick)
+                    quick=quick, dp_routing=dp_routing, router_policy=router_policy)
         if o.steps < 1 or o.grid < 1 or o.batch_size < 1:
             fail("--steps, --grid and --batch-size must be >= 1")
         for m in o.models:
-            _check(_config("coding", m, 0, 1, 0, batch_size, gpus))
+            _check(_config("coding", m, 0, 1, 0, batch_size, gpus, dp_routing, router_policy=router_policy))
         if out.exists() and not out.is_dir():
             fail(f"--out {out} exists and is not a folder")
         with sweep_bar(console) as bar:

@@ -119,11 +119,14 @@ class Options:
     batch_size: int = 512
     gpus: int = 128
     quick: bool = False
+    dp_routing: str = "load"
+    router_policy: str = "queue"
 
 
 def _cfg(o: Options, model: str, workload: str, staleness: int) -> SimConfig:
     return SimConfig(workload=workload, model=model, staleness=staleness, steps=o.steps,
-                     batch_size=o.batch_size, total_gpus=o.gpus)
+                     batch_size=o.batch_size, total_gpus=o.gpus, dp_routing=o.dp_routing,
+                     router_policy=o.router_policy)
 
 
 def _policies(o: Options) -> list[str]:
@@ -375,6 +378,7 @@ def report(o: Options, out: Path, progress=None, on_total=None) -> dict:
             "models": list(o.models), "workloads": list(o.workloads), "staleness": list(o.staleness),
             "seeds": list(o.seeds), "steps": o.steps, "measured_steps": max(0, o.steps - 1), "grid": o.grid,
             "batch_size": o.batch_size, "gpus": o.gpus, "pd": o.pd_policy or "best static (sweep)",
+            "dp_routing": o.dp_routing, "router_policy": o.router_policy,
             "quick": o.quick, "code_version": str(version),
             "allocator_code_version": version.allocator if o.pd_policy else None, "commit": git_commit(),
             "point_tolerance": POINT_TOLERANCE,
@@ -388,7 +392,8 @@ def report(o: Options, out: Path, progress=None, on_total=None) -> dict:
 
 
 def options(models=None, workloads=None, staleness=None, seeds=None, steps=None, grid=None, jobs=None,
-            pd_policy=None, batch_size=512, gpus=128, quick=False) -> Options:
+            pd_policy=None, batch_size=512, gpus=128, quick=False, dp_routing="load",
+            router_policy="queue") -> Options:
     """Options with the ``--quick`` or full preset filling what is not given."""
     preset = QUICK if quick else FULL
     return Options(
@@ -397,5 +402,5 @@ def options(models=None, workloads=None, staleness=None, seeds=None, steps=None,
         seeds=tuple(preset["seeds"] if seeds is None else seeds),
         steps=preset["steps"] if steps is None else steps, grid=preset["grid"] if grid is None else grid,
         jobs=default_jobs() if jobs is None else jobs, pd_policy=pd_policy, batch_size=batch_size, gpus=gpus,
-        quick=quick,
+        quick=quick, dp_routing=dp_routing, router_policy=router_policy,
     )
