@@ -22,7 +22,11 @@ Prints:
   ``cached_tokens`` its ``prefill.finished`` will report), to tell the cache's coin flips
   from the queue model's placement;
 * residuals of both series: signed bias (share of the actual demand) and lag-1
-  autocorrelation (near 0: white, nothing slow left for a correction to learn).
+  autocorrelation (near 0: white, nothing slow left for a correction to learn);
+* after weight updates (a log with ``policy.updated``): the hit ratio (cached over
+  cacheable tokens) of the warm requests routed back to their caching engine, by seconds
+  since the update (the caches refill after the flush), and the decode forecast's error
+  by the window's place relative to the last update (-1: the window it lands in).
 """
 
 from __future__ import annotations
@@ -39,17 +43,23 @@ from prorsa_forecaster.windows import WindowLoop
 from prorsa_schemas import read_log
 
 
+AGE_EDGES = np.array([0, 10, 20, 30, 40, 60, 90, 120, 150, np.inf])
+
+
 def cache_by_engine(path: str) -> None:
     held: dict[str, tuple[str, int]] = {}  # traj -> (engine caching its previous prompt, its tokens)
     queued: dict[str, tuple[str, str | None, int]] = {}  # traj -> (req, engine queued at, prompt)
     same = hits_same = hits_other = other = 0
     by_size: dict[int, list[int]] = {}  # log2 bin of the prefix -> [warm requests, routed back]
+    by_age = np.zeros((len(AGE_EDGES) - 1, 3))  # seconds since the update -> [requests, cached, cacheable]
+    last_update = None
     for line in read_log(path):
         ev = line.event
         if ev is None:
             continue
         if ev.type == "policy.updated":
             held.clear()  # a weight update flushes every prefix cache
+            last_update = ev.ts
         elif ev.type == "request.queued":
             queued[ev.traj] = (ev.req, ev.engine, ev.prompt_tokens)
         elif ev.type == "prefill.finished" and ev.traj in queued and queued[ev.traj][0] == ev.req:
@@ -64,6 +74,9 @@ def cache_by_engine(path: str) -> None:
                     same += 1
                     hits_same += hit
                     row[1] += 1
+                    if last_update is not None:
+                        k = int(np.searchsorted(AGE_EDGES, ev.ts - last_update, side="right")) - 1
+                        by_age[k] += (1, min(ev.cached_tokens, prev[1], prompt), min(prev[1], prompt))
                 else:
                     other += 1
                     hits_other += hit
@@ -78,6 +91,35 @@ def cache_by_engine(path: str) -> None:
     print("  routed back by prefix size (the trajectory's previous prompt):")
     for b, (nb, sb) in sorted(by_size.items()):
         print(f"    [{2**b:>7d}, {2 ** (b + 1):>7d}) tokens: n={nb:6d} routed back {sb / nb:.1%}")
+    if by_age[:, 0].any():
+        print("  routed back, by seconds since the last weight update: cached / cacheable tokens")
+        for lo, hi, (nr, c, cp) in zip(AGE_EDGES[:-1], AGE_EDGES[1:], by_age):
+            if nr:
+                print(f"    [{lo:g}, {hi:g}) s: n={int(nr):6d} hit ratio {c / cp:.3f}")
+
+
+def after_updates(path: str, results) -> None:
+    """The decode forecast's error by the window's place relative to the last weight
+    update before its end (-1: the update lands in it; 0: the window after; ...)."""
+    updates = np.array([ln.event.ts for ln in read_log(path) if ln.event is not None and ln.event.type == "policy.updated"])
+    if not len(updates) or not results:
+        return
+    rows: dict[int, list[float]] = {}
+    total = sum(abs(r.forecast.decode_admit_tokens - r.decode_actual) for r in results)
+    for r in results:
+        before = updates[updates < r.t + r.horizon]
+        if not len(before):
+            continue
+        k = min(int(np.floor((r.t - before[-1]) / r.horizon)), 12)
+        row = rows.setdefault(k, [0, 0.0, 0.0, 0.0])
+        e = r.forecast.decode_admit_tokens - r.decode_actual
+        row[0] += 1
+        row[1] += abs(e)
+        row[2] += e
+        row[3] += r.decode_actual
+    print("decode error by window after the last weight update (-1: the update lands in it; 12: 12 or more):")
+    for k, (n, ae, se, act) in sorted(rows.items()):
+        print(f"  {k:3d}: n={n:4d} WAPE {ae / act:.1%} signed {se / act:+.1%} share of all error {ae / total:.1%}")
 
 
 class _Probe(WindowLoop):
@@ -210,6 +252,7 @@ def main() -> None:
                       f"observed {rows[m, 2].mean():.3f}")
 
     admitted_share(results)
+    after_updates(args.log, results)
     if args.revealed:
         known_revealed(args.log, results, args.horizon)
 
