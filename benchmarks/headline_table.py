@@ -493,6 +493,7 @@ def main(argv=None) -> None:
             "quick": a.quick, "models": a.models, "workloads": a.workloads, "staleness": a.staleness,
             "seeds": a.seeds, "steps": a.steps, "measured_steps": a.steps - 1, "grid": a.grid, "bound": a.bound,
             "bound_seeds": a.bound_seeds if a.bound else [], "batch_size": a.batch_size, "gpus": a.gpus,
+            "dp_routing": a.dp_routing, "router_policy": a.router_policy,
             "jobs": a.jobs, "code_version": version.sim, "allocator_code_version": version.allocator,
             "commit": git_commit(), "wall_s": round(wall, 1), "gap_min": GAP_MIN,
             "simulations": n_runs, "simulated_now": simulated,
