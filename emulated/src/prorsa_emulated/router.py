@@ -23,6 +23,7 @@ import aiohttp
 from fastapi import Body, FastAPI
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from . import smg
 from .prefix_cache import parse_emulated_prompt
 from .server import SSE_DONE, sse
 
@@ -199,7 +200,6 @@ def create_router_app(health_timeout_s: float = 30.0, health_interval_s: float =
     # prefix is named by the conversation of an emulated prompt (``emulated_prompt_text``,
     # or ``emulated_prefix_id``: the emulated engines' synthetic tokens), so
     # a match is all or nothing. Dropped when the worker leaves (its cache is gone).
-    BALANCE_ABS, BALANCE_REL = 64, 1.5
     affinity: dict[str, str] = {}  # prefix id -> worker id
 
     def pick(kind: str, prefix: str | None = None) -> Worker | None:
@@ -207,7 +207,7 @@ def create_router_app(health_timeout_s: float = 30.0, health_interval_s: float =
         if not pool:
             return None
         low, high = min(w.load for w in pool), max(w.load for w in pool)
-        balanced = not (high - low > BALANCE_ABS and high > BALANCE_REL * low)
+        balanced = not smg.imbalanced(low, high)
         if prefix is not None and balanced:
             w = workers.get(affinity.get(prefix, ""))
             if w is not None and w in pool:

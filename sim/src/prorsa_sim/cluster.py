@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 
+from prorsa_emulated import smg
 from prorsa_emulated.costmodel import ModelProfile
 
 from .engines import Engine, Rank, Req
@@ -36,20 +37,7 @@ ROUTER_POLICIES = ("queue", "smg")
 """The router's rule between a prefix's holder and a less loaded worker. ``queue``: stay
 on the rank holding the trajectory's prefix unless its queue, less the cached part,
 exceeds the least-loaded rank's queue (tokens). ``smg``: SGLang Model Gateway's
-``cache_aware`` policy with its defaults (:data:`SMG_BALANCE_ABS`,
-:data:`SMG_BALANCE_REL`, :data:`SMG_CACHE_THRESHOLD`)."""
-
-SMG_BALANCE_ABS = 64
-SMG_BALANCE_REL = 1.5
-"""SMG ``cache_aware``: the loads (requests in flight per worker) count as imbalanced
-when the most loaded worker has more than 64 requests over the least loaded and more
-than 1.5x its load; then a request goes to the least loaded worker whatever it caches
-(sgl-model-gateway ``balance_abs_threshold`` / ``balance_rel_threshold`` defaults, as the
-emulated router in ``prorsa_emulated.router`` follows them)."""
-SMG_CACHE_THRESHOLD = 0.3
-"""SMG ``cache_aware``: with balanced loads a request goes to the worker whose prefix
-tree matches the largest part of its text if that part exceeds 0.3 of it (the gateway's
-``cache_threshold`` default), else to the worker with the smallest tree."""
+``cache_aware`` policy with its defaults (:mod:`prorsa_emulated.smg`)."""
 
 
 class ClusterSim(Interruptions):
@@ -166,7 +154,7 @@ class ClusterSim(Interruptions):
         that served the trajectory's previous request (the tree holds the text the router
         sent; it does not know what the engine has evicted or flushed since), or for a
         first turn the one that served its GRPO group's first member, if that match is
-        more than :data:`SMG_CACHE_THRESHOLD` of the prompt; otherwise to the worker with
+        more than ``smg.CACHE_THRESHOLD`` of the prompt; otherwise to the worker with
         the smallest tree. The router's trees are its record of the text it sent each
         worker (a request adds what its worker's tree did not match), never evicted here
         (the gateway evicts a tree past 2^26 characters). Without DP awareness the engine's
@@ -192,12 +180,12 @@ class ClusterSim(Interruptions):
         low, high = min(loads), max(loads)
         chosen = None
         new_text = req.prompt  # what the request adds to the chosen worker's tree
-        if not (high - low > SMG_BALANCE_ABS and high > SMG_BALANCE_REL * low):
+        if not smg.imbalanced(low, high):
             prev, matched = traj.last_rank, getattr(traj, "router_prefix", 0)
             shared_key = getattr(traj, "shared_key", None)
             if prev is None and shared_key is not None:
                 prev, matched = self.shared_rank.get(shared_key), traj.shared_tokens
-            if prev is not None and matched > SMG_CACHE_THRESHOLD * req.prompt:
+            if prev is not None and matched > smg.CACHE_THRESHOLD * req.prompt:
                 if prev.engine.role != "decode" and prev.engine.routable:
                     chosen = prev if aware else prev.engine
             if chosen is None:
