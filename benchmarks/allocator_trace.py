@@ -4,7 +4,7 @@ explanations were read from).
     .venv/bin/python benchmarks/allocator_trace.py WORKLOAD STALENESS [--policy prorsa]
         [--model deepseek-v3.2] [--steps 2] [--start P:D] [--from 0] [--to inf] [--quiet-band]
         [--gpus 128] [--batch-size 512] [--max-turns N --max-output N --no-group-prefix]
-        [--dp-routing load|prefix] [--router-policy queue|smg]
+        [--dp-routing load|prefix] [--router-policy queue|smg] [--served]
         [--set FIELD=VALUE ...]
 
 One line per window: the prefill engines now, the demands in instances (aᴾ, aᴰ), the
@@ -19,6 +19,7 @@ import argparse
 import math
 
 from prorsa_allocator.config import AllocatorConfig
+from prorsa_allocator.served import pool_hit
 from prorsa_sim.catalog import make_policy
 from prorsa_sim.runner import StartAt
 from prorsa_sim.simconfig import build_config
@@ -44,6 +45,9 @@ def main() -> None:
     ap.add_argument("--to", dest="t_to", type=float, default=math.inf)
     ap.add_argument("--start", default=None, help="P:D split to start from (default: the policy's own)")
     ap.add_argument("--quiet-band", action="store_true", help="leave out windows already in the target band")
+    ap.add_argument("--served", action="store_true",
+                    help="also print the served rate of each prefill count measured so far (EMA, full-prompt "
+                    "tokens/s) and the prefill pool's cache hit ratio")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                     help="an AllocatorConfig field over its default (an ablation), e.g. --set settle_s=0")
     args = ap.parse_args()
@@ -93,6 +97,9 @@ def main() -> None:
               f"target={a.n_prefill}:{a.n_decode} W={fc.prefill_tokens / 1e6:6.2f}M Kd={fc.decode_kv_now / 1e6:5.2f}M "
               f"Ad={fc.decode_admit_tokens / 1e6:5.2f}M seqs={seqs} theta={alloc.theta.value:7.0f} "
               f"moves={moves} {reason}")
+        if args.served:
+            rates = " ".join(f"{p}:{v[0] / 1e3:.0f}k/{v[1]}" for p, v in sorted(alloc.served.items()))
+            print(f"         served (count:rate/windows) {rates or '-'} pool hit {pool_hit(list(alloc.table.engines.values())):.2f}")
         return out
 
     driver.decide = traced
