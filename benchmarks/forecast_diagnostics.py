@@ -46,13 +46,15 @@ from prorsa_schemas import read_log
 AGE_EDGES = np.array([0, 10, 20, 30, 40, 60, 90, 120, 150, np.inf])
 
 
-def cache_by_engine(path: str) -> None:
+def cache_by_engine(path: str) -> list[float]:
+    """Prints the prefix cache by engine; returns the log's weight-update times."""
     held: dict[str, tuple[str, int]] = {}  # traj -> (engine caching its previous prompt, its tokens)
     queued: dict[str, tuple[str, str | None, int]] = {}  # traj -> (req, engine queued at, prompt)
     same = hits_same = hits_other = other = 0
     by_size: dict[int, list[int]] = {}  # log2 bin of the prefix -> [warm requests, routed back]
     by_age = np.zeros((len(AGE_EDGES) - 1, 3))  # seconds since the update -> [requests, cached, cacheable]
     last_update = None
+    updates: list[float] = []
     for line in read_log(path):
         ev = line.event
         if ev is None:
@@ -60,6 +62,7 @@ def cache_by_engine(path: str) -> None:
         if ev.type == "policy.updated":
             held.clear()  # a weight update flushes every prefix cache
             last_update = ev.ts
+            updates.append(ev.ts)
         elif ev.type == "request.queued":
             queued[ev.traj] = (ev.req, ev.engine, ev.prompt_tokens)
         elif ev.type == "prefill.finished" and ev.traj in queued and queued[ev.traj][0] == ev.req:
@@ -85,7 +88,7 @@ def cache_by_engine(path: str) -> None:
     n = same + other
     if n == 0:
         print("prefix cache by engine: no warm request with engines and cached_tokens in the log")
-        return
+        return updates
     print(f"prefix cache by engine: {n} warm requests, {same / n:.1%} routed back to the caching engine; "
           f"hit rate routed back {hits_same / max(same, 1):.1%}, elsewhere {hits_other / max(other, 1):.1%}")
     print("  routed back by prefix size (the trajectory's previous prompt):")
@@ -96,12 +99,13 @@ def cache_by_engine(path: str) -> None:
         for lo, hi, (nr, c, cp) in zip(AGE_EDGES[:-1], AGE_EDGES[1:], by_age):
             if nr:
                 print(f"    [{lo:g}, {hi:g}) s: n={int(nr):6d} hit ratio {c / cp:.3f}")
+    return updates
 
 
-def after_updates(path: str, results) -> None:
+def after_updates(update_ts: list[float], results) -> None:
     """The decode forecast's error by the window's place relative to the last weight
     update before its end (-1: the update lands in it; 0: the window after; ...)."""
-    updates = np.array([ln.event.ts for ln in read_log(path) if ln.event is not None and ln.event.type == "policy.updated"])
+    updates = np.array(update_ts)
     if not len(updates) or not results:
         return
     rows: dict[int, list[float]] = {}
@@ -225,7 +229,7 @@ def main() -> None:
     ap.add_argument("--horizon", type=float, default=10.0)
     ap.add_argument("--revealed", action="store_true", help="also replay with the known requests' cache outcomes revealed (a second replay)")
     args = ap.parse_args()
-    cache_by_engine(args.log)
+    update_ts = cache_by_engine(args.log)
 
     loop = _Probe(ForecastConfig(horizon=args.horizon))
     results = []
@@ -252,7 +256,7 @@ def main() -> None:
                       f"observed {rows[m, 2].mean():.3f}")
 
     admitted_share(results)
-    after_updates(args.log, results)
+    after_updates(update_ts, results)
     if args.revealed:
         known_revealed(args.log, results, args.horizon)
 

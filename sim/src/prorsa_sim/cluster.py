@@ -160,6 +160,7 @@ class ClusterSim(Interruptions):
         (the gateway evicts a tree past 2^26 characters). Without DP awareness the engine's
         data-parallel controller then picks the rank by load."""
         traj = req.traj
+        shared_key = getattr(traj, "shared_key", None)
         engines = [e for e in self.engines if e.role != "decode" and e.routable]
         if not engines:
             self.unrouted.append(req)
@@ -182,7 +183,6 @@ class ClusterSim(Interruptions):
         new_text = req.prompt  # what the request adds to the chosen worker's tree
         if not smg.imbalanced(low, high):
             prev, matched = traj.last_rank, getattr(traj, "router_prefix", 0)
-            shared_key = getattr(traj, "shared_key", None)
             if prev is None and shared_key is not None:
                 prev, matched = self.shared_rank.get(shared_key), traj.shared_tokens
             if prev is not None and matched > smg.CACHE_THRESHOLD * req.prompt:
@@ -196,7 +196,6 @@ class ClusterSim(Interruptions):
             chosen = workers[loads.index(low)]
         self._tree[key(chosen)] = self._tree.get(key(chosen), 0) + new_text
         best = chosen if aware else self._least_loaded_rank(chosen)
-        shared_key = getattr(traj, "shared_key", None)
         if shared_key is not None and traj.last_rank is None:
             self.shared_rank[shared_key] = best
         self.enqueue(best, req)
