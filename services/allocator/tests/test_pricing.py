@@ -14,6 +14,7 @@ from prorsa_allocator.planner import Allocator
 from prorsa_allocator.pricing import (
     PricedContext, SwitchPrice, SwitchPrices, price_switch, price_switches, priced_net, role_pressed,
 )
+from prorsa_allocator.served import CacheRegime
 from prorsa_allocator.switching import DemandView
 from prorsa_allocator.testing import KV, RUN, THETA, failed, forecast, registered, stats, switched
 from prorsa_schemas import EngineCommand, PolicyUpdated
@@ -203,6 +204,73 @@ def test_no_switch_in_a_steps_opening() -> None:
     assert cmds(60.0) == []
     assert [c.to_role for c in cmds(130.0)][:1] == ["prefill"]
     assert [c.to_role for c in cmds(60.0, hold=0.0)][:1] == ["prefill"]
+
+
+def test_cache_regime_on_hand_computed_hits() -> None:
+    r = CacheRegime(ratio=2.0, max_s=600.0, alpha=0.5, max_hit=0.95)
+    r.on_update(0.0)
+    assert not r.cold  # nothing measured yet: nothing to come back to
+    # The reference miss ratio: the mean over the first 1/alpha windows, then the EMA.
+    r.measured(0.9)
+    assert r.miss_ref == pytest.approx(0.1)
+    r.measured(0.8)
+    assert r.miss_ref == pytest.approx(0.15)
+    r.measured(0.99)  # capped at max_hit: a miss ratio of 0.05
+    assert r.miss_ref == pytest.approx(0.10)
+    r.on_update(100.0)
+    assert r.cold
+    r.observe(110.0, 0.5)  # miss 0.5 > 2 x 0.1
+    assert r.cold
+    r.observe(200.0, 0.82)  # miss 0.18 <= 0.2: back
+    assert not r.cold and r.miss_ref == pytest.approx(0.10)
+    # Never back within max_s: the reuse has changed, and the reference restarts.
+    r.on_update(300.0)
+    r.observe(850.0, 0.3)
+    assert r.cold
+    r.observe(950.0, 0.3)
+    assert not r.cold and r.miss_ref is None and r.windows == 0
+    off = CacheRegime(ratio=0.0, max_s=600.0, alpha=0.5, max_hit=0.95)
+    off.measured(0.9)
+    off.on_update(0.0)
+    assert not off.cold
+
+
+def test_the_opening_waits_for_the_prefill_cache_and_measures_nothing_cold() -> None:
+    # 4:4, prefill engines queueing at hit 0.9 before a weight update (the served rate of
+    # 4 and the reference miss ratio 0.1 are measured); after it a forecast that wants 6:2
+    # (idle decode engines: each move costs only its switch).
+    def run(**kw) -> tuple[Allocator, dict[float, list], dict[float, int]]:
+        alloc = _cluster(4, 4, served_ramp_s=0.0, served_min_samples=1, **kw)
+        cmds: dict[float, list] = {}
+        measured: dict[float, int] = {}  # windows measured at 4 prefill engines, after each window
+
+        def window(t: float, hit: float, p: float, d: float) -> None:
+            for i in range(4):
+                # computed tokens/s that make θᴾ full-prompt tokens/s at this hit
+                alloc.handle(stats(f"p{i}", "prefill", ts=t - 5.0, running=2, queued=3,
+                                   prefill_tokens_per_s=THETA * (1.0 - hit), cache_hit_rate=hit))
+            cmds[t] = [e.to_role for e in alloc.handle(forecast(t=t, prefill_engines=p, decode_engines=d))
+                       if isinstance(e, EngineCommand)]
+            measured[t] = alloc.served[4][1]
+
+        for t in (10.0, 20.0, 30.0):
+            window(t, 0.9, 4.0, 4.0)
+        alloc.handle(PolicyUpdated(id="pu-1", ts=100.0, run=RUN, version=2))
+        window(230.0, 0.5, 6.0, 1.5)  # past opening_hold_s, the cache still cold
+        window(240.0, 0.5, 6.0, 1.5)
+        window(250.0, 0.85, 6.0, 1.5)  # miss 0.15 <= 2 x 0.1: back
+        return alloc, cmds, measured
+
+    alloc, cmds, measured = run()
+    # The reference: miss 0.1 over three windows, then 0.15 in the one the cache came back in.
+    assert alloc.cache.miss_ref == pytest.approx((3 * 0.1 + 0.15) / 4)
+    assert cmds[230.0] == [] and cmds[240.0] == []
+    assert measured[240.0] == 3  # the cold windows were not measured
+    assert cmds[250.0][:1] == ["prefill"]
+    assert measured[250.0] == 4  # the window the cache came back in was
+    # With the rule off the first window after the hold moves, cold or not, and is measured.
+    _, cmds_off, measured_off = run(opening_cache_ratio=0.0)
+    assert cmds_off[230.0][:1] == ["prefill"] and measured_off[230.0] == 4
 
 
 def test_learned_switch_cost_is_net_of_the_deadline_drain() -> None:

@@ -127,6 +127,27 @@ class AllocatorConfig(BaseModel):
         "lasts 60-90 s on the simulated agentic settings (benchmarks/allocator_trace.py), "
         "shorter than a switch and the switch back; 0: off.",
     )
+    opening_cache_ratio: float = Field(
+        default=2.0,
+        ge=0,
+        description="'priced' rule: after a weight update the step's opening also lasts until "
+        "the prefill pool's cache is back, its miss ratio (1 - hit) within this factor of its "
+        "level over the windows the served rates were measured in; until then no switch is "
+        "made and no served rate measured (served.CacheRegime). CHOICE: a prefill-bound pool "
+        "at twice the reference miss ratio serves half the full-prompt tokens it serves warm, "
+        "a transient no switch answers within its own dead time; a step's own hit varies by "
+        "less (MiMo-V2.5-Pro general/0 under the default routing: 0.76 in a step's body, 0.85 "
+        "in the windows measured, 1.6x the miss ratio; held as cold at 1.5 for the whole step). "
+        "0: off.",
+    )
+    opening_cache_max_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="'priced' rule: the longest the opening waits for the cache "
+        "(opening_cache_ratio); past it the reuse is taken to have changed and the reference "
+        "restarts. CHOICE: about a DeepSeek-V3.2 coding step under the gateway's rule "
+        "(680 s at 6:2), three times the longest cache rebuild measured (about 200 s).",
+    )
     horizon_switch_multiple: float = Field(
         default=4.0,
         ge=1,

@@ -32,7 +32,7 @@ from .engines import EngineTable
 from .estimate import PrefillThroughput, SwitchCost, cluster_shape
 from .optimize import Allocation, Capacity, Demand, solve
 from .records import Counters, Decision, SwitchDurations
-from .served import measure_served, pool_hit
+from .served import CacheRegime, measure_served, pool_hit
 from .pricing import PricedContext, select_priced
 from .switching import DemandView, Selection, prefill_band, select_switches
 
@@ -89,6 +89,8 @@ class Allocator:
         self.served: dict[int, tuple[float, int, float]] = {}  # count -> (EMA, windows, last t)
         self.prefill_backlog: dict[int, float] = {}  # count -> queued per prefill engine, same windows
         self._first_t: float | None = None  # the first forecast's window start (the run's ramp)
+        # 'priced' rule: whether the prefill pool's cache is back since the last update.
+        self.cache = CacheRegime(c.opening_cache_ratio, c.opening_cache_max_s, c.served_alpha, c.max_cache_hit_rate)
 
     # -- the one entry point -----------------------------------------------------------------
     def handle(self, event: Event, act: bool = True) -> list[Event]:
@@ -124,6 +126,7 @@ class Allocator:
             self.served.clear()
             self.prefill_backlog.clear()
         self.last_update_ts = ts
+        self.cache.on_update(ts)
 
     def pause_left(self) -> float:
         """Seconds left of the weight-update pause at event time (0: not in one)."""
@@ -180,8 +183,10 @@ class Allocator:
                 engines = cluster_shape(self.table.engines.values(), self.config.gpus_prefill,
                                         self.config.gpus_decode).engines
                 if len(engines) >= 2:
-                    measure_served(self.served, engines, fc, self.config, self.last_update_ts, self._first_t,
-                                   self.prefill_backlog)
+                    hit = pool_hit(engines)
+                    if self.pause_left() <= 0:
+                        self.cache.observe(fc.t, hit)
+                    self._measure_served(engines, fc, hit)
             return None
         decision = Decision(t=fc.t)
         self.last_decision = decision
@@ -201,6 +206,9 @@ class Allocator:
             extra = decode_step_demand(cfg, self.decode_step.value, load, kv_total, a_p, fc.decode_kv_now, fc.decode_admit_tokens, room)
             demand = Demand(fc.prefill_tokens, fc.horizon, kv_total, extra)
             pause_left = self.pause_left() if cfg.rule == "priced" else 0.0
+            hit = pool_hit(engines)
+            if cfg.rule == "priced" and pause_left <= 0:
+                self.cache.observe(fc.t, hit)
             opening = self._opening(fc.t, pause_left)
             if pause_left > 0 and self._steady is not None:
                 # The pause's own window sees only the requests the update aborted: the step
@@ -249,14 +257,18 @@ class Allocator:
                              decode_step=(step.fixed_s, step_load))
         imbalance = self._imbalance_age(alloc, len(engines), shape.n_prefill, fc.t)
         if cfg.rule == "priced":
-            measure_served(self.served, engines, fc, cfg, self.last_update_ts, self._first_t, self.prefill_backlog)
+            self._measure_served(engines, fc, hit)
             served = {p: r for p, (r, n, t) in self.served.items()
                       if n >= cfg.served_min_samples and fc.t - t <= cfg.served_memory_s}
             backlog = {p: q for p, q in self.prefill_backlog.items() if p in served}
-            ctx = PricedContext(self.theta.value, pool_hit(engines), self.decode_turn_s, pause_left, served, backlog)
+            ctx = PricedContext(self.theta.value, hit, self.decode_turn_s, pause_left, served, backlog)
             if opening:
-                sel = Selection(reason=f"holding through the step's opening ({fc.t - self.last_update_ts:.0f}s "
-                                       f"of {cfg.opening_hold_s:.0f}s after the weight update)")
+                since = fc.t - self.last_update_ts
+                sel = Selection(reason=f"holding through the step's opening ({since:.0f}s of {cfg.opening_hold_s:.0f}s "
+                                       f"after the weight update)" if since <= cfg.opening_hold_s else
+                                       f"holding through the step's opening ({since:.0f}s after the weight update): "
+                                       f"the prefill pool's cache is not back (miss ratio {self.cache.miss(hit):.2f}, "
+                                       f"{self.cache.miss_ref or 0.0:.2f} before)")
             else:
                 sel = select_priced(alloc, engines, dv, self.now, cfg, self.switch_cost, ctx, self.last_direction,
                                     self.last_switch_ts, imbalance, initial=self.counters.commands == 0,
@@ -304,9 +316,18 @@ class Allocator:
             self.settle_since = ts
         return decision
 
+    def _measure_served(self, engines: list, fc: ForecastWindow, hit: float) -> None:
+        """Window ``fc``'s served rate (:func:`measure_served`), and its pool hit ``hit`` in
+        the cache regime's reference when it was measured."""
+        if measure_served(self.served, engines, fc, self.config, self.last_update_ts, self._first_t,
+                          self.prefill_backlog, cache_cold=self.cache.cold):
+            self.cache.measured(hit)
+
     def _opening(self, t: float, pause_left: float) -> bool:
         """'priced' rule: whether window ``t`` is in a step's opening, after the weight-update
-        pause and within ``opening_hold_s`` of the update, when no switch is made. The
+        pause and within ``opening_hold_s`` of the update, or until the prefill pool's cache
+        is back (``opening_cache_ratio``, :class:`~prorsa_allocator.served.CacheRegime`),
+        when no switch is made. The
         re-prefill burst after an update (the carried-over trajectories and the new batch's
         prompts) lasts less than a switch and the switch back: the forecast sees it as
         prefill demand of two to three times the steady one, and on every setting measured
@@ -314,7 +335,7 @@ class Allocator:
         cfg = self.config
         if cfg.rule != "priced" or self.last_update_ts is None or pause_left > 0:
             return False
-        return t - self.last_update_ts <= cfg.opening_hold_s
+        return t - self.last_update_ts <= cfg.opening_hold_s or self.cache.cold
 
     def _imbalance_age(self, alloc: Allocation, n: int, p: int, t: float) -> float:
         """How long the ``n`` engines, ``p`` of them counted as prefill, have been outside

@@ -1,8 +1,11 @@
 """The 'priced' rule's measured rates: the full-prompt prefill rate the cluster served at
-each prefill count (``Allocator.served``: count -> (EMA, windows, last window start)), and
-the prefill pool's prefix-cache hit ratio."""
+each prefill count (``Allocator.served``: count -> (EMA, windows, last window start)), the
+prefill pool's prefix-cache hit ratio, and the cache regime those rates were measured in
+(:class:`CacheRegime`)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from prorsa_schemas import ForecastWindow
 
@@ -11,7 +14,7 @@ from .config import AllocatorConfig
 
 def measure_served(served: dict[int, tuple[float, int, float]], engines: list, fc: ForecastWindow,
                    cfg: AllocatorConfig, last_update_ts: float | None, first_t: float | None,
-                   backlog: dict[int, float] | None = None) -> None:
+                   backlog: dict[int, float] | None = None, cache_cold: bool = False) -> bool:
     """Fold the last window's served prefill rate into the rate of the prefill count
     that served it: Σ over prefill engines of computed tokens/s / (1 − hit), the
     full-prompt tokens the cluster prefilled per second. In a closed rollout loop that
@@ -23,15 +26,21 @@ def measure_served(served: dict[int, tuple[float, int, float]], engines: list, f
     (a warm-up ramp would otherwise veto the counts it passed through).
 
     ``backlog``: the prefill engines' mean queued requests per engine at the end of the
-    same windows, averaged as the rate is (whether the prefill role had room to give)."""
+    same windows, averaged as the rate is (whether the prefill role had room to give).
+
+    ``cache_cold``: the pool's cache has not come back since the last weight update
+    (:class:`CacheRegime`); such windows are not measured either. Returns whether the
+    window was measured."""
+    if cache_cold:
+        return False
     if any(v.switching_to is not None for v in engines) or not any(v.queued_reqs > 0 for v in engines):
-        return
+        return False
     if any(v.since_ts > fc.t - fc.horizon for v in engines if v.switched):
-        return
+        return False
     if last_update_ts is not None and fc.t - last_update_ts < fc.horizon + cfg.weight_sync_s:
-        return
+        return False
     if cfg.served_ramp_s is not None and first_t is not None and fc.t - first_t < cfg.served_ramp_s:
-        return
+        return False
     rate, p, queued = 0.0, 0, 0
     for v in engines:
         if v.role == "prefill":
@@ -50,9 +59,68 @@ def measure_served(served: dict[int, tuple[float, int, float]], engines: list, f
         served[p] = ((1 - w) * old[0] + w * rate, old[1] + 1, fc.t)
     if backlog is not None:
         backlog[p] = q if w >= 1.0 or p not in backlog else (1 - w) * backlog[p] + w * q
+    return True
 
 
 def pool_hit(engines: list) -> float:
     """The prefill pool's prefix-cache hit ratio: the mean of its engines' last reports."""
     hits = [v.cache_hit_rate for v in engines if v.role == "prefill" and v.cache_hit_rate is not None]
     return sum(hits) / len(hits) if hits else 0.0
+
+
+@dataclass
+class CacheRegime:
+    """Whether the prefill pool's prefix cache is back after a weight update.
+
+    A weight update flushes every cache. Where prompts share long prefixes and the router
+    keeps them on one engine (a GRPO group, a coding agent's growing context, SGLang
+    Model Gateway's cache-aware routing) the pool computes a few percent of each prompt
+    when warm and all of it when cold: after the update a prefill engine serves a tenth
+    of the full-prompt tokens it served before, for as long as the carried-over contexts
+    take to be prefilled once (about 200 s on DeepSeek-V3.2 coding/8 under the gateway's
+    rule, pool hit 0.05 -> 0.9; benchmarks/allocator_trace.py ``--served``). Planned on,
+    those windows ask for several times the prefill engines the step needs once the cache
+    is back, by when a switch made for them has landed; measured, they lower the served
+    rate of the count that met them, so that the veto compares a cold count with a warm
+    one.
+
+    The reference is the pool's miss ratio (1 − hit, the hit capped at ``max_hit``) over
+    the windows the served rates were measured in, the plain mean over the first
+    1/``alpha`` of them, then an EMA. After an update the regime is cold until a window
+    after the pause shows a miss ratio within ``ratio`` times the reference, or until
+    ``max_s`` after the update (the workload's reuse has changed: the reference restarts
+    from the next measured windows). ``ratio`` 0: never cold."""
+
+    ratio: float
+    max_s: float
+    alpha: float
+    max_hit: float
+    miss_ref: float | None = None
+    windows: int = 0
+    update_ts: float | None = None
+    cold: bool = False
+
+    def on_update(self, ts: float) -> None:
+        """A weight update at ``ts``: cold, if there is a reference to come back to."""
+        self.update_ts = ts
+        self.cold = self.ratio > 0 and self.miss_ref is not None
+
+    def observe(self, t: float, hit: float) -> None:
+        """The pool's hit ratio in window ``t`` after the pause: back, or still cold."""
+        if not self.cold or self.update_ts is None or self.miss_ref is None:
+            return
+        if self.miss(hit) <= self.ratio * self.miss_ref:
+            self.cold = False
+        elif t - self.update_ts > self.max_s:
+            self.cold = False
+            self.miss_ref, self.windows = None, 0
+
+    def measured(self, hit: float) -> None:
+        """A window whose served rate was measured, at pool hit ``hit``."""
+        m = self.miss(hit)
+        self.windows += 1
+        w = max(self.alpha, 1.0 / self.windows)
+        self.miss_ref = m if self.miss_ref is None else (1 - w) * self.miss_ref + w * m
+
+    def miss(self, hit: float) -> float:
+        return 1.0 - min(max(hit, 0.0), self.max_hit)
