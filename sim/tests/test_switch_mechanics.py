@@ -15,6 +15,7 @@ from prorsa_sim.switching import DRAIN_DEADLINE_S
 from prorsa_sim.engines import Req
 from prorsa_sim.catalog import make_policy
 from prorsa_sim.simconfig import SimConfig
+from prorsa_sim.policies.schedule import RecordedPolicy
 from prorsa_sim.simulator import Simulator
 
 PROF = get_profile("mimo-v2.5-pro")  # 2 attention-DP ranks per engine, 4096-token chunks
@@ -205,3 +206,41 @@ def test_e_cache_lost_tokens_is_the_prefix_cache_held_at_the_flip():
     assert sim.switch_log[0]["cache_lost_tokens"] == 3_000 + 2_000 + 8_192
     assert sim.cache_flushed_at_update_tokens == 0
     assert p0.role == "decode" and all(r.cache_tokens == 0 for r in p0.ranks)
+
+
+class _EnqueueLog(Simulator):
+    """Records where each request is queued for prefill, and whether the cluster was paused
+    for a weight update then."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.queued: list[tuple[bool, str, float]] = []
+        self.update_aborts = 0
+
+    def enqueue(self, rank, req):
+        self.queued.append((self.paused, rank.engine.name, self.now))
+        super().enqueue(rank, req)
+
+    def _on_aborted(self, req, gen_total, requeue):
+        if self.paused:
+            self.update_aborts += 1
+        super()._on_aborted(req, gen_total, requeue)
+
+
+@pytest.mark.parametrize("router", ["queue", "smg"])
+def test_f_the_weight_update_stops_every_engine_before_it_aborts_any(router):
+    """A prefill engine listed after a decode engine (e002, switched to prefill at t = 10 s)
+    takes none of the decodes the update aborts on e001 while the others are paused: every
+    request the update re-queues waits for the resume, then goes where the router sends it
+    with every engine back (before, e002 was still taking work when e001's decodes were
+    aborted and got all of them)."""
+    cfg = SimConfig(workload="math", model="mimo-v2.5-pro", total_gpus=48, staleness=2, steps=2,
+                    batch_size=16, router_policy=router, dp_routing="prefix")
+    sim = _EnqueueLog(cfg, RecordedPolicy(1, [[10.0, "e002", "prefill", "in_place"]]))
+    res = sim.run()
+    assert res.summary["switch_log"][0]["engine"] == "e002" and res.summary["final_roles"]["prefill"] == 2
+    assert sim.update_aborts > 0  # the update found decodes running on e001
+    assert [name for paused, name, _ in sim.queued if paused] == []
+    resumes = {round(t + cfg.weight_sync_s, 6) for t in sim.update_times[1:]}
+    at_resume = [name for _, name, t in sim.queued if round(t, 6) in resumes]
+    assert len(at_resume) >= sim.update_aborts and set(at_resume) <= {"e000", "e002"}

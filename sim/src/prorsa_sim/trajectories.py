@@ -293,13 +293,15 @@ class Trajectories(ClusterSim):
                 if tr.version < self.version - self.cfg.staleness:
                     self._drop(tr)
         # Weight sync: pause every engine, abort in-flight requests (they re-prefill on
-        # the new weights), flush prefix caches. A draining engine's waiting prompts go
-        # to the other engines (parked until the resume).
+        # the new weights), flush prefix caches. Every engine stops before any is aborted,
+        # so what an abort re-queues (and a draining engine's waiting prompts) is parked
+        # until the resume and routed then, whatever order the engines are listed in.
         self.paused = True
-        for eng in self.engines:
-            if eng.available:
-                self.abort_engine(eng, reroute_waiting=eng.draining)
-                eng.available = False
+        stopping = [eng for eng in self.engines if eng.available]
+        for eng in stopping:
+            eng.available = False
+        for eng in stopping:
+            self.abort_engine(eng, reroute_waiting=eng.draining)
         # Every engine is empty now: a switch that was draining needs no more drain, and
         # its switch time overlaps the pause.
         for eng in self.engines:
