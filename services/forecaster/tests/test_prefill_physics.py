@@ -286,8 +286,8 @@ def test_size_binned_ratio_shrinks_each_bin_towards_the_pooled_share():
 def test_an_update_in_the_window_pauses_prefill_and_restarts_it_cold():
     # Two queued 2000-token prompts at 1 ms/token on one server: done at 2 s and 4 s.
     # An update at 3.5 s (sub-step 3) admits the first; prefill resumes at 3.5 + 4 =
-    # 7.5 s, cold, with 2.5 s left: the second (2 s) again, then 0.5 s of the 3000-token
-    # re-prefill (3 s): a sixth of it.
+    # 7.5 s, cold, with 2.5 s left: the second (2 s) again, and the 3000-token
+    # re-prefill (3 s) is still in prefill at 10 s, so none of it is admitted.
     snap = Snapshot(t=0.0, **ready(2000, 2000), **one_instance(1))
     plain, _ = decode_admissions(snap, CFG, NONE)
     assert plain == pytest.approx(4000)
@@ -295,13 +295,35 @@ def test_an_update_in_the_window_pauses_prefill_and_restarts_it_cold():
     p[3] = 1.0
     reprefill = np.array([1.0, 3000.0, 3000.0, 0.0])
     known, arriving, _, _ = decode_admissions_split(snap, CFG, NONE, PendingUpdate(p, 4.0, reprefill))
-    assert known == pytest.approx(2000 + 2000 + 500) and arriving == 0.0
-    # Landing in the window with probability 1/2: the mixture of the two.
+    assert known == pytest.approx(2000 + 2000) and arriving == 0.0
+    # Landing in the window with probability 1/2: the mixture of the two, here the same.
     half, _, _, _ = decode_admissions_split(snap, CFG, NONE, PendingUpdate(p / 2, 4.0, reprefill))
-    assert half == pytest.approx(0.5 * 4000 + 0.5 * 4500)
+    assert half == pytest.approx(0.5 * 4000 + 0.5 * 4000)
+    # With a 1 s pause it ends at 9.5 s: admitted whole.
+    short, _, _, _ = decode_admissions_split(snap, CFG, NONE, PendingUpdate(p, 1.0, reprefill))
+    assert short == pytest.approx(2000 + 2000 + 3000)
     # A pause past the window's end: only what finished before the update.
     long, _, _, _ = decode_admissions_split(snap, CFG, NONE, PendingUpdate(p, 7.0, reprefill))
     assert long == pytest.approx(2000)
+
+
+def test_after_an_update_the_requests_still_in_prefill_at_the_end_are_not_admitted():
+    # Eight servers, sixty queued cold 1000-token prompts at 1 ms/token (1 s each), an
+    # update at 0.5 s (sub-step 0, nothing done yet) with a 4 s pause: the servers work
+    # the line from 4.5 s on, 5.5 s each, 44 server-seconds for 60 s of work. Each
+    # server then holds a request half done at 10 s: min(E[s^2] / 2 E[s] = 0.5 s, the
+    # 5.5 s each has left) = 0.5 s of its 5.5 is not admitted, so 40 prompts are (five
+    # whole ones a server, as it is); the fluid alone would count 44.
+    p = np.zeros(10)
+    p[0] = 1.0
+    snap = Snapshot(t=0.0, **ready(*([1000.0] * 60)), **one_instance(8))
+    known, _, _, _ = decode_admissions_split(snap, CFG, NONE, PendingUpdate(p, 4.0, np.zeros(4)))
+    assert known == pytest.approx(40 * 1000.0)
+    # A line that ends inside the window leaves nothing in service: all of 40 prompts
+    # are admitted (40 of the 44 server-seconds).
+    snap = Snapshot(t=0.0, **ready(*([1000.0] * 40)), **one_instance(8))
+    known, _, _, _ = decode_admissions_split(snap, CFG, NONE, PendingUpdate(p, 4.0, np.zeros(4)))
+    assert known == pytest.approx(40 * 1000.0)
 
 
 def test_arrivals_after_an_update_queue_behind_the_restarted_work():

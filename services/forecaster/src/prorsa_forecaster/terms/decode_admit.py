@@ -181,8 +181,10 @@ def decode_admissions_split(
         with np.errstate(divide="ignore", invalid="ignore"):
             mean_x = np.where(fut[0] > 0, fut[1] / fut[0], 0.0)
         pc = pooled_cost(snap)
-        cold_f = (pc[0] * fut[0] + pc[1] * fut[1] + pc[2] * fut[0] * 0.5 * np.square(mean_x)).sum(axis=0)
-        arrivals = (tok, k, per_step, cold_f)
+        one = pc[0] + pc[1] * mean_x + pc[2] * 0.5 * np.square(mean_x)  # a request's cold seconds, per class
+        cold_f = (fut[0] * one).sum(axis=0)
+        cold_sq = (fut[0] * np.square(one)).sum(axis=0)
+        arrivals = (tok, k, per_step, cold_f, cold_sq)
         known_mix, got_mix = _update_mixture(update, kq, S, pc, arrivals_by, arrivals, known, got)
         total = known + admit_f
         known, got = known_mix, got_mix
@@ -214,15 +216,22 @@ def _update_mixture(
     finished by u, the arrivals of earlier sub-steps not admitted by u, the re-prefills
     (queued at u), then the later arrivals. That line is a fluid over all V servers:
     each part is admitted in the share of it that the servers' remaining time
-    V (S - u - pause) covers after the parts ahead of it.
+    V (S - u - pause) covers after the parts ahead of it, less the requests the servers
+    are still prefilling at S. A request is admitted only when its prefill ends, so when
+    the line outlasts the window every server holds one request part-done, whose done
+    part the fluid would count: the request in service at a random time is
+    length-biased, and it has had E[s^2] / (2 E[s]) seconds on average, s the service
+    times of its part of the line (renewal theory). That much of each server's time is
+    taken off before the line is admitted (:func:`_in_service`).
 
     ``arrivals_by(end)`` is the arrivals' admitted share before ``end`` per (server,
     sub-step) row; ``arrivals`` is ``(tokens per row and class, the rows' sub-steps,
-    tokens per sub-step, cold service seconds per sub-step)``; ``pc`` the pooled g.
+    tokens per sub-step, cold service seconds per sub-step, the sum of the squared cold
+    service seconds of its requests per sub-step)``; ``pc`` the pooled g.
     Returns ``(known, got)``: the known requests' admitted tokens (the re-prefills
     included: they are requests decoding at t) and the arrivals' per sub-step.
     """
-    tok, k, per_step, cold_f = arrivals
+    tok, k, per_step, cold_f, cold_sq = arrivals
     x_in, x_rd, V = kq.x_in, kq.x_rd, kq.V
     cold_in = kq.g(kq.i_in, definite(x_in, 0.0 * x_in))  # cold: the update flushed every cache
     cold_rd = kq.g(kq.i_rd, definite(x_rd, 0.0 * x_rd))
@@ -235,6 +244,7 @@ def _update_mixture(
     steps = len(p)
     h = S / steps
     tok_step = np.asarray(per_step, dtype=float)
+    sq_f = np.asarray(cold_sq, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         svc_per_tok = np.where(tok_step > 0, cold_f / tok_step, 0.0)  # cold seconds per arrival token
     c_in, c_rd = kq.edges(S, steps)
@@ -250,18 +260,23 @@ def _update_mixture(
         if cap > 0:
             late = tok_step - got_u  # arrivals not prefilled by u, per sub-step
             # The line, first come first served: (tokens, cold service seconds, where).
+            # Each part also carries the sum of its requests' squared service times,
+            # for the requests still in service at S.
+            late_sq = np.where(tok_step > 0, late / np.where(tok_step > 0, tok_step, 1.0), 0.0) * sq_f
             parts = [
                 (finite_sum(x_in * (1 - w_in)) + finite_sum(x_rd * (1 - w_rd)),
-                 finite_sum(cold_in * (1 - w_in)) + finite_sum(cold_rd * (1 - w_rd)), "known"),
-                *((late[i], late[i] * svc_per_tok[i], i) for i in range(j + 1)),
-                (re[1], re_svc, "re"),
-                *((late[i], late[i] * svc_per_tok[i], i) for i in range(j + 1, steps)),
+                 finite_sum(cold_in * (1 - w_in)) + finite_sum(cold_rd * (1 - w_rd)), "known",
+                 finite_sum(np.square(cold_in) * (1 - w_in)) + finite_sum(np.square(cold_rd) * (1 - w_rd))),
+                *((late[i], late[i] * svc_per_tok[i], i, late_sq[i]) for i in range(j + 1)),
+                (re[1], re_svc, "re", re_svc * re_svc / re[0] if re[0] > 0 else 0.0),
+                *((late[i], late[i] * svc_per_tok[i], i, late_sq[i]) for i in range(j + 1, steps)),
             ]
+            cap = max(cap - V * _in_service(parts, cap, V), 0.0)
             # An update only delays (a pause, cold caches, re-prefills ahead): no part is
             # admitted more than without it, which also keeps an arrival that comes late in
             # the window (the fluid ignores when it arrives) to what the plain model admits.
             room = np.maximum(np.asarray(got_full, dtype=float) - got_u, 0.0)
-            for tokens, svc, where in parts:
+            for tokens, svc, where, _ in parts:
                 if tokens <= 0:
                     continue
                 share = 1.0 if svc <= cap else cap / svc
@@ -277,3 +292,21 @@ def _update_mixture(
         known += p[j] * known_u
         got += p[j] * got_u
     return float(known), got
+
+
+def _in_service(parts, cap: float, V: int) -> float:
+    """Seconds each of the ``V`` servers has had, at S, on the request it is still
+    prefilling: 0 when the line ``parts`` (``(tokens, service seconds, where, the sum of
+    its requests' squared service seconds)`` each, first come first served) ends within
+    ``cap`` server-seconds; else E[s^2] / (2 E[s]) over the requests of the part the line
+    is in at S (the length-biased request in service, half done on average), and at most
+    the time each server has left when the line reaches that part."""
+    left = cap
+    for tokens, svc, _, sq in parts:
+        if tokens <= 0 or svc <= 0:
+            continue
+        if svc < left:
+            left -= svc
+            continue
+        return min(0.5 * sq / svc if sq > 0 else 0.0, left / max(V, 1))
+    return 0.0
