@@ -38,7 +38,6 @@ import numpy as np
 
 from prorsa_forecaster.config import ForecastConfig
 from prorsa_forecaster.snapshot import size_bin
-from prorsa_forecaster.terms.correction import LANDING
 from prorsa_forecaster.trajstate import PREFILL, QUEUED, TOOL
 from prorsa_forecaster.windows import WindowLoop
 from prorsa_schemas import read_log
@@ -116,18 +115,15 @@ def after_updates(update_ts: list[float], results) -> None:
         if not len(before):
             continue
         k = min(int(np.floor((r.t - before[-1]) / r.horizon)), 12)
-        row = rows.setdefault(k, [0, 0.0, 0.0, 0.0, 0])
+        row = rows.setdefault(k, [0, 0.0, 0.0, 0.0])
         e = r.forecast.decode_admit_tokens - r.decode_actual
         row[0] += 1
         row[1] += abs(e)
         row[2] += e
         row[3] += r.decode_actual
-        row[4] += r.forecast.phase == (LANDING if k < 0 else min(k, 11))
-    print("decode error by window after the last weight update (-1: the update lands in it; 12: 12 or more;\n"
-          "  'as phase': the windows the forecast placed in that phase, terms.correction.update_phase):")
-    for k, (n, ae, se, act, same) in sorted(rows.items()):
-        print(f"  {k:3d}: n={n:4d} WAPE {ae / act:.1%} signed {se / act:+.1%} share of all error {ae / total:.1%}"
-              + (f" as phase {same}" if k < 12 else ""))
+    print("decode error by window after the last weight update (-1: the update lands in it; 12: 12 or more):")
+    for k, (n, ae, se, act) in sorted(rows.items()):
+        print(f"  {k:3d}: n={n:4d} WAPE {ae / act:.1%} signed {se / act:+.1%} share of all error {ae / total:.1%}")
 
 
 class _Probe(WindowLoop):

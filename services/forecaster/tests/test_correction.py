@@ -194,7 +194,7 @@ def test_a_closed_window_teaches_each_correction_its_own_part():
         components={"sampler": 0.0, "sandbox": 100.0, "tool": 1000.0, "reprefill": 0.0},
         raw_alpha=(1.0, 0.5), raw_decode=500.0, raw_decode_known=200.0,
         admit_detail=SimpleNamespace(alpha=(1.0, 0.5)),
-        model_prefill=1600.0, model_decode=800.0, new_model=0.0, phase=-2,
+        model_prefill=1600.0, model_decode=800.0, new_model=0.0,
     )
     for _ in range(2):  # a factor needs two windows
         corr.learn(f, prefill=2000.0, decode=900.0, decode_known=300.0,
@@ -251,49 +251,3 @@ def test_errors_far_above_a_tiny_average_window_keep_the_weights_defined():
         w = b.weights()
     assert np.all(np.isfinite(w)) and math.isclose(w.sum(), 1.0)
     assert w[0] >= w[1]  # the smaller error keeps at least the larger weight
-
-
-def test_the_phase_of_a_window_relative_to_the_weight_updates():
-    from prorsa_forecaster.terms.correction import LANDING, SETTLED, update_phase
-
-    # S = 10 s, a 120 s span after each update.
-    assert update_phase(float("inf"), 0.0, 10.0, 120.0) == SETTLED  # no update yet
-    assert update_phase(0.0, 0.0, 10.0, 120.0) == 0
-    assert update_phase(37.5, 0.0, 10.0, 120.0) == 3
-    assert update_phase(119.9, 0.0, 10.0, 120.0) == 11
-    assert update_phase(120.0, 0.0, 10.0, 120.0) == SETTLED
-    # A pending update that lands in the window with probability >= 1/2 wins over the age.
-    assert update_phase(500.0, 0.5, 10.0, 120.0) == LANDING
-    assert update_phase(5.0, 0.49, 10.0, 120.0) == 0
-    # A span of 0 turns the phases off.
-    assert update_phase(5.0, 0.9, 10.0, 0.0) == SETTLED
-
-
-def test_the_decode_factor_is_learnt_apart_per_phase_after_two_updates():
-    from types import SimpleNamespace
-
-    from prorsa_forecaster.config import ForecastConfig
-    from prorsa_forecaster.terms.correction import SETTLED, Correction
-
-    corr = Correction(ForecastConfig(bias_half_life=1e9))
-
-    def window(phase: int, decode: float) -> None:
-        f = SimpleNamespace(components={}, raw_alpha=(), raw_decode=1000.0, raw_decode_known=1000.0,
-                            admit_detail=SimpleNamespace(alpha=()), model_prefill=0.0, model_decode=1000.0,
-                            new_model=0.0, phase=phase)
-        corr.learn(f, prefill=0.0, decode=decode, decode_known=decode, sources={}, arrivals_by_step=[])
-
-    # Settled windows admit what the queue model says; the first window after each update
-    # (phase 0) admits 20% less, the same update after update.
-    for _ in range(5):
-        window(SETTLED, 1000.0)
-    window(0, 800.0)
-    # One update seen: phase 0 takes the factor of every window (learnt on all six).
-    assert corr.decode_factor(0) == corr.decode.factor
-    for _ in range(5):
-        window(SETTLED, 1000.0)
-    window(0, 800.0)
-    # Two: its own, 0.8 exactly (no spread between its two windows: all of it stands out).
-    assert corr.decode_factor(0) == pytest.approx(0.8)
-    # A phase never seen, and the settled windows, take the factor of every window.
-    assert corr.decode_factor(5) == corr.decode_factor(SETTLED) == corr.decode.factor

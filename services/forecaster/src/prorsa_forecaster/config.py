@@ -37,13 +37,6 @@ class ForecastConfig:
             corrected: each closed window compares the requests that arrived in it and
             were prefilled before its end with what the queue model's per-sub-step
             admitted share makes of the window's actual arrivals (0: no correction).
-        after_update_s: the decode correction is learnt apart for each window that starts
-            within this many seconds after a weight update (one factor per window of
-            age, and one for a window an update is expected to land in), and for the
-            windows after them: after an update flushed every prefix cache, the prefill
-            pool computes more of each prompt until the caches refill, and the first
-            windows' admissions miss the settled rates in the same direction update
-            after update (0: one factor for every window).
         use_dp_rank: a queued or in-flight request whose ``request.queued`` names the
             attention data-parallel rank it was placed on (the optional ``dp_rank``) is
             served by that rank's queue; False: the requests of an instance are dealt
@@ -69,7 +62,6 @@ class ForecastConfig:
     cache_same_pseudo: float = 20.0
     tool_turn_pseudo: float = 20.0
     share_half_life: float = 6.0
-    after_update_s: float = 120.0
     use_dp_rank: bool = True
     kv_page_tokens: int = 1
     duration_half_life: float | None = 5000.0
@@ -99,8 +91,6 @@ class ForecastConfig:
             raise ValueError(f"tool_turn_pseudo must be >= 0 (inf: one share for every turn), got {self.tool_turn_pseudo!r}")
         if not (self.share_half_life >= 0 and math.isfinite(self.share_half_life)):
             raise ValueError(f"share_half_life must be >= 0 (0: off), got {self.share_half_life!r}")
-        if not (self.after_update_s >= 0 and math.isfinite(self.after_update_s)):
-            raise ValueError(f"after_update_s must be >= 0 seconds (0: off), got {self.after_update_s!r}")
         if self.kv_page_tokens < 1:
             raise ValueError(f"kv_page_tokens must be >= 1, got {self.kv_page_tokens!r}")
         for name in (

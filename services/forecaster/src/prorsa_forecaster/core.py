@@ -31,7 +31,6 @@ from .snapshot import Snapshot
 from .terms import inflight, ready, sampler, sandbox, tool, update
 from .terms.common import class_sums, pooled_cost, rows, service_class
 from .terms.decode_admit import AdmitDetail, PendingUpdate, decode_admissions_split
-from .terms.correction import SETTLED, update_phase
 from .terms.known_queue import known_queue
 
 COMPONENTS = ("sampler", "sandbox", "ready", "tool", "inflight", "reprefill")
@@ -76,9 +75,6 @@ class Forecast:
     forecast counts with its weight ``weights["new"]["lifecycle"]``, plus ``new_series``
     tokens from the naive predictors of that series (weighted)."""
     new_series: float = 0.0
-    phase: int = SETTLED
-    """Where the window lies relative to the weight updates (``terms.correction.update_phase``):
-    the decode factor it took is the one learnt on windows of this phase."""
     weights: dict[str, dict[str, float]] = field(default_factory=dict)
     """The blend's weights per series (``prefill``, ``decode``: the lifecycle forecast, the
     same scaled, and each naive predictor; ``new``: the sampler term and the naive
@@ -123,8 +119,7 @@ def forecast(snap: Snapshot, hist: History, cfg: ForecastConfig | None = None) -
         corrected, alpha = corr.admitted_share(detail.alpha, detail.arrival_tokens, arriving)
         kv += corrected - arriving  # K^D counts the arrivals' tokens as they are
         admit = known_admit + corrected
-        phase = update_phase(snap.since_update, float(landing.sum()), cfg.horizon, cfg.after_update_s)
-        decode_model = admit * corr.decode_factor(phase)
+        decode_model = admit * corr.decode.factor
 
         # What is published: each series' lifecycle forecast blended with its naive ones.
         prefill = corr.prefill_blend.combine(model, known)
@@ -140,7 +135,7 @@ def forecast(snap: Snapshot, hist: History, cfg: ForecastConfig | None = None) -
         share_factor=float(corr.share.factor), raw_alpha=detail.alpha,
         admit_detail=AdmitDetail(tuple(float(a) for a in alpha), detail.known_var, detail.arrival_tokens),
         model_prefill=_ok(model), model_decode=_ok(decode_model),
-        new_model=_ok(fs["sampler"] * comps["sampler"]), new_series=_ok(level), phase=phase,
+        new_model=_ok(fs["sampler"] * comps["sampler"]), new_series=_ok(level),
         weights={"prefill": corr.prefill_blend.blend.named(), "decode": corr.decode_blend.blend.named(),
                  "new": corr.new.blend.named()},
     )

@@ -14,13 +14,6 @@ from the windows that have closed.
   where it is made (the source factors, the blend of new arrivals), and counting it in
   the decode factor too would correct it twice (on a ramp the factor would keep the
   ramp's miss for windows after the arrivals' level has caught up).
-* **The windows after a weight update** (:func:`update_phase`): an update flushes every
-  prefix cache and restarts the prefill pool's queues, and for the minutes after it the
-  decode admissions miss the settled rates in the same direction update after update
-  (the pool computes more of each prompt until the caches refill). The decode factor is
-  learnt apart for the window an update is expected to land in and for each window of
-  age up to ``after_update_s`` after one; a phase used before two updates have closed a
-  window of it takes the factor of every window.
 * **Never worse than a naive predictor** (:class:`SeriesBlend`, :class:`NewArrivals`):
   the lifecycle forecast (Appendix B) knows what each live trajectory will do next, but
   not what its view of the rollout leaves out: trajectories nobody announced (a serving
@@ -54,26 +47,6 @@ from ..config import ForecastConfig
 from ..guards import BIG, clean, finite_sum
 
 SOURCES = ("sampler", "sandbox", "tool", "reprefill")
-
-SETTLED = -2
-"""The phase of a window no weight update is near (:func:`update_phase`)."""
-LANDING = -1
-"""The phase of a window a pending weight update is expected to land in."""
-
-
-def update_phase(since_update: float, landing: float, horizon: float, after_update_s: float) -> int:
-    """Where the window [t, t + horizon) lies relative to the weight updates: ``LANDING``
-    when the pending update lands in it with probability at least 1/2 (``landing``),
-    ``k`` >= 0 when it starts ``k`` windows into the ``after_update_s`` seconds after the
-    last update (``since_update`` seconds ago), ``SETTLED`` otherwise or when the span is
-    0."""
-    if after_update_s <= 0 or not horizon > 0:
-        return SETTLED
-    if landing >= 0.5:
-        return LANDING
-    if 0.0 <= since_update < after_update_s:
-        return int(since_update // horizon)
-    return SETTLED
 """The predicted prefill sources, each with its own bias factor."""
 
 
@@ -342,9 +315,6 @@ class Correction:
         # saturated system), which a fixed pull towards 1 would hold back; it keeps what
         # stands out of the noise.
         self.decode = BiasCorrector(cfg.bias_half_life, cfg.bias_clip, 0.0, shrink=True)
-        # The same, learnt apart per phase of the weight updates (one window per update).
-        self.decode_phase: dict[int, BiasCorrector] = {}
-        self._half_life, self._clip = cfg.bias_half_life, cfg.bias_clip
         # The queue model's admitted share of the predicted arrivals, against what it
         # makes of the arrivals that actually came (so the arrival forecast's own error is
         # not in it): the requests that arrive in a window and are prefilled before its
@@ -353,14 +323,6 @@ class Correction:
         self.prefill_blend = SeriesBlend()
         self.decode_blend = SeriesBlend()
         self.new = NewArrivals()
-
-    def decode_factor(self, phase: int = SETTLED) -> float:
-        """The decode factor for a window of ``phase``: its own once two updates have
-        closed a window of it, else the one learnt on every window."""
-        own = self.decode_phase.get(phase)
-        if own is not None and own.windows >= 2:
-            return own.factor
-        return self.decode.factor
 
     def factors(self) -> dict[str, float]:
         """The bias factor of each predicted prefill source."""
@@ -396,12 +358,6 @@ class Correction:
             if len(alpha) == len(arrivals_by_step):
                 ex_post = f.raw_decode_known + sum(a * x for a, x in zip(alpha, arrivals_by_step, strict=True))
         self.decode.update(ex_post, decode)
-        phase = f.phase
-        if phase != SETTLED:
-            own = self.decode_phase.get(phase)
-            if own is None:
-                own = self.decode_phase[phase] = BiasCorrector(self._half_life, self._clip, 0.0, shrink=True)
-            own.update(ex_post, decode)
         # Each predictor scored on the window, then the naive ones see it.
         self.prefill_blend.close(f.model_prefill, prefill, f.components.get("ready", 0.0) + f.components.get("inflight", 0.0))
         self.decode_blend.close(f.model_decode, decode)
