@@ -42,6 +42,8 @@ class Worker:
     is_healthy: bool = True
     load: int = 0
     picks: int = 0
+    tree: int = 0
+    """Tokens of prompt text the router has sent it: the size of its prefix tree."""
     labels: dict = field(default_factory=dict)
 
     def info(self) -> dict:
@@ -193,31 +195,41 @@ def create_router_app(health_timeout_s: float = 30.0, health_interval_s: float =
             {"status": "accepted", "worker_id": wid,
              "message": "Worker removal queued for background processing"}, 202)
 
-    # Cache-aware routing, after SMG's ``cache_aware`` policy (its defaults: cache threshold
-    # 0.3, balance thresholds 64 requests absolute and 1.5x relative): when the loads are
-    # balanced, a request goes to the worker that holds its prefix; otherwise, or with no
-    # such worker, to the least loaded. SMG matches a radix tree of the text; here the
-    # prefix is named by the conversation of an emulated prompt (``emulated_prompt_text``,
-    # or ``emulated_prefix_id``: the emulated engines' synthetic tokens), so
-    # a match is all or nothing. Dropped when the worker leaves (its cache is gone).
-    affinity: dict[str, str] = {}  # prefix id -> worker id
+    # Cache-aware routing, after SMG's ``cache_aware`` policy (``smg.choose``; its
+    # defaults: cache threshold 0.3, balance thresholds 64 requests absolute and 1.5x
+    # relative): when the loads are balanced, a request goes to the worker that holds its
+    # prefix if the prefix is more than 0.3 of its prompt, else to the worker with the
+    # smallest tree (the least text sent to it); with imbalanced loads, to the least
+    # loaded. SMG matches a radix tree of the text; here the prefix is named by the
+    # conversation of an emulated prompt (``emulated_prompt_text``, or
+    # ``emulated_prefix_id``: the emulated engines' synthetic tokens), and what matches is
+    # the conversation's previous prompt on the worker it was sent to. A worker that
+    # leaves takes its tree with it (the gateway removes the worker's tenant), and one
+    # that registers starts with an empty tree.
+    affinity: dict[str, tuple[str, int]] = {}  # prefix id -> (worker id, its last prompt's tokens)
 
-    def pick(kind: str, prefix: str | None = None) -> Worker | None:
+    def pick(kind: str, prefix: str | None = None, tokens: int = 1) -> Worker | None:
         pool = [w for w in workers.values() if w.worker_type == kind and w.is_healthy]
         if not pool:
             return None
-        low, high = min(w.load for w in pool), max(w.load for w in pool)
-        balanced = not smg.imbalanced(low, high)
-        if prefix is not None and balanced:
-            w = workers.get(affinity.get(prefix, ""))
-            if w is not None and w in pool:
-                return w
-        # Ties broken by how often each was picked, then registration order: deterministic
-        # for a given arrival order (a seeded run routes alike run after run).
-        w = min(pool, key=lambda w: (w.load, w.picks))
+        match, matched = None, 0
+        if prefix is not None and prefix in affinity:
+            wid, last = affinity[prefix]
+            held = workers.get(wid)
+            if held is not None and held in pool:
+                match, matched = pool.index(held), min(last, tokens)
+        # Ties broken by load, then by how often each was picked, then registration
+        # order: deterministic for a given arrival order (a seeded run routes alike run
+        # after run).
+        order = sorted(range(len(pool)), key=lambda i: (pool[i].load, pool[i].picks))
+        ranked = [pool[i] for i in order]
+        i = smg.choose([w.load for w in ranked], [w.tree for w in ranked],
+                       order.index(match) if match is not None else None, matched, tokens)
+        w = ranked[i]
         w.picks += 1
         if prefix is not None:
-            affinity[prefix] = w.id
+            w.tree += max(tokens - matched, 0) if match is not None and ranked[i] is pool[match] else tokens
+            affinity[prefix] = (w.id, tokens)
         return w
 
     async def forward(w: Worker, body: dict) -> tuple[int, bytes]:
@@ -304,7 +316,9 @@ def create_router_app(health_timeout_s: float = 30.0, health_interval_s: float =
         prefix = body.get("emulated_prefix_id")
         parsed = parse_emulated_prompt(body.get("text"))
         prefix = prefix if isinstance(prefix, str) else parsed[0] if parsed else None
-        prefill, decode = pick("prefill", prefix), pick("decode")
+        tokens = parsed[1] if parsed else body.get("prompt_tokens")
+        tokens = tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0 else 1
+        prefill, decode = pick("prefill", prefix, tokens), pick("decode")
         try:
             if prefill is not None and decode is not None:
                 host = urlparse(prefill.url).hostname
@@ -327,7 +341,7 @@ def create_router_app(health_timeout_s: float = 30.0, health_interval_s: float =
                 if p_status != 200:
                     return Response(p_body, p_status, media_type="application/json")
                 return Response(d_body, d_status, media_type="application/json")
-            regular = pick("regular", prefix)
+            regular = pick("regular", prefix, tokens)
             if regular is None:
                 return _error(503, "No available workers", "NO_AVAILABLE_WORKERS")
             if body.get("stream"):
