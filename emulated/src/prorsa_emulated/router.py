@@ -212,23 +212,18 @@ def create_router_app(health_timeout_s: float = 30.0, health_interval_s: float =
         pool = [w for w in workers.values() if w.worker_type == kind and w.is_healthy]
         if not pool:
             return None
-        match, matched = None, 0
-        if prefix is not None and prefix in affinity:
-            wid, last = affinity[prefix]
-            held = workers.get(wid)
-            if held is not None and held in pool:
-                match, matched = pool.index(held), min(last, tokens)
         # Ties broken by load, then by how often each was picked, then registration
         # order: deterministic for a given arrival order (a seeded run routes alike run
         # after run).
-        order = sorted(range(len(pool)), key=lambda i: (pool[i].load, pool[i].picks))
-        ranked = [pool[i] for i in order]
-        i = smg.choose([w.load for w in ranked], [w.tree for w in ranked],
-                       order.index(match) if match is not None else None, matched, tokens)
-        w = ranked[i]
+        ranked = sorted(pool, key=lambda w: (w.load, w.picks))
+        wid, last = affinity.get(prefix, ("", 0)) if prefix is not None else ("", 0)
+        held = workers.get(wid)
+        match = ranked.index(held) if held in ranked else None
+        matched = min(last, tokens) if match is not None else 0
+        w = ranked[smg.choose([x.load for x in ranked], [x.tree for x in ranked], match, matched, tokens)]
         w.picks += 1
         if prefix is not None:
-            w.tree += max(tokens - matched, 0) if match is not None and ranked[i] is pool[match] else tokens
+            w.tree += max(tokens - matched, 0) if w is held else tokens
             affinity[prefix] = (w.id, tokens)
         return w
 

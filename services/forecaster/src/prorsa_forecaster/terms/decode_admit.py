@@ -244,9 +244,9 @@ def _update_mixture(
     steps = len(p)
     h = S / steps
     tok_step = np.asarray(per_step, dtype=float)
-    sq_f = np.asarray(cold_sq, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         svc_per_tok = np.where(tok_step > 0, cold_f / tok_step, 0.0)  # cold seconds per arrival token
+        sq_per_tok = np.where(tok_step > 0, np.asarray(cold_sq, dtype=float) / tok_step, 0.0)  # squared, likewise
     c_in, c_rd = kq.edges(S, steps)
     for j in np.flatnonzero(p > _P_MIN):
         u = (j + 0.5) * h
@@ -259,17 +259,15 @@ def _update_mixture(
         cap = V * max(S - u - pause, 0.0)  # server-seconds left after the pause
         if cap > 0:
             late = tok_step - got_u  # arrivals not prefilled by u, per sub-step
-            # The line, first come first served: (tokens, cold service seconds, where).
-            # Each part also carries the sum of its requests' squared service times,
-            # for the requests still in service at S.
-            late_sq = np.where(tok_step > 0, late / np.where(tok_step > 0, tok_step, 1.0), 0.0) * sq_f
+            # The line, first come first served: (tokens, cold service seconds, where, the
+            # sum of its requests' squared service seconds, for the ones in service at S).
             parts = [
                 (finite_sum(x_in * (1 - w_in)) + finite_sum(x_rd * (1 - w_rd)),
                  finite_sum(cold_in * (1 - w_in)) + finite_sum(cold_rd * (1 - w_rd)), "known",
                  finite_sum(np.square(cold_in) * (1 - w_in)) + finite_sum(np.square(cold_rd) * (1 - w_rd))),
-                *((late[i], late[i] * svc_per_tok[i], i, late_sq[i]) for i in range(j + 1)),
+                *((late[i], late[i] * svc_per_tok[i], i, late[i] * sq_per_tok[i]) for i in range(j + 1)),
                 (re[1], re_svc, "re", re_svc * re_svc / re[0] if re[0] > 0 else 0.0),
-                *((late[i], late[i] * svc_per_tok[i], i, late_sq[i]) for i in range(j + 1, steps)),
+                *((late[i], late[i] * svc_per_tok[i], i, late[i] * sq_per_tok[i]) for i in range(j + 1, steps)),
             ]
             cap = max(cap - V * _in_service(parts, cap, V), 0.0)
             # An update only delays (a pause, cold caches, re-prefills ahead): no part is
