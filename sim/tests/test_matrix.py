@@ -78,3 +78,49 @@ def test_settings_seeds_extra_statics_fewer_seeds_and_the_cache(tmp_path):
     assert other(Job(TINY, "prorsa:paper")) != v(Job(TINY, "prorsa:paper"))
     assert other(Job(TINY, "reactive")) == v(Job(TINY, "reactive")) == str(v)
     assert v(Job(TINY, "static:1:3")) == v.fixed
+
+
+def test_the_cache_key_covers_every_module_a_simulation_runs():
+    # A fresh interpreter: the modules one simulation of each policy loads are the ones
+    # the key hashes (the simulator's, its policies', the cost model, the router rule's),
+    # and the harness (runner, compare, cli) is not among them.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from prorsa_sim.simulation import simulate\n"
+        "from prorsa_sim.simconfig import SimConfig\n"
+        "cfg = SimConfig(workload='general', model='qwen3-235b', staleness=2, steps=1, batch_size=4, total_gpus=16,"
+        " router_policy='smg', dp_routing='prefix')\n"
+        "for spec in ('colocation', 'static:2:2', 'reactive', 'prorsa', 'oracle'):\n"
+        "    simulate(cfg, spec)\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith(('prorsa_sim', 'prorsa_emulated.')))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    from prorsa_sim import runner
+
+    keyed = set(runner._RESULT_MODULES) | {m for mods in runner._ROUTER_MODULES.values() for m in mods}
+    keyed.add("policies")  # the package: its modules are hashed one by one (policies/*.py)
+    sim_loaded = {m.split(".")[1] for m in out if m.startswith("prorsa_sim.")}
+    # prorsa_emulated's package __init__ loads its server modules; the simulator uses two.
+    emulated_used = {m.split(".")[1] for m in out if m.startswith("prorsa_emulated.")} - {
+        "cluster", "engine", "options", "pd", "prefix_cache", "profiles", "scheduler", "timing"}
+    assert sim_loaded <= keyed, sim_loaded - keyed
+    assert emulated_used == {"costmodel", "smg"} and emulated_used <= keyed
+    assert "runner" not in sim_loaded and "compare" not in sim_loaded
+
+
+def test_the_allocator_key_covers_the_forecaster_terms_and_the_router_rule_keys_its_runs_only():
+    from prorsa_sim import runner
+
+    names = {f.relative_to(f.parents[1]).as_posix() for f in runner._allocator_files()}
+    assert {"terms/decode_admit.py", "terms/correction.py", "prorsa_forecaster/core.py",
+            "prorsa_allocator/planner.py"} <= names
+    assert not any(n.endswith(("cli.py", "service.py")) for n in names)
+    v = code_versions()
+    smg = replace(TINY, router_policy="smg", dp_routing="prefix")
+    for spec in ("static:1:3", "reactive", "prorsa"):
+        assert v(Job(TINY, spec)) == code_version(spec)
+        assert v(Job(smg, spec)) == code_version(spec, "smg") == f"{v(Job(TINY, spec))}+smg{runner.router_version('smg')}"
+    assert runner.router_version("queue") == ""

@@ -1,9 +1,9 @@
-"""Run simulations: one policy (with the ``static`` sweep), as jobs in parallel processes
-with an optional on-disk cache; :mod:`prorsa_sim.compare` runs several side by side over
-seeds.
+"""Run simulations as jobs: in parallel processes, with an on-disk cache keyed by the code
+each result depends on; ``prorsa sim run``'s output directory (:func:`run_to_dir`).
+:mod:`prorsa_sim.compare` runs several policies side by side over seeds.
 
-The measurement rule (see :func:`prorsa_sim.summary.build_result`): the first step is the
-warm-up, reported apart; the rollout time is the mean of the steps after it.
+One simulation (:func:`simulate`), the static sweep and the common start are
+:mod:`prorsa_sim.simulation`'s, re-exported here.
 """
 
 from __future__ import annotations
@@ -12,104 +12,34 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from prorsa_emulated.costmodel import get_profile
 from prorsa_schemas import LogWriter
 
-from .catalog import make_policy
-from .policy import Observation, Policy, StaticPD, SwitchRequest, static_sweep_ratios
 from .simconfig import SimConfig
-from .simulator import Simulator
-from .summary import Result
-
-FULL_GRID = 7
-"""Points of the static sweep: every ratio of an 8-engine cluster, 7 evenly spaced ones for
-Qwen3's 32 engines (:func:`static_sweep_ratios`)."""
-
-
-def is_pd_fixed(spec: str) -> bool:
-    """Policies whose roles never change: colocation and ``static:P:D``."""
-    return spec == "colocation" or spec.startswith("static:")
-
-
-@dataclass
-class StartAt:
-    """A policy started from a given P:D split instead of its own initial roles (the
-    common start of a comparison); everything else is the wrapped policy's."""
-
-    inner: Policy
-    n_prefill: int
-    n_decode: int
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def wants_future(self) -> bool:
-        return getattr(self.inner, "wants_future", False)
-
-    def initial_roles(self, profile, n_engines: int) -> list[str]:
-        if self.n_prefill + self.n_decode != n_engines or self.n_prefill < 1 or self.n_decode < 1:
-            raise ValueError(f"start {self.n_prefill}:{self.n_decode} does not split {n_engines} engines")
-        return ["prefill"] * self.n_prefill + ["decode"] * self.n_decode
-
-    def on_window(self, obs: Observation) -> list[SwitchRequest]:
-        return self.inner.on_window(obs)
-
-
-def parse_start(text: str | None) -> tuple[int, int] | str | None:
-    """``best`` / ``own`` / ``P:D`` (None: own)."""
-    if text in (None, "own"):
-        return None
-    if text == "best":
-        return "best"
-    m = re.fullmatch(r"(\d+):(\d+)", text)
-    if not m:
-        raise ValueError(f"bad start {text!r}: expected best, own or P:D (e.g. 4:4)")
-    return int(m[1]), int(m[2])
-
-
-def build_policy(spec: str, start: tuple[int, int] | None = None) -> Policy:
-    """``make_policy(spec)``, started from ``start`` when it is a switching policy (not
-    one that ``chooses_start`` itself, as ``bound`` does)."""
-    pol = make_policy(spec)
-    if start is not None and not is_pd_fixed(spec) and not getattr(pol, "chooses_start", False):
-        return StartAt(pol, *start)
-    return pol
-
-
-def simulate(cfg: SimConfig, policy_spec: str, sink=None, progress=None, start: tuple[int, int] | None = None,
-             search_progress=None, seeds: dict[str, tuple[int, list]] | None = None,
-             sweep: dict[str, tuple[float, float]] | None = None) -> Result:
-    """Run one simulation of a concrete policy (not the ``static`` sweep).
-
-    A policy with ``prepare(cfg, static_sweep, progress, seeds)`` (``bound``: its search)
-    is prepared first, with :func:`best_static` (or, given ``sweep``, ``{static spec:
-    (rollout s, simulated s)}`` of every ratio already run, that sweep), ``search_progress``
-    and ``seeds`` (other policies' runs: ``{name: (start prefill count, switch_requests)}``);
-    its ``search_report`` goes into the summary as ``bound_search``."""
-    pol = build_policy(policy_spec, start)
-    if hasattr(pol, "prepare"):
-        static_sweep = best_static
-        if sweep and set(sweep_specs(cfg)) <= set(sweep):
-            static_sweep = lambda _cfg: swept(sweep)  # noqa: E731 -- the ratios already run
-        pol.prepare(cfg, static_sweep=static_sweep, progress=search_progress, seeds=seeds)
-    res = Simulator(cfg, pol, sink=sink).run(progress=progress)
-    if getattr(pol, "search_report", None) is not None:
-        res.summary["bound_search"] = pol.search_report
-    return res
+from .simulation import (  # noqa: F401 -- re-exported: the runner's public names
+    FULL_GRID,
+    StartAt,
+    best_static,
+    build_policy,
+    is_pd_fixed,
+    parse_start,
+    pd_split,
+    pick_best,
+    simulate,
+    sweep_specs,
+    swept,
+)
 
 
 # --- jobs: one simulation each, run in parallel processes, cached on disk ------------------
 
 # costmodel is prorsa_emulated's (the simulator and the emulated engines share it).
 _RESULT_MODULES = ("cluster", "switching", "costmodel", "engines", "simulator", "trajectories", "simconfig",
-                   "summary", "workloads", "policy", "catalog", "runner", "idealsplit")
+                   "summary", "workloads", "policy", "catalog", "simulation", "idealsplit")
 
 
 ALLOCATOR_POLICIES = ("prorsa", "oracle")
@@ -118,11 +48,19 @@ tracker's fold the forecaster runs): their cache key hashes those sources too.""
 
 _NOT_IN_RESULTS = ("cli.py", "service.py", "settings.py", "metrics.py", "testing.py", "evaluate.py")
 
+_ROUTER_MODULES = {"smg": ("smg",)}
+"""prorsa_emulated modules that only a run under that ``router_policy`` imports: the gateway
+rule's thresholds (``prorsa_emulated.smg``). They key those runs only, so that the default
+router's results keep their key when the gateway rule changes."""
+
 
 def _hash_files(files: list[Path]) -> str:
     h = hashlib.sha256()
     for f in files:
-        h.update(f.name.encode())
+        # the path below its package for a module in a subpackage (terms/common.py), so
+        # that two modules of one name do not hash alike; the name alone at the top
+        h.update((f.name if f.parent.name.startswith("prorsa_") or f.parent.name == "policies"
+                  else f"{f.parent.name}/{f.name}").encode())
         h.update(f.read_bytes())
     return h.hexdigest()[:12]
 
@@ -136,9 +74,14 @@ def _package_dir(name: str) -> Path:
 
 
 def _allocator_files() -> list[Path]:
+    """The allocator's and forecaster's sources, subpackages included (the forecaster's
+    terms live in ``prorsa_forecaster/terms/``), less the service shells."""
     files: list[Path] = []
     for pkg in ("prorsa_allocator", "prorsa_forecaster"):
-        files += sorted(f for f in _package_dir(pkg).glob("*.py") if f.name not in _NOT_IN_RESULTS)
+        root = _package_dir(pkg)
+        files += sorted((f for f in root.rglob("*.py")
+                         if f.name not in _NOT_IN_RESULTS and "tests" not in f.relative_to(root).parts),
+                        key=lambda f: f.relative_to(root).as_posix())
     tracker = _package_dir("prorsa_tracker")
     files += [tracker / f for f in ("core.py", "transitions.py", "lifecycle.py", "engines.py", "state.py")]
     schemas = _package_dir("prorsa_schemas")
@@ -150,19 +93,30 @@ def uses_allocator(spec: str) -> bool:
     return spec.split(":", 1)[0] in ALLOCATOR_POLICIES
 
 
-def code_version(spec: str | None = None) -> str:
+def router_version(router_policy: str) -> str:
+    """Hash of the modules only a run under ``router_policy`` imports (:data:`_ROUTER_MODULES`);
+    '' for a router rule that has none (the default ``queue``)."""
+    mods = _ROUTER_MODULES.get(router_policy, ())
+    return _hash_files([_package_dir("prorsa_emulated") / f"{m}.py" for m in mods]) if mods else ""
+
+
+def code_version(spec: str | None = None, router_policy: str = "queue") -> str:
     """Hash of the sources that decide a simulation's result (the cache key's code part:
     a changed cost model, workload or engine invalidates every cached result): the
     simulator's modules and its policies. For a fixed policy (``spec`` colocation or
     ``static:P:D``, which load no policy module) the modules only; for a policy of
     :data:`ALLOCATOR_POLICIES`, the allocator's and forecaster's sources too, joined with
-    ``+``."""
+    ``+``; under a router rule with modules of its own (``smg``), theirs too, joined with
+    ``+<rule>``."""
     here = Path(__file__).parent
     core = [(_package_dir("prorsa_emulated") if m == "costmodel" else here) / f"{m}.py" for m in _RESULT_MODULES]
     if spec is not None and is_pd_fixed(spec):
-        return _hash_files(core)
-    sim = _hash_files(core + sorted((here / "policies").glob("*.py")))
-    return f"{sim}+{_hash_files(_allocator_files())}" if spec is not None and uses_allocator(spec) else sim
+        v = _hash_files(core)
+    else:
+        sim = _hash_files(core + sorted((here / "policies").glob("*.py")))
+        v = f"{sim}+{_hash_files(_allocator_files())}" if spec is not None and uses_allocator(spec) else sim
+    r = router_version(router_policy)
+    return f"{v}+{router_policy}{r}" if r else v
 
 
 @dataclass(frozen=True)
@@ -174,11 +128,16 @@ class CodeVersions:
     fixed: str
     sim: str
     allocator: str
+    routers: tuple[tuple[str, str], ...] = ()
+    """(router rule, :func:`router_version`) for each rule with modules of its own."""
 
     def __call__(self, job: Job) -> str:
         if is_pd_fixed(job.spec):
-            return self.fixed
-        return f"{self.sim}+{self.allocator}" if uses_allocator(job.spec) else self.sim
+            v = self.fixed
+        else:
+            v = f"{self.sim}+{self.allocator}" if uses_allocator(job.spec) else self.sim
+        r = dict(self.routers).get(job.cfg.router_policy, "")
+        return f"{v}+{job.cfg.router_policy}{r}" if r else v
 
     def __str__(self) -> str:
         return self.sim
@@ -186,7 +145,8 @@ class CodeVersions:
 
 def code_versions() -> CodeVersions:
     sim, alloc = code_version("prorsa").split("+")
-    return CodeVersions(code_version("colocation"), sim, alloc)
+    return CodeVersions(code_version("colocation"), sim, alloc,
+                        tuple((rule, router_version(rule)) for rule in sorted(_ROUTER_MODULES)))
 
 
 @dataclass(frozen=True)
@@ -219,15 +179,6 @@ class Job:
         digest = hashlib.sha256(json.dumps(extra, sort_keys=True).encode()).hexdigest()[:6]
         inputs = self.inputs_digest()
         return re.sub(r"[^A-Za-z0-9_.@=-]", "-", f"{name}_{digest}" + (f"_in{inputs[:6]}" if inputs else ""))
-
-
-def swept(sweep: dict[str, tuple[float, float]]) -> tuple[str, Result, dict[str, float]]:
-    """:func:`best_static`'s answer from a sweep already run (``{spec: (rollout s,
-    simulated s)}``): the best spec (:func:`pick_best`), a result carrying its two figures,
-    every spec's time."""
-    best, summary, tried = pick_best({"policy": spec, "rollout_time_s": rt, "sim_time_s": st}
-                                     for spec, (rt, st) in sweep.items())
-    return best, Result(summary), tried
 
 
 def run_job(job: Job) -> dict:
@@ -330,55 +281,6 @@ def _write_cache(cache_dir: Path | None, job: Job, version: str, summary: dict) 
     tmp = p.with_suffix(".tmp")
     tmp.write_text(json.dumps({"code_version": version, "job": _job_doc(job), "summary": summary}, sort_keys=True))
     tmp.replace(p)
-
-
-# --- the static sweep ---------------------------------------------------------------------
-
-
-def sweep_specs(cfg: SimConfig, grid: int = FULL_GRID) -> list[str]:
-    """The ``static:P:D`` specs the sweep tries for ``cfg``'s cluster."""
-    n = get_profile(cfg.model).engines_in(cfg.total_gpus)
-    return [f"static:{p}:{d}" for p, d in static_sweep_ratios(n, grid)]
-
-
-def pick_best(summaries: Iterable[dict]) -> tuple[str, dict, dict[str, float]]:
-    """The lowest rollout time among static summaries: (spec, summary, every spec's time)."""
-    tried: dict[str, float] = {}
-    best = None
-    for s in summaries:
-        rt = s["rollout_time_s"]
-        tried[s["policy"]] = rt if rt is not None else float("inf")
-        if best is None or tried[s["policy"]] < tried[best["policy"]]:
-            best = s
-    if best is None:
-        raise ValueError("empty static sweep")
-    return best["policy"], best, tried
-
-
-def best_static(cfg: SimConfig, progress=None, grid: int = FULL_GRID) -> tuple[str, Result, dict[str, float]]:
-    """The paper's static baseline: try the P:D ratios, keep the lowest rollout time.
-
-    Returns the winning ``static:P:D``, its result, and every ratio's rollout time.
-    """
-    tried: dict[str, float] = {}
-    best: tuple[str, Result] | None = None
-    for spec in sweep_specs(cfg, grid):
-        p, d = (int(x) for x in spec.split(":")[1:])
-        res = Simulator(cfg, StaticPD(p, d)).run()
-        rt = res.summary["rollout_time_s"]
-        tried[spec] = rt if rt is not None else float("inf")
-        if best is None or tried[spec] < tried[best[0]]:
-            best = (spec, res)
-        if progress is not None:
-            progress(spec)
-    assert best is not None
-    return best[0], best[1], tried
-
-
-def pd_split(spec: str) -> tuple[int, int]:
-    """(P, D) of ``static:P:D``."""
-    p, d = spec.split(":")[1:]
-    return int(p), int(d)
 
 
 def run_to_dir(cfg: SimConfig, policy_spec: str, out: Path, progress=None, plot: bool = True,
