@@ -49,9 +49,10 @@ tracker's fold the forecaster runs): their cache key hashes those sources too.""
 _NOT_IN_RESULTS = ("cli.py", "service.py", "settings.py", "metrics.py", "testing.py", "evaluate.py")
 
 _ROUTER_MODULES = {"smg": ("smg",)}
-"""prorsa_emulated modules that only a run under that ``router_policy`` imports: the gateway
-rule's thresholds (``prorsa_emulated.smg``). They key those runs only, so that the default
-router's results keep their key when the gateway rule changes."""
+"""prorsa_emulated modules whose code only a run under that ``router_policy`` executes: the
+gateway rule's thresholds (``prorsa_emulated.smg``, which ``cluster`` imports and calls only
+in its ``smg`` route). They key those runs only, so that the default router's results keep
+their key when the gateway rule changes."""
 
 
 def _hash_files(files: list[Path]) -> str:
