@@ -124,6 +124,14 @@ def after_updates(update_ts: list[float], results) -> None:
     print("decode error by window after the last weight update (-1: the update lands in it; 12: 12 or more):")
     for k, (n, ae, se, act) in sorted(rows.items()):
         print(f"  {k:3d}: n={n:4d} WAPE {ae / act:.1%} signed {se / act:+.1%} share of all error {ae / total:.1%}")
+    # The first updates' landing windows apart: before the first update the forecaster has
+    # no trigger -> policy.updated delay to go by, so the first one lands unforecast.
+    parts = []
+    for i, u in enumerate(updates[:3]):
+        landing = [r for r in results if r.t <= u < r.t + r.horizon]
+        ae = sum(abs(r.forecast.decode_admit_tokens - r.decode_actual) for r in landing)
+        parts.append(f"update {i + 1} (t={u:.0f} s) {ae / total:.1%}" if total > 0 else f"update {i + 1} -")
+    print("  share of all decode error in the window each of the first updates lands in: " + ", ".join(parts))
 
 
 class _Probe(WindowLoop):
