@@ -126,11 +126,14 @@ def after_updates(update_ts: list[float], results) -> None:
         print(f"  {k:3d}: n={n:4d} WAPE {ae / act:.1%} signed {se / act:+.1%} share of all error {ae / total:.1%}")
     # The first updates' landing windows apart: before the first update the forecaster has
     # no trigger -> policy.updated delay to go by, so the first one lands unforecast.
+    # Last value's miss in the same window (the window before's actual) beside it.
     parts = []
     for i, u in enumerate(updates[:3]):
-        landing = [r for r in results if r.t <= u < r.t + r.horizon]
-        ae = sum(abs(r.forecast.decode_admit_tokens - r.decode_actual) for r in landing)
-        parts.append(f"update {i + 1} (t={u:.0f} s) {ae / total:.1%}" if total > 0 else f"update {i + 1} -")
+        at = [j for j, r in enumerate(results) if r.t <= u < r.t + r.horizon]
+        ae = sum(abs(results[j].forecast.decode_admit_tokens - results[j].decode_actual) for j in at)
+        lv = sum(abs((results[j - 1].decode_actual if j else 0.0) - results[j].decode_actual) for j in at)
+        parts.append(f"update {i + 1} (t={u:.0f} s) {ae / total:.1%} ({ae / 1e6:.2f}M tokens off; last value "
+                     f"{lv / 1e6:.2f}M)" if total > 0 else f"update {i + 1} -")
     print("  share of all decode error in the window each of the first updates lands in: " + ", ".join(parts))
 
 
