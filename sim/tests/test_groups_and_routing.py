@@ -17,7 +17,8 @@ from prorsa_sim.workloads import get_workload, group_of, plan_trajectory
 
 
 def _traj(tid, shared_key=None, shared_tokens=0):
-    return SimpleNamespace(tid=tid, last_rank=None, shared_key=shared_key, shared_tokens=shared_tokens)
+    return SimpleNamespace(tid=tid, last_rank=None, router_prefix=0, router_gen=0,
+                           shared_key=shared_key, shared_tokens=shared_tokens)
 
 
 class Recorder(ClusterSim):
@@ -105,6 +106,40 @@ def test_smg_keeps_the_prefix_until_the_loads_are_imbalanced():
     assert route("smg", 70, mode="load") == (0, 0)
     with pytest.raises(ValueError, match="router_policy"):
         ClusterSim(prof, ["mixed"], router_policy="random")
+
+
+def test_smg_forgets_the_prefixes_of_a_worker_that_switched_away_and_back():
+    # The gateway removes a worker that leaves (a role switch begins) with its prefix tree;
+    # when it registers again its tree is empty, so the prefix a trajectory last sent it
+    # matches nothing there (the engine flushed its cache too).
+    prof = get_profile("deepseek-v3.2")
+
+    def route(switch_away_and_back):
+        sim = Recorder(prof, ["prefill", "prefill", "decode"], router_policy="smg")
+        # 32 fresh first turns: the smallest-tree rule gives every rank one (3,000 tokens).
+        for i in range(32):
+            sim.route_prefill(Req(_traj(f"f{i}"), f"f{i}-r1", 3000, 5))
+        eng = sim.engines[0]
+        if switch_away_and_back:
+            # Engine 0's queued turns go to engine 1 when its drain begins, and it comes
+            # back to prefill empty, with empty trees.
+            assert sim.request_switch(eng, "decode", "in_place", "c1")
+            sim.run_until(lambda: eng.switch is None)
+            assert sim.request_switch(eng, "prefill", "in_place", "c2")
+            sim.run_until(lambda: eng.switch is None)
+        # The trajectory's previous request (5,000 tokens) went to engine 0's rank 5
+        # before any switch.
+        tr = _traj("t")
+        tr.last_rank, tr.router_prefix = eng.ranks[5], 5000
+        req = Req(tr, "t-r2", 5200, 5)
+        sim.route_prefill(req)
+        return req.rank.engine.index, req.rank.idx
+
+    # Kept: the prefix (5,000 of 5,200 tokens) matches the rank that served it.
+    assert route(False) == (0, 5)
+    # Forgotten: no match, so the smallest tree takes it: engine 0's first rank (every
+    # engine-0 tree is empty; engine 1's hold the re-queued turns).
+    assert route(True) == (0, 0)
 
 
 def test_smg_smallest_tree_spreads_first_requests_and_follows_the_group():

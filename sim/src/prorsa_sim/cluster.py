@@ -81,6 +81,12 @@ class ClusterSim(Interruptions):
         self._tree: dict[tuple[int, int], int] = {}
         """SMG routing: tokens in the router's prefix tree of each worker (engine index,
         rank index or -1)."""
+        self._tree_gen: dict[int, int] = {}
+        """SMG routing: how many times each engine (by index) has left the router. A
+        prefix recorded under an older generation matches nothing: the gateway dropped
+        that worker's tree when it left."""
+        self._shared_gen: dict = {}
+        """SMG routing: the generation of the engine each GRPO group's prefix went to."""
         self.shared_rank: dict = {}
         """GRPO group prefix key -> the rank its first member was routed to."""
 
@@ -147,18 +153,18 @@ class ClusterSim(Interruptions):
         return min(eng.ranks, key=lambda r: (r.waiting_tokens + 256 * len(r.running), r.idx))
 
     def _route_smg(self, req: Req) -> Engine | None:
-        """SMG's ``cache_aware`` policy. Its workers are the engines, or with ``prefix``
-        DP routing (the gateway's ``--dp-aware``) every attention-DP rank. A worker's load
-        is its requests in flight (queued, prefilling, decoding, waiting for KV). With
-        balanced loads the request goes to the worker its prefix tree matches: the one
-        that served the trajectory's previous request (the tree holds the text the router
-        sent; it does not know what the engine has evicted or flushed since), or for a
-        first turn the one that served its GRPO group's first member, if that match is
-        more than ``smg.CACHE_THRESHOLD`` of the prompt; otherwise to the worker with
-        the smallest tree. The router's trees are its record of the text it sent each
-        worker (a request adds what its worker's tree did not match), never evicted here
-        (the gateway evicts a tree past 2^26 characters). Without DP awareness the engine's
-        data-parallel controller then picks the rank by load."""
+        """SMG's ``cache_aware`` policy (:func:`prorsa_emulated.smg.choose`). Its workers
+        are the engines, or with ``prefix`` DP routing (the gateway's ``--dp-aware``) every
+        attention-DP rank. A worker's load is its requests in flight (queued, prefilling,
+        decoding, waiting for KV). The request's prefix matches the worker that served the
+        trajectory's previous request (the tree holds the text the router sent; it does not
+        know what the engine has evicted since), or for a first turn the one that served its
+        GRPO group's first member, for the tokens of that request; a worker that has left
+        the router since (a role switch: :meth:`router_forget`) matches nothing. The
+        router's trees are its record of the text it sent each worker (a request adds what
+        its worker's tree did not match), dropped when the worker leaves and otherwise never
+        evicted here (the gateway evicts a tree past 2^26 characters). Without DP awareness
+        the engine's data-parallel controller then picks the rank by load."""
         traj = req.traj
         shared_key = getattr(traj, "shared_key", None)
         engines = [e for e in self.engines if e.role != "decode" and e.routable]
@@ -171,35 +177,38 @@ class ClusterSim(Interruptions):
         def ranks(w):
             return (w,) if aware else w.ranks
 
-        def load(w) -> int:
-            return sum(len(r.waiting) + len(r.running) + len(r.pending) for r in ranks(w))
-
         def key(w) -> tuple[int, int]:
             return (w.engine.index, w.idx) if aware else (w.index, -1)
 
-        loads = [load(w) for w in workers]
-        low, high = min(loads), max(loads)
-        chosen = None
-        new_text = req.prompt  # what the request adds to the chosen worker's tree
-        if not smg.imbalanced(low, high):
-            prev, matched = traj.last_rank, getattr(traj, "router_prefix", 0)
-            if prev is None and shared_key is not None:
-                prev, matched = self.shared_rank.get(shared_key), traj.shared_tokens
-            if prev is not None and matched > smg.CACHE_THRESHOLD * req.prompt:
-                if prev.engine.role != "decode" and prev.engine.routable:
-                    chosen = prev if aware else prev.engine
-            if chosen is None:
-                chosen = min(workers, key=lambda w: self._tree.get(key(w), 0))
-            else:
-                new_text = max(req.prompt - matched, 0)
-        else:
-            chosen = workers[loads.index(low)]
-        self._tree[key(chosen)] = self._tree.get(key(chosen), 0) + new_text
+        loads = [sum(len(r.waiting) + len(r.running) + len(r.pending) for r in ranks(w)) for w in workers]
+        trees = [self._tree.get(key(w), 0) for w in workers]
+        prev, matched, gen = traj.last_rank, traj.router_prefix, traj.router_gen
+        if prev is None and shared_key is not None:
+            prev, matched = self.shared_rank.get(shared_key), traj.shared_tokens
+            gen = self._shared_gen.get(shared_key, 0)
+        match = None
+        if prev is not None and gen == self._tree_gen.get(prev.engine.index, 0):
+            held = prev if aware else prev.engine
+            match = next((i for i, w in enumerate(workers) if w is held), None)
+        i = smg.choose(loads, trees, match, matched if match is not None else 0, req.prompt)
+        chosen = workers[i]
+        new_text = max(req.prompt - matched, 0) if i == match else req.prompt
+        self._tree[key(chosen)] = trees[i] + new_text
         best = chosen if aware else self._least_loaded_rank(chosen)
         if shared_key is not None and traj.last_rank is None:
             self.shared_rank[shared_key] = best
+            self._shared_gen[shared_key] = self._tree_gen.get(best.engine.index, 0)
         self.enqueue(best, req)
         return best.engine
+
+    def router_forget(self, eng: Engine) -> None:
+        """``eng`` leaves the router (a role switch begins): the gateway removes the
+        worker, and its prefix trees (the engine's, and each rank's under DP awareness)
+        with it; when it registers again it starts with empty ones."""
+        self._tree_gen[eng.index] = self._tree_gen.get(eng.index, 0) + 1
+        self._tree.pop((eng.index, -1), None)
+        for rank in eng.ranks:
+            self._tree.pop((eng.index, rank.idx), None)
 
     @staticmethod
     def _shared_hit(rank: Rank, traj) -> int:
@@ -216,6 +225,7 @@ class ClusterSim(Interruptions):
         rank.waiting_tokens += req.prompt
         req.traj.last_rank = rank
         req.traj.router_prefix = req.prompt
+        req.traj.router_gen = self._tree_gen.get(rank.engine.index, 0)
         self.kick(rank.engine)
 
     def route_decode(self) -> Rank | None:

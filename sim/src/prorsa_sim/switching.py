@@ -132,6 +132,7 @@ class Interruptions:
             "aborted": 0, "cache_lost": 0,
         }
         self._on_switching(eng)
+        self.router_forget(eng)
         if self.paused:
             # The update aborted everything in flight; what still waits here (requests
             # parked for the pause) goes to the other engines. No drain.

@@ -39,6 +39,8 @@ class Traj:
     last_rank: object = None
     router_prefix: int = 0
     """Tokens of the last request the router sent (what its prefix tree matches)."""
+    router_gen: int = 0
+    """The generation of the engine that request went to (``Cluster.router_forget``)."""
     alive: bool = True
     length_capped: bool = False
     shared_key: str | None = None
