@@ -145,7 +145,10 @@ def run_up(opts: UpOptions, keep_running: bool = False, fresh: bool = False) -> 
 
 
 def _follow_run(opts: UpOptions, plan: StackPlan, sup: Supervisor, stop: threading.Event) -> int:
-    total = opts.batch_size * opts.steps
+    # Sync: trajectories done out of the batches; async: policy updates out of the steps
+    # (more trajectories end than are trained on: some are not admitted, some dropped).
+    total = opts.steps if opts.staleness else opts.batch_size * opts.steps
+    unit = "policy updates" if opts.staleness else "trajectories"
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, disable=not is_tty()) as bar:
         task = bar.add_task("rollout", total=total)
@@ -156,9 +159,10 @@ def _follow_run(opts: UpOptions, plan: StackPlan, sup: Supervisor, stop: threadi
             restarts = sum(r for _, r in sup.snapshot().values())
             desc = (f"step {p.get('step', 0) + 1}/{opts.steps}, {p.get('live', 0)} live, "
                     f"{p.get('requests', 0)} requests, {restarts} restarts")
-            bar.update(task, completed=p.get("completed", 0), description=desc)
+            done = p.get("step", 0) if opts.staleness else p.get("completed", 0)
+            bar.update(task, completed=done, description=desc)
             if not is_tty() and time.monotonic() - last_print > 10:
-                console.print(f"rollout: {p.get('completed', 0)}/{total} trajectories; {desc}", highlight=False)
+                console.print(f"rollout: {done}/{total} {unit}; {desc}", highlight=False)
                 last_print = time.monotonic()
             if "driver" in ended:
                 break
@@ -256,7 +260,8 @@ def engine_stats(urls: list[str]) -> dict:
             "behind_share": round(behind / (busy + behind), 4) if busy + behind > 0 else None}
 
 
-SCENARIO_KEYS = ("workload", "engines", "speed", "batch_size", "steps", "max_turns", "seed", "emulated_model", "router")
+SCENARIO_KEYS = ("workload", "engines", "speed", "batch_size", "steps", "staleness", "max_turns", "seed",
+                 "emulated_model", "router")
 """What two runs must share for their rollout times to be compared."""
 
 
@@ -296,9 +301,17 @@ def _print_summary(s: dict, plan: StackPlan, opts: UpOptions) -> None:
     sim = ", ".join(f"{w:.0f} s" for w in s["rollout_step_times_simulated_s"])
     t.add_row("engines (emulated model)", f"{opts.engines} x {opts.emulated_model}")
     t.add_row("router", s["router"])
+    sampler = s.get("sampler") or {}
+    if sampler.get("mode") == "async":
+        t.add_row("sampler", f"async, staleness {sampler.get('staleness')} (a step: one policy update to the next)")
+    else:
+        t.add_row("sampler", "sync (a step: first dispatch to last reward)")
     t.add_row("rollout time per step (wall)", steps or "-")
     t.add_row(f"rollout time per step (simulated, x{opts.speed:g})", sim or "-")
-    t.add_row("trajectories", str(s["trajectories"]))
+    dropped = s.get("dropped") or {}
+    t.add_row("trajectories completed" + (" / dropped" if dropped else ""),
+              str(s["trajectories"]) + (" / " + ", ".join(f"{n} {r}" for r, n in sorted(dropped.items()))
+                                        if dropped else ""))
     if s.get("trajectory_mean_s") is not None:
         t.add_row("mean trajectory time (wall)", f"{s['trajectory_mean_s']:.1f} s")
     e = s.get("emulated_engines") or {}

@@ -42,6 +42,9 @@ class UpOptions:
     workload: str = "general"
     batch_size: int = 24
     steps: int = 2
+    staleness: int = 0
+    """The driver's sampler: 0 synchronous steps; N > 0 asynchronous, N policy versions of
+    staleness at most (docs/demo.md, "Asynchronous rollout")."""
     max_turns: int = 6
     seed: int = 0
     emulated_model: str = "deepseek-v3.2"

@@ -101,6 +101,8 @@ def summarise(events: list[dict], run: str, driver: dict | None, forecaster_metr
         "rollout_step_times_s": (driver or {}).get("step_times_s", []),
         "rollout_step_times_simulated_s": [round(t * speed, 1) for t in (driver or {}).get("step_times_s", [])],
         "trajectories": (driver or {}).get("completed"),
+        "sampler": {"mode": (driver or {}).get("mode", "sync"), "staleness": (driver or {}).get("staleness", 0)},
+        "dropped": (driver or {}).get("dropped", {}),
         "driver_events": (driver or {}).get("events"),
         "run_events_in_log": sum(1 for e in events if e.get("run") == run and e["type"] in ROLLOUT_TYPES),
         "commands": by_type.get("engine.command", 0),

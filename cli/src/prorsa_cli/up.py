@@ -48,6 +48,8 @@ def register(app: typer.Typer) -> None:
         workload: Annotated[str, typer.Option(help="math, coding or general.")] = "general",
         batch_size: Annotated[int, typer.Option(help="Trajectories per rollout step.")] = 24,
         steps: Annotated[int, typer.Option(help="Rollout steps.")] = 2,
+        staleness: Annotated[int, typer.Option(help="0: synchronous steps; N > 0: asynchronous rollout with at most N "
+                                                    "policy versions of staleness (the paper's 2 and 8).")] = 0,
         max_turns: Annotated[int, typer.Option(help="Cap on turns per trajectory.")] = 6,
         seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
         emulated_model: Annotated[str, typer.Option(help="Cost-model profile of the emulated engines.")] = "deepseek-v3.2",
@@ -82,7 +84,9 @@ def register(app: typer.Typer) -> None:
         speed: Annotated[float, typer.Option(help="Simulated seconds per wall second (5: what two CPU cores keep up with; see docs/demo.md).")] = 5.0,
         engines: Annotated[int, typer.Option(help="Emulated engines.")] = 4,
         batch_size: Annotated[int, typer.Option(help="Trajectories per rollout step (256: 4 per attention-DP rank of 4 DeepSeek-V3.2 engines, the paper's load per rank).")] = 256,
-        steps: Annotated[int, typer.Option(help="Rollout steps.")] = 2,
+        steps: Annotated[int, typer.Option(help="Rollout steps (async: policy updates).")] = 2,
+        staleness: Annotated[int, typer.Option(help="0: synchronous steps; N > 0: asynchronous rollout with at most N "
+                                                    "policy versions of staleness (the paper's 2 and 8).")] = 0,
         workload: Annotated[str, typer.Option(help="math, coding or general.")] = "general",
         max_turns: Annotated[int, typer.Option(help="Cap on turns per trajectory.")] = 6,
         seed: Annotated[int, typer.Option(help="Workload seed (the same seed gives the same trajectories under every policy).")] = 0,
@@ -125,6 +129,8 @@ def _options(cls, given: dict):
         fail(f"--router must be sglang or emulated, got {given['router']!r}")
     if given.get("max_restarts", 0) < 0:
         fail("--max-restarts must be >= 0")
+    if given.get("staleness", 0) < 0:
+        fail("--staleness must be >= 0 (0: synchronous)")
     for name in ("engines", "agents", "batch_size", "steps", "max_turns"):
         if name in given and given[name] < 1:
             fail(f"--{name.replace('_', '-')} must be >= 1")

@@ -21,7 +21,8 @@ def parser() -> argparse.ArgumentParser:
     for name, typ in (("run", str), ("workload", str), ("batch-size", int), ("steps", int),
                       ("max-turns", int), ("max-output", int), ("speed", float), ("train-s", float),
                       ("seed", int), ("prefix", str), ("stream", str), ("out", Path), ("progress", Path),
-                      ("ready-timeout-s", float)):
+                      ("ready-timeout-s", float), ("staleness", int), ("over-dispatch", float),
+                      ("weight-sync-s", float)):
         p.add_argument(f"--{name}", type=typ, default=None)
     return p
 

@@ -24,6 +24,13 @@ class DriverConfig(BaseModel):
     max_output: int = Field(default=512, ge=1, le=1_000_000, description="cap on output tokens per turn")
     speed: float = Field(default=10.0, gt=0, le=10_000, description="simulated seconds per wall second")
     train_s: float = Field(default=10.0, ge=0, description="simulated trainer time between steps")
+    staleness: int = Field(default=0, ge=0, le=1000, description=(
+        "0: synchronous steps; N > 0: asynchronous rollout, a trajectory used at most N policy "
+        "versions after it was dispatched (AReaL-style launch budget, stale ones dropped)"))
+    over_dispatch: float | None = Field(default=None, ge=1.0, le=100.0, description=(
+        "async: trajectories live at once, in batches (default 1 + staleness / 4, as the simulator)"))
+    weight_sync_s: float = Field(default=5.0, ge=0, description=(
+        "async: simulated seconds the engines stay paused while new weights load"))
     seed: int = Field(default=0, ge=0)
     prefix: str = Field(default="prorsa", description="subject prefix")
     stream: str = Field(default="PRORSA", description="JetStream stream")

@@ -1,4 +1,15 @@
-"""The driver's agent loop: sync rollout steps of trajectories that really call the router.
+"""The driver's agent loop: rollout steps of trajectories that really call the router.
+
+Sampler: synchronous (``staleness`` 0: a step dispatches its whole batch, waits for every
+reward, trains, publishes ``policy.updated``) or asynchronous (``staleness`` N > 0), as the
+simulator's sampler (``prorsa_sim.trajectories``): up to ``over_dispatch`` batches live at
+once within an AReaL-style launch budget ((version + N + 1) batches over the admission
+rate), GRPO groups dispatched whole; the trainer starts when a batch of admitted rewards
+is in and trains while rollout goes on; at the update the trajectories more than N
+versions old are dropped (``trajectory.dropped`` "stale") and the engines pause for the
+weight sync (:mod:`.weights`): every request in flight is aborted and re-sent after it. A
+step's time is then the time between two updates. The run ends at the last update; the
+trajectories still live are dropped ("aborted").
 
 Time: every simulated duration (sandbox start, tool, reward, trainer) is divided by
 ``speed``, and the emulated engines run at the same speed, so the whole workload runs
@@ -17,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import time
 import uuid
@@ -31,6 +43,7 @@ from prorsa_schemas import Namespace
 from prorsa_sdk import Emitter
 
 from ..workloads import TrajectoryPlan, WorkloadSpec, get_workload, plan_trajectory
+from . import weights
 from .config import DriverConfig
 
 log = logging.getLogger("prorsa.driver")
@@ -43,6 +56,8 @@ class DriverResult:
     run: str
     workload: str
     speed: float
+    mode: str = "sync"
+    staleness: int = 0
     trajectories: int = 0
     completed: int = 0
     requests: int = 0
@@ -50,8 +65,14 @@ class DriverResult:
     retried_requests: int = 0
     events: int = 0
     by_type: dict[str, int] = field(default_factory=dict)
+    dropped: dict[str, int] = field(default_factory=dict)
+    """Trajectories dropped, by reason (async: "stale" past the bound, "aborted" at the end)."""
+    weight_syncs: int = 0
+    paused_engines: int = 0
+    """Engine pauses of the async weight syncs, summed over the syncs."""
     step_times_s: list[float] = field(default_factory=list)
-    """Wall seconds from each step's first dispatch to its last reward."""
+    """Wall seconds: sync, from each step's first dispatch to its last reward; async, from
+    the start or the previous policy update to each update."""
     wall_s: float = 0.0
     started_at: float = 0.0
     finished_at: float = 0.0
@@ -65,7 +86,10 @@ class RouterRefused(RuntimeError):
 
 
 class _Counted:
-    """The SDK emitter, counting every event it accepted (the count the tracker must match)."""
+    """The SDK emitter, counting every event it accepted (the count the tracker must match).
+
+    An emission runs to its end even when the trajectory that made it is cancelled (a stale
+    drop): the event is published and counted, never half-sent."""
 
     def __init__(self, em: Emitter):
         self.em = em
@@ -74,10 +98,14 @@ class _Counted:
     def __getattr__(self, name: str):
         method = getattr(self.em, name)
 
+        def count(task: asyncio.Future) -> None:
+            if not task.cancelled() and task.exception() is None:
+                self.counts[task.result().type] += 1
+
         async def call(*args, **kwargs):
-            ev = await method(*args, **kwargs)
-            self.counts[ev.type] += 1
-            return ev
+            task = asyncio.ensure_future(method(*args, **kwargs))
+            task.add_done_callback(count)
+            return await asyncio.shield(task)
 
         return call
 
@@ -95,9 +123,23 @@ class Driver:
         self.cfg = cfg
         self.spec: WorkloadSpec = get_workload(cfg.workload)
         self.result = DriverResult(run=cfg.run, workload=cfg.workload, speed=cfg.speed)
+        self.result.mode = "async" if cfg.staleness else "sync"
+        self.result.staleness = cfg.staleness
         self.step = 0
         self.live = 0
         self._prewarm_free = self.spec.prewarm_pool
+        # async sampler state (see the module's doc)
+        self.version = 0
+        self.admitted = 0
+        self.next_idx = 0
+        self._trainer_busy = False
+        self._live: dict[str, tuple[asyncio.Task, int]] = {}  # traj -> (its task, its policy version)
+        self._resumed = asyncio.Event()  # cleared while the engines are paused for a weight sync
+        self._resumed.set()
+        self._done = asyncio.Event()
+        self._last_update = 0.0
+        self._background: set[asyncio.Task] = set()
+        self._rewarded: set[str] = set()
 
     async def sleep_sim(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds) / self.cfg.speed)
@@ -136,6 +178,7 @@ class Driver:
                     "sampling_params": {"max_new_tokens": output}, "stream": True}
             announced: list[bool] = []  # once announced, a re-send is not announced again
             while True:  # router or worker unavailable: the request stays queued and is re-sent
+                await self._resumed.wait()  # held while the engines load new weights
                 try:
                     meta = await self._stream(em, client, body, traj, req, announced)
                 except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError):
@@ -194,35 +237,167 @@ class Driver:
 
     # -- one trajectory -----------------------------------------------------------------------
     async def trajectory(self, em: _Counted, client: aiohttp.ClientSession, traj: str, group: str,
-                         plan: TrajectoryPlan) -> None:
+                         plan: TrajectoryPlan, version: int = 0) -> None:
         plan = plan.capped(self.cfg.max_turns, self.cfg.max_output)
         turns = len(plan.outputs)
         context = min(plan.prompt_tokens, self.spec.max_context)
-        await em.dispatched(traj, context, group=group, policy_version=self.step)
-        if self.spec.sandbox:
-            warm = self._prewarm_free > 0
-            self._prewarm_free -= warm
-            await em.sandbox_started(traj, "prewarm" if warm else "cold")
-            await self.sleep_sim(plan.prewarm_s if warm else plan.cold_start_s)
-            await em.sandbox_ready(traj)
-        for turn in range(turns):
-            out = plan.outputs[turn]
-            last = turn == turns - 1
-            context = await self.request(em, client, traj, turn, context, out, last)
-            if last:
-                break
-            result = plan.results[turn] if turn < len(plan.results) else 0
-            await em.tool_started(traj, tool="sandbox.exec", calls=1)
-            await self.sleep_sim(plan.tool_s[turn] if turn < len(plan.tool_s) else 0.0)
-            await em.tool_finished(traj, result, ok=True)
-            context = min(context + result, self.spec.max_context)
-        await em.reward_started(traj)
-        await self.sleep_sim(plan.reward_s)
-        await em.reward_finished(traj, plan.admitted, reward=plan.reward)
-        if self.spec.sandbox:
-            self._prewarm_free += 1
-        self.result.completed += 1
-        self.live -= 1
+        try:
+            await em.dispatched(traj, context, group=group, policy_version=version)
+            if self.spec.sandbox:
+                warm = self._prewarm_free > 0
+                if warm:
+                    # The pool refills a cold start's time after a prewarmed sandbox is taken
+                    # (the simulator's rule).
+                    self._prewarm_free -= 1
+                    asyncio.get_running_loop().call_later(self.spec.cold_median_s / self.cfg.speed,
+                                                          self._refill_pool)
+                await em.sandbox_started(traj, "prewarm" if warm else "cold")
+                await self.sleep_sim(plan.prewarm_s if warm else plan.cold_start_s)
+                await em.sandbox_ready(traj)
+            for turn in range(turns):
+                out = plan.outputs[turn]
+                last = turn == turns - 1
+                context = await self.request(em, client, traj, turn, context, out, last)
+                if last:
+                    break
+                result = plan.results[turn] if turn < len(plan.results) else 0
+                await em.tool_started(traj, tool="sandbox.exec", calls=1)
+                await self.sleep_sim(plan.tool_s[turn] if turn < len(plan.tool_s) else 0.0)
+                await em.tool_finished(traj, result, ok=True)
+                context = min(context + result, self.spec.max_context)
+            await em.reward_started(traj)
+            await self.sleep_sim(plan.reward_s)
+            self._rewarded.add(traj)  # from here it ends with its reward, even if cancelled
+            await em.reward_finished(traj, plan.admitted, reward=plan.reward)
+            self.result.completed += 1
+        finally:
+            self.live -= 1
+            self._live.pop(traj, None)
+        if self.cfg.staleness and not self._done.is_set():
+            self.admitted += plan.admitted
+            self._maybe_train(em, client)
+            self._fill(em, client)
+
+    def _refill_pool(self) -> None:
+        self._prewarm_free += 1
+
+    def _launch(self, em: _Counted, client: aiohttp.ClientSession, traj: str, group: str, index: int) -> asyncio.Task:
+        plan = plan_trajectory(self.spec, self.cfg.seed, index)
+        self.live += 1
+        self.result.trajectories += 1
+        task = asyncio.create_task(self.trajectory(em, client, traj, group, plan, self.version))
+        self._live[traj] = (task, self.version)
+        if self.cfg.staleness:
+            task.add_done_callback(self._trajectory_done)
+        return task
+
+    def _trajectory_done(self, task: asyncio.Task) -> None:
+        """Async: a trajectory that failed (the router refused a request) ends the run."""
+        if not task.cancelled() and task.exception() is not None:
+            self._fail(task.exception())
+
+    # -- the async sampler and trainer --------------------------------------------------------
+    def _fill(self, em: _Counted, client: aiohttp.ClientSession) -> None:
+        """Dispatch while under the live cap and the launch budget; a GRPO group whole."""
+        cfg, g = self.cfg, self.spec.group_size
+        over = cfg.over_dispatch if cfg.over_dispatch is not None else 1 + cfg.staleness / 4
+        cap = int(cfg.batch_size * over)
+        budget = math.ceil((self.version + cfg.staleness + 1) * cfg.batch_size / self.spec.admission_rate)
+        while (self.live < cap and self.next_idx < budget) or self.next_idx % g:
+            i = self.next_idx
+            self.next_idx += 1
+            self._launch(em, client, f"t{i:06d}", f"g{i // g:05d}", i)
+        if not self.live and not self._trainer_busy and not self._done.is_set():
+            # Nothing live, nothing to launch, no batch to train on: it would wait for ever.
+            self._fail(RuntimeError(
+                f"the async sampler stalled at policy version {self.version}: its launch budget "
+                f"({budget} trajectories) is spent and {self.admitted} rewards were admitted, "
+                f"fewer than the {(self.version + 1) * cfg.batch_size} the next update needs"))
+
+    def _maybe_train(self, em: _Counted, client: aiohttp.ClientSession) -> None:
+        if not self._trainer_busy and self.admitted >= (self.version + 1) * self.cfg.batch_size:
+            self._trainer_busy = True
+            task = asyncio.create_task(self._train(em, client))
+            self._background.add(task)
+            task.add_done_callback(self._trained)
+
+    def _trained(self, task: asyncio.Task) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._fail(task.exception())
+
+    _failure: BaseException | None = None
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._failure is None:
+            self._failure = exc
+        self._done.set()
+
+    async def _train(self, em: _Counted, client: aiohttp.ClientSession) -> None:
+        """Train (rollout goes on), publish the update, drop the stale, sync the weights."""
+        cfg = self.cfg
+        await self.sleep_sim(cfg.train_s)
+        self._trainer_busy = False
+        self.version += 1
+        await em.policy_updated(self.version)
+        now = time.monotonic()
+        self.result.step_times_s.append(round(now - self._last_update, 3))
+        self._last_update = now
+        self.step += 1
+        log.info("policy update %d (%d live)", self.version, self.live)
+        if self.step >= cfg.steps:
+            self._done.set()
+            return
+        stale = [(t, task) for t, (task, v) in self._live.items() if v < self.version - cfg.staleness]
+        await self._drop(em, stale, "stale")
+        # The weight sync: every engine the router lists stops and drops what it holds.
+        self._resumed.clear()
+        urls = await weights.engine_urls(client, cfg.router_url)
+        self.result.paused_engines += await weights.pause(client, urls)
+        await self.sleep_sim(cfg.weight_sync_s)
+        await weights.resume(client, urls, self.version)
+        self.result.weight_syncs += 1
+        self._resumed.set()
+        self._maybe_train(em, client)
+        self._fill(em, client)
+
+    async def _drop(self, em: _Counted, trajs: list[tuple[str, asyncio.Task]], reason: str) -> None:
+        """End these trajectories without a reward: stop their tasks (a request in flight is
+        abandoned: the engine aborts it), then publish ``trajectory.dropped``."""
+        for _, task in trajs:
+            task.cancel()
+        await asyncio.gather(*(task for _, task in trajs), return_exceptions=True)
+        for traj, _ in trajs:
+            if traj in self._rewarded:
+                continue  # its reward was on its way: it ended with it
+            await em.dropped(traj, reason)
+            self.result.dropped[reason] = self.result.dropped.get(reason, 0) + 1
+
+    async def _run_async(self, em: _Counted, client: aiohttp.ClientSession) -> None:
+        self._last_update = time.monotonic()
+        self._fill(em, client)
+        await self._done.wait()
+        if self._failure is not None:
+            raise self._failure
+        await self._drop(em, sorted(((t, task) for t, (task, _) in self._live.items()), key=lambda x: x[0]),
+                         "aborted")
+
+    async def _run_sync(self, em: _Counted, client: aiohttp.ClientSession) -> None:
+        cfg = self.cfg
+        index = 0
+        for step in range(cfg.steps):
+            self.step = self.version = step
+            began = time.monotonic()
+            tasks = []
+            for k in range(cfg.batch_size):
+                tasks.append(self._launch(em, client, f"s{step}-t{k}", f"s{step}-g{k // self.spec.group_size}", index))
+                index += 1
+            await asyncio.gather(*tasks)
+            self.result.step_times_s.append(round(time.monotonic() - began, 3))
+            log.info("step %d done in %.1fs", step, self.result.step_times_s[-1])
+            if step + 1 < cfg.steps:
+                await self.sleep_sim(cfg.train_s)  # the trainer; engines are idle meanwhile
+                await em.policy_updated(step + 1)
 
     # -- steps ----------------------------------------------------------------------------
     def _progress(self) -> None:
@@ -262,27 +437,10 @@ class Driver:
             stop = asyncio.Event()
             reporter = asyncio.create_task(self._report_progress(stop))
             try:
-                await em.run_started("sync", cfg.batch_size, group_size=self.spec.group_size,
+                await em.run_started(self.result.mode, cfg.batch_size, group_size=self.spec.group_size,
+                                     max_staleness=cfg.staleness if cfg.staleness else None,
                                      prompt_tokens_mean=int(self.spec.prompt_median))
-                index = 0
-                for step in range(cfg.steps):
-                    self.step = step
-                    began = time.monotonic()
-                    tasks = []
-                    for k in range(cfg.batch_size):
-                        plan = plan_trajectory(self.spec, cfg.seed, index)
-                        traj = f"s{step}-t{k}"
-                        group = f"s{step}-g{k // self.spec.group_size}"
-                        self.live += 1
-                        self.result.trajectories += 1
-                        tasks.append(asyncio.create_task(self.trajectory(em, client, traj, group, plan)))
-                        index += 1
-                    await asyncio.gather(*tasks)
-                    self.result.step_times_s.append(round(time.monotonic() - began, 3))
-                    log.info("step %d done in %.1fs", step, self.result.step_times_s[-1])
-                    if step + 1 < cfg.steps:
-                        await self.sleep_sim(cfg.train_s)  # the trainer; engines are idle meanwhile
-                        await em.policy_updated(step + 1)
+                await (self._run_async(em, client) if cfg.staleness else self._run_sync(em, client))
                 await raw.flush(cfg.flush_timeout_s)
             finally:
                 stop.set()

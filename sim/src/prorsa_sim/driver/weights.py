@@ -1,0 +1,62 @@
+"""The trainer's weight sync in an asynchronous run, against the live engines.
+
+At each policy update of an async run the rollout engines stop, drop what they hold and
+load the new weights, as slime and AReaL do it against SGLang (docs/demo.md): for every
+worker the router lists, ``POST /pause_generation {"mode": "abort"}`` (every request in
+flight is aborted; its trajectory re-sends the context plus what was generated, after the
+sync) and ``POST /flush_cache`` (the prefixes were computed with the old weights); then,
+after the sync time, ``POST /update_weight_version`` and ``POST /continue_generation``.
+An engine that is not listed (between the two halves of a role switch) or does not answer
+is skipped and logged: the run goes on, as a framework's would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+
+log = logging.getLogger("prorsa.driver")
+
+_TIMEOUT = aiohttp.ClientTimeout(total=10.0)
+
+
+async def engine_urls(client: aiohttp.ClientSession, router_url: str) -> list[str]:
+    """The URLs of the workers the router lists now (prefill, decode or regular)."""
+    try:
+        async with client.get(f"{router_url}/workers", timeout=_TIMEOUT) as r:
+            body = await r.json(content_type=None)
+        return sorted({w["url"].rstrip("/") for w in body["workers"] if isinstance(w.get("url"), str)})
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as exc:
+        log.warning("weight sync: router %s did not list its workers (%r); no engine paused", router_url, exc)
+        return []
+
+
+async def _post(client: aiohttp.ClientSession, url: str, path: str, body: dict) -> bool:
+    try:
+        async with client.post(f"{url}{path}", json=body, timeout=_TIMEOUT) as r:
+            if r.status == 200:
+                return True
+            log.info("weight sync: %s%s answered %d: %s", url, path, r.status, (await r.text())[:200])
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        log.warning("weight sync: %s%s failed: %r", url, path, exc)
+    return False
+
+
+async def pause(client: aiohttp.ClientSession, urls: list[str]) -> int:
+    """Pause every engine, aborting what it holds, then flush its prefix cache. Returns how
+    many paused."""
+    ok = await asyncio.gather(*(_post(client, u, "/pause_generation", {"mode": "abort"}) for u in urls))
+    # A cache flush is refused while an engine still holds a request: not an error here.
+    await asyncio.gather(*(_post(client, u, "/flush_cache", {}) for u, o in zip(urls, ok) if o))
+    return sum(ok)
+
+
+async def resume(client: aiohttp.ClientSession, urls: list[str], version: int) -> int:
+    """Name the new weights on every paused engine and let it generate again. Returns how
+    many resumed."""
+    await asyncio.gather(*(_post(client, u, "/update_weight_version",
+                                 {"new_version": str(version), "abort_all_requests": False}) for u in urls))
+    ok = await asyncio.gather(*(_post(client, u, "/continue_generation", {}) for u in urls))
+    return sum(ok)
