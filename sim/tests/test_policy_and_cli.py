@@ -148,3 +148,18 @@ def test_cli_compare_takes_the_dp_routing():
     assert r.exit_code == 0, r.output
     smg = json.loads(r.stdout)[0]["per_seed"][0]
     assert smg["router_policy"] == "smg" and rows["prefix"]["router_policy"] == "queue"
+
+
+def test_cli_takes_the_trainer_time(tmp_path):
+    # Async: a policy update comes a training time after a batch of rewards is in, so no
+    # step (update to update) is shorter than --train-s.
+    runner = CliRunner()
+    out = tmp_path / "run"
+    r = runner.invoke(app, ["sim", "run", "--workload", "general", "--staleness", "2", "--model", "deepseek-v3.2",
+                            "--policy", "static:4:4", "--steps", "2", "--batch-size", "24", "--train-s", "90",
+                            "--no-plot", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    steps = json.loads((out / "summary.json").read_text())["step_times_s"]
+    assert len(steps) == 2 and min(steps) >= 90.0, steps
+    bad = runner.invoke(app, ["sim", "compare", "--train-s", "-1"])
+    assert bad.exit_code == 2 and "--train-s must be >= 0" in bad.output

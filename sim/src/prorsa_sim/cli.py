@@ -37,22 +37,27 @@ MaxTurnsOpt = Annotated[int | None, typer.Option(
     "--max-turns", help="Cap on each trajectory's turns (default: the workload's own; the live demo: 6).")]
 MaxOutputOpt = Annotated[int | None, typer.Option(
     "--max-output", help="Cap on each turn's output tokens (default: the workload's own; the live demo: 512).")]
+TrainOpt = Annotated[float | None, typer.Option(
+    "--train-s", help="Trainer seconds per policy update (default: the simulator's 30; the live demo's driver: 10).")]
 NoGroupPrefixOpt = Annotated[bool, typer.Option(
     "--no-group-prefix", help="A GRPO group's members do not share their first prompt's prefix cache (as the "
     "live demo's prompts do not).")]
 
 
 def _config(workload, model, staleness, steps, seed, batch_size, gpus, dp_routing="load",
-            max_turns=None, max_output=None, no_group_prefix=False, router_policy="queue"):
+            max_turns=None, max_output=None, no_group_prefix=False, router_policy="queue", train_s=None):
     from prorsa_runtime.cli import fail
 
     from .simconfig import build_config
 
+    if train_s is not None and not 0 <= train_s < float("inf"):
+        fail(f"--train-s must be >= 0 seconds, got {train_s}")
     try:
         return build_config(
             workload=workload, model=model, staleness=staleness, steps=steps, seed=seed,
             batch_size=batch_size, total_gpus=gpus, dp_routing=dp_routing, router_policy=router_policy,
             max_turns=max_turns, max_output=max_output, group_prefix=not no_group_prefix,
+            **({} if train_s is None else {"train_s": train_s}),
         )
     except (ValueError, TypeError) as exc:
         fail(str(exc))
@@ -95,6 +100,7 @@ def register(app: typer.Typer) -> None:
         max_turns: MaxTurnsOpt = None,
         max_output: MaxOutputOpt = None,
         no_group_prefix: NoGroupPrefixOpt = False,
+        train_s: TrainOpt = None,
         start: StartOpt = "own",
         jobs: JobsOpt = None,
         no_plot: Annotated[bool, typer.Option("--no-plot", help="Skip timeline.png and ideal_split.png.")] = False,
@@ -107,7 +113,7 @@ def register(app: typer.Typer) -> None:
         from .runner import default_jobs, parse_start, run_to_dir
 
         cfg = _config(workload, model, staleness, steps, seed, batch_size, gpus, dp_routing,
-                      max_turns, max_output, no_group_prefix, router_policy)
+                      max_turns, max_output, no_group_prefix, router_policy, train_s)
         _check(cfg)
         try:
             if policy != "static":
@@ -148,6 +154,7 @@ def register(app: typer.Typer) -> None:
         max_turns: MaxTurnsOpt = None,
         max_output: MaxOutputOpt = None,
         no_group_prefix: NoGroupPrefixOpt = False,
+        train_s: TrainOpt = None,
         start: StartOpt = "best",
         grid: Annotated[int, typer.Option("--grid", help="Points of the static sweep.")] = 7,
         jobs: JobsOpt = None,
@@ -163,7 +170,7 @@ def register(app: typer.Typer) -> None:
         from .runner import default_jobs, parse_start
 
         cfg = _config(workload, model, staleness, steps, 0, batch_size, gpus, dp_routing,
-                      max_turns, max_output, no_group_prefix, router_policy)
+                      max_turns, max_output, no_group_prefix, router_policy, train_s)
         _check(cfg)
         specs = expand_policies(policies)
         if not specs:
