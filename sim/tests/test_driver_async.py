@@ -64,10 +64,11 @@ async def test_async_driver_keeps_the_bound_and_syncs_weights_on_live_engines(na
     started = [e for e in events if e.type == "run.started"]
     assert len(started) == 1 and started[0].mode == "async" and started[0].max_staleness == staleness
     assert started[0].batch_size == batch and started[0].group_size == spec.group_size
-    # One update per step; the run ends at the last, so the engines synced the ones before.
+    # One update per step, each synced to the engines (the last too: the run ends after it,
+    # and the engines report the version policy.updated named).
     assert [e.version for e in events if e.type == "policy.updated"] == list(range(1, steps + 1))
-    assert versions == [str(steps - 1)] * 2
-    assert result["weight_syncs"] == steps - 1 and result["paused_engines"] == 2 * (steps - 1)
+    assert versions == [str(steps)] * 2
+    assert result["weight_syncs"] == steps and result["paused_engines"] == 2 * steps
     assert result["mode"] == "async" and len(result["step_times_s"]) == steps
 
     # Launch budget (AReaL): by version v at most (v + staleness + 1) batches over the

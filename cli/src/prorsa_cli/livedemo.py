@@ -357,7 +357,8 @@ def _print_summary(s: dict, plan: StackPlan, opts: UpOptions) -> None:
     out.print("explore the durable log:", highlight=False)
     out.print(f"  {exe} runs --db {db}", highlight=False, soft_wrap=True)
     out.print(f"  {exe} trajectories --run {s['run']} --db {db}", highlight=False, soft_wrap=True)
-    out.print(f"  {exe} history s0-t0 --run {s['run']} --db {db}", highlight=False, soft_wrap=True)
+    first = "t000000" if (s.get("sampler") or {}).get("mode") == "async" else "s0-t0"  # the driver's first trajectory
+    out.print(f"  {exe} history {first} --run {s['run']} --db {db}", highlight=False, soft_wrap=True)
     out.print(f"  {exe} export --run {s['run']} --db {db} --with-engines -o {s['run']}.jsonl.gz", highlight=False, soft_wrap=True)
 
 

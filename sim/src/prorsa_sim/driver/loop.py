@@ -273,7 +273,7 @@ class Driver:
         finally:
             self.live -= 1
             self._live.pop(traj, None)
-        if self.cfg.staleness and not self._done.is_set():
+        if self.cfg.staleness and not self._closing and not self._done.is_set():
             self.admitted += plan.admitted
             self._maybe_train(em, client)
             self._fill(em, client)
@@ -345,11 +345,15 @@ class Driver:
         self._last_update = now
         self.step += 1
         log.info("policy update %d (%d live)", self.version, self.live)
-        if self.step >= cfg.steps:
-            self._done.set()
-            return
-        stale = [(t, task) for t, (task, v) in self._live.items() if v < self.version - cfg.staleness]
-        await self._drop(em, stale, "stale")
+        last = self.step >= cfg.steps
+        if last:
+            # The run ends here: what is still live is not trained on. The engines still
+            # load the new weights, so that they report the version policy.updated named.
+            self._closing = True
+            await self._drop(em, self._live_sorted(), "aborted")
+        else:
+            stale = [(t, task) for t, (task, v) in self._live.items() if v < self.version - cfg.staleness]
+            await self._drop(em, stale, "stale")
         # The weight sync: every engine the router lists stops and drops what it holds.
         self._resumed.clear()
         urls = await weights.engine_urls(client, cfg.router_url)
@@ -358,8 +362,16 @@ class Driver:
         await weights.resume(client, urls, self.version)
         self.result.weight_syncs += 1
         self._resumed.set()
+        if last:
+            self._done.set()
+            return
         self._maybe_train(em, client)
         self._fill(em, client)
+
+    _closing = False
+
+    def _live_sorted(self) -> list[tuple[str, asyncio.Task]]:
+        return sorted(((t, task) for t, (task, _) in self._live.items()), key=lambda x: x[0])
 
     async def _drop(self, em: _Counted, trajs: list[tuple[str, asyncio.Task]], reason: str) -> None:
         """End these trajectories without a reward: stop their tasks (a request in flight is
@@ -379,8 +391,7 @@ class Driver:
         await self._done.wait()
         if self._failure is not None:
             raise self._failure
-        await self._drop(em, sorted(((t, task) for t, (task, _) in self._live.items()), key=lambda x: x[0]),
-                         "aborted")
+        await self._drop(em, self._live_sorted(), "aborted")
 
     async def _run_sync(self, em: _Counted, client: aiohttp.ClientSession) -> None:
         cfg = self.cfg
