@@ -145,3 +145,30 @@ def test_up_runs_under_the_shipped_nats_config_with_a_user_per_service(tmp_path:
     # No process was refused anything it does: the server logs every permissions violation.
     assert "Violation" not in nats_log.read_text(), [l for l in nats_log.read_text().splitlines() if "Violation" in l]
     assert (tmp_path / "nats-passwords.env").stat().st_mode & 0o777 == 0o600
+
+
+def test_up_runs_an_asynchronous_rollout_and_the_tracker_follows_it(tmp_path: Path):
+    # --staleness 1: the driver over-dispatches, trains alongside rollout, drops what is too
+    # old and pauses every engine for each weight sync (requests in flight are aborted and
+    # re-sent). The tracker's lifecycle rules accept all of it: no anomaly, every event stored.
+    proc = _start(tmp_path, "--staleness", "1", "--steps", "3")
+    out = _finish(proc)
+    assert proc.returncode == 0, out[-4000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    driver = json.loads((tmp_path / "driver.json").read_text())
+    assert summary["tracker_events"] == driver["events"] == summary["run_events_in_log"], out[-3000:]
+    assert summary["anomalies"] == 0
+    assert summary["sampler"] == {"mode": "async", "staleness": 1}
+    assert driver["weight_syncs"] == 3 and driver["paused_engines"] == 3 * 6
+    assert len(summary["rollout_step_times_s"]) == 3
+    import sqlite3
+
+    db = sqlite3.connect(tmp_path / "tracker.db")
+    raws = [json.loads(r) for (r,) in db.execute("select raw from events order by pos")]
+    run = [e for e in raws if e.get("run") == "e2e"]
+    assert [e["version"] for e in run if e["type"] == "policy.updated"] == [1, 2, 3]
+    started = next(e for e in run if e["type"] == "run.started")
+    assert started["mode"] == "async" and started["max_staleness"] == 1
+    ends = {e["traj"] for e in run if e["type"] in ("reward.finished", "trajectory.dropped")}
+    assert ends == {e["traj"] for e in run if e["type"] == "trajectory.dispatched"}
+    assert "sampler" in out and "async, staleness 1" in out
