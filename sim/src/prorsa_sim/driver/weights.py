@@ -33,12 +33,16 @@ async def engine_urls(client: aiohttp.ClientSession, router_url: str) -> list[st
         return []
 
 
-async def _post(client: aiohttp.ClientSession, url: str, path: str, body: dict) -> bool:
+async def _post(client: aiohttp.ClientSession, url: str, path: str, body: dict, routine: bool = False) -> bool:
+    """POST and say whether it answered 200. A refusal is a warning (the engine keeps its
+    old weights or stays paused) unless ``routine`` (a cache flush refused while the engine
+    still holds a request)."""
     try:
         async with client.post(f"{url}{path}", json=body, timeout=_TIMEOUT) as r:
             if r.status == 200:
                 return True
-            log.info("weight sync: %s%s answered %d: %s", url, path, r.status, (await r.text())[:200])
+            (log.debug if routine else log.warning)(
+                "weight sync: %s%s answered %d: %s", url, path, r.status, (await r.text())[:200])
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         log.warning("weight sync: %s%s failed: %r", url, path, exc)
     return False
@@ -49,7 +53,7 @@ async def pause(client: aiohttp.ClientSession, urls: list[str]) -> int:
     many paused."""
     ok = await asyncio.gather(*(_post(client, u, "/pause_generation", {"mode": "abort"}) for u in urls))
     # A cache flush is refused while an engine still holds a request: not an error here.
-    await asyncio.gather(*(_post(client, u, "/flush_cache", {}) for u, o in zip(urls, ok) if o))
+    await asyncio.gather(*(_post(client, u, "/flush_cache", {}, routine=True) for u, o in zip(urls, ok) if o))
     return sum(ok)
 
 

@@ -1,0 +1,75 @@
+"""The async driver's weight sync over real HTTP: the calls SGLang takes, in order, on every
+worker the router lists; an engine that refuses or a router that answers nonsense is
+skipped and logged, and the sync goes on."""
+
+from __future__ import annotations
+
+import aiohttp
+from aiohttp import web
+
+from prorsa_emulated.cluster import free_port
+from prorsa_sim.driver import weights
+
+
+async def _serve(routes: list[web.RouteDef]) -> tuple[web.AppRunner, str]:
+    app = web.Application()
+    app.add_routes(routes)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}"
+
+
+async def test_weight_sync_pauses_flushes_names_and_resumes_each_listed_engine(caplog):
+    calls: list[tuple[str, dict]] = []
+
+    async def record(request: web.Request) -> web.Response:
+        calls.append((request.path, await request.json()))
+        return web.json_response({"status": "ok"})
+
+    async def refuse(_request: web.Request) -> web.Response:
+        return web.Response(status=503, text="engine is switching")
+
+    good, good_url = await _serve([web.post(p, record) for p in (
+        "/pause_generation", "/flush_cache", "/update_weight_version", "/continue_generation")])
+    bad, bad_url = await _serve([web.post(p, refuse) for p in (
+        "/pause_generation", "/flush_cache", "/update_weight_version", "/continue_generation")])
+
+    async def listing(_request: web.Request) -> web.Response:
+        return web.json_response({"workers": [{"url": good_url + "/", "worker_type": "prefill"},
+                                              {"url": bad_url, "worker_type": "decode"},
+                                              {"worker_type": "decode"}],  # no url: not an engine to reach
+                                  "total": 3})
+
+    router, router_url = await _serve([web.get("/workers", listing)])
+    try:
+        async with aiohttp.ClientSession() as client:
+            urls = await weights.engine_urls(client, router_url)
+            assert urls == sorted([good_url, bad_url])
+            assert await weights.pause(client, urls) == 1
+            assert await weights.resume(client, urls, 7) == 1
+    finally:
+        for r in (good, bad, router):
+            await r.cleanup()
+    # SGLang's sequence for a weight sync (slime, AReaL): abort and pause, flush, then name
+    # the new weights and continue.
+    assert calls == [("/pause_generation", {"mode": "abort"}), ("/flush_cache", {}),
+                     ("/update_weight_version", {"new_version": "7", "abort_all_requests": False}),
+                     ("/continue_generation", {})]
+    # The refusing engine is reported by URL and status, not skipped silently.
+    assert any(bad_url in r.getMessage() and "503" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_router_that_answers_nonsense_pauses_nothing_and_says_so(caplog):
+    async def nonsense(_request: web.Request) -> web.Response:
+        return web.Response(text="<html>not json</html>")
+
+    router, router_url = await _serve([web.get("/workers", nonsense)])
+    try:
+        async with aiohttp.ClientSession() as client:
+            assert await weights.engine_urls(client, router_url) == []
+            assert await weights.pause(client, []) == 0
+    finally:
+        await router.cleanup()
+    assert any("did not list its workers" in r.getMessage() for r in caplog.records)
