@@ -8,24 +8,9 @@ import threading
 import nats
 import pytest
 
-from prorsa_runtime.testing import async_wait_until
-from prorsa_schemas import EventError, Namespace, decode_event
+from prorsa_runtime.testing import async_wait_until, stream_messages
+from prorsa_schemas import EventError, Namespace
 from prorsa_sdk import BufferFull, Emitter, SyncEmitter
-
-
-async def _stream_messages(url: str, ns: Namespace) -> list:
-    nc = await nats.connect(url)
-    try:
-        js = nc.jetstream()
-        total = (await js.stream_info(ns.stream)).state.messages
-        sub = await js.subscribe(ns.stream_subjects()[0], ordered_consumer=True)
-        out = []
-        for _ in range(total):
-            msg = await sub.next_msg(timeout=10)
-            out.append(((msg.headers or {}).get("Nats-Msg-Id"), decode_event(msg.data)))
-        return out
-    finally:
-        await nc.close()
 
 
 async def _count(url: str, ns: Namespace) -> int:
@@ -63,7 +48,7 @@ async def test_100k_events_with_server_killed_midway_exactly_once(nats_factory, 
     await em.flush(timeout=180)
     await em.close()
 
-    msgs = await _stream_messages(server.url, ns)
+    msgs = await stream_messages(server.url, ns)
     ids = [m[0] for m in msgs]
     assert len(msgs) == n
     assert len(set(ids)) == n
@@ -119,7 +104,7 @@ async def test_every_rollout_method_publishes_its_type(nats_url: str, ns: Namesp
         await em.reward_finished("t", True, reward=1.0)
         await em.dropped("u", "stale")
         await em.policy_updated(1)
-    msgs = await _stream_messages(nats_url, ns)
+    msgs = await stream_messages(nats_url, ns)
     types = {ev.type for _, ev in msgs}
     assert len(types) == 14
     assert all(ev.ts == 5.0 and ev.run == "all-types" for _, ev in msgs)
@@ -155,7 +140,7 @@ def test_sync_emitter_from_many_threads(nats_url: str, ns: Namespace) -> None:
         for t in threads:
             t.join()
         em.flush(timeout=60)
-    msgs = asyncio.run(_stream_messages(nats_url, ns))
+    msgs = asyncio.run(stream_messages(nats_url, ns))
     assert len(msgs) == 4000
     assert len({ev.id for _, ev in msgs}) == 4000
     for k in range(8):

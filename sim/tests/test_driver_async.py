@@ -11,26 +11,19 @@ import sys
 from collections import Counter
 
 import httpx
-import nats
 import pytest
 
 from prorsa_emulated import EmulatedCluster
 from prorsa_runtime.bus import connect, ensure_stream
-from prorsa_schemas import Namespace, decode_event
+from prorsa_runtime.testing import stream_messages
+from prorsa_schemas import Namespace
 from prorsa_sim.workloads import get_workload
 
 pytestmark = pytest.mark.slow
 
 
 async def _events(url: str, ns: Namespace) -> list:
-    nc = await nats.connect(url)
-    try:
-        js = nc.jetstream()
-        total = (await js.stream_info(ns.stream)).state.messages
-        sub = await js.subscribe(ns.stream_subjects()[0], ordered_consumer=True)
-        return [decode_event((await sub.next_msg(timeout=10)).data) for _ in range(total)]
-    finally:
-        await nc.close()
+    return [event for _, event in await stream_messages(url, ns)]
 
 
 async def _drive(nats_url: str, ns: Namespace, router: str, *args: str) -> tuple[int, str, str]:

@@ -9,6 +9,7 @@
   When the server cannot be reached the test is skipped locally, but FAILS under CI
   (``CI`` set): the PostgreSQL tests must run there.
 * ``wait_until`` / ``async_wait_until``: poll a condition with a timeout.
+* ``stream_messages``: every message of a namespace's stream, in order, decoded.
 
 Enabled by ``pytest_plugins = ["prorsa_runtime.testing"]`` in the root conftest.
 """
@@ -59,6 +60,27 @@ async def async_wait_until(
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or cond}")
         await asyncio.sleep(interval)
+
+
+async def stream_messages(url: str, ns: Namespace) -> list:
+    """Every message of ``ns``'s stream on the server at ``url``, in stream order, as
+    ``(Nats-Msg-Id, event)`` pairs (events decoded against the contract)."""
+    import nats
+
+    from prorsa_schemas import decode_event
+
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        total = (await js.stream_info(ns.stream)).state.messages
+        sub = await js.subscribe(ns.stream_subjects()[0], ordered_consumer=True)
+        out = []
+        for _ in range(total):
+            msg = await sub.next_msg(timeout=10)
+            out.append(((msg.headers or {}).get("Nats-Msg-Id"), decode_event(msg.data)))
+        return out
+    finally:
+        await nc.close()
 
 
 @pytest.fixture(scope="session")
