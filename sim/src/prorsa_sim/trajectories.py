@@ -5,11 +5,11 @@ and the weight-update pause, and the events they emit. Mixed into
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from prorsa_schemas import events as E
 
+from . import sampler
 from .cluster import ClusterSim
 from .engines import Engine, Req
 from .workloads import TrajectoryPlan, plan_trajectory
@@ -69,15 +69,11 @@ class Trajectories(ClusterSim):
             self._dispatch()
 
     def _fill_async(self) -> None:
+        # The async sampler's rules (AReaL-style: :mod:`.sampler`).
         cfg = self.cfg
-        over = cfg.over_dispatch if cfg.over_dispatch is not None else 1 + cfg.staleness / 4
-        cap = int(cfg.batch_size * over)
-        # AReaL-style budget: never more than (version + staleness + 1) batches launched,
-        # over-dispatched by 1/admission_rate so that enough samples are admitted.
-        budget = math.ceil((self.version + cfg.staleness + 1) * cfg.batch_size / self.spec.admission_rate)
-        g = self.spec.group_size
-        # GRPO: a group is dispatched whole (a started group is completed past the bounds).
-        while (self.live < cap and self.next_idx < budget) or self.next_idx % g:
+        cap = sampler.live_cap(cfg.batch_size, cfg.staleness, cfg.over_dispatch)
+        budget = sampler.launch_budget(self.version, cfg.staleness, cfg.batch_size, self.spec.admission_rate)
+        while sampler.may_dispatch(self.live, self.next_idx, cap, budget, self.spec.group_size):
             self._dispatch()
 
     def _dispatch(self) -> None:
@@ -274,7 +270,7 @@ class Trajectories(ClusterSim):
         del self.trajs[tr.tid]
 
     def _maybe_train(self) -> None:
-        if not self.trainer_busy and self.admitted_total >= (self.version + 1) * self.cfg.batch_size:
+        if not self.trainer_busy and sampler.trainer_ready(self.admitted_total, self.version, self.cfg.batch_size):
             self.trainer_busy = True
             self.at(self.now + self.cfg.train_s, self._policy_update)
 
@@ -292,7 +288,7 @@ class Trajectories(ClusterSim):
                 self.done = True
                 return
             for tr in sorted(self.trajs.values(), key=lambda x: x.idx):
-                if tr.version < self.version - self.cfg.staleness:
+                if sampler.is_stale(tr.version, self.version, self.cfg.staleness):
                     self._drop(tr)
         # Weight sync: pause every engine, abort in-flight requests (they re-prefill on
         # the new weights), flush prefix caches. Every engine stops before any is aborted,

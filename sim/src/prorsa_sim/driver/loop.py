@@ -2,7 +2,7 @@
 
 Sampler: synchronous (``staleness`` 0: a step dispatches its whole batch, waits for every
 reward, trains, publishes ``policy.updated``) or asynchronous (``staleness`` N > 0), as the
-simulator's sampler (``prorsa_sim.trajectories``): up to ``over_dispatch`` batches live at
+simulator's sampler (the rules of ``prorsa_sim.sampler``, which both run): up to ``over_dispatch`` batches live at
 once within an AReaL-style launch budget ((version + N + 1) batches over the admission
 rate), GRPO groups dispatched whole; the trainer starts when a batch of admitted rewards
 is in and trains while rollout goes on; at the update the trajectories more than N
@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import os
 import time
 import uuid
@@ -42,6 +41,7 @@ from prorsa_emulated.prefix_cache import emulated_prompt_text
 from prorsa_schemas import Namespace
 from prorsa_sdk import Emitter
 
+from .. import sampler
 from ..workloads import TrajectoryPlan, WorkloadSpec, get_workload, plan_trajectory
 from . import weights
 from .config import DriverConfig
@@ -298,12 +298,12 @@ class Driver:
 
     # -- the async sampler and trainer --------------------------------------------------------
     def _fill(self, em: _Counted, client: aiohttp.ClientSession) -> None:
-        """Dispatch while under the live cap and the launch budget; a GRPO group whole."""
+        """Dispatch while under the live cap and the launch budget; a GRPO group whole
+        (the simulator's rules: :mod:`prorsa_sim.sampler`)."""
         cfg, g = self.cfg, self.spec.group_size
-        over = cfg.over_dispatch if cfg.over_dispatch is not None else 1 + cfg.staleness / 4
-        cap = int(cfg.batch_size * over)
-        budget = math.ceil((self.version + cfg.staleness + 1) * cfg.batch_size / self.spec.admission_rate)
-        while (self.live < cap and self.next_idx < budget) or self.next_idx % g:
+        cap = sampler.live_cap(cfg.batch_size, cfg.staleness, cfg.over_dispatch)
+        budget = sampler.launch_budget(self.version, cfg.staleness, cfg.batch_size, self.spec.admission_rate)
+        while sampler.may_dispatch(self.live, self.next_idx, cap, budget, g):
             i = self.next_idx
             self.next_idx += 1
             self._launch(em, client, f"t{i:06d}", f"g{i // g:05d}", i)
@@ -315,7 +315,7 @@ class Driver:
                 f"fewer than the {(self.version + 1) * cfg.batch_size} the next update needs"))
 
     def _maybe_train(self, em: _Counted, client: aiohttp.ClientSession) -> None:
-        if not self._trainer_busy and self.admitted >= (self.version + 1) * self.cfg.batch_size:
+        if not self._trainer_busy and sampler.trainer_ready(self.admitted, self.version, self.cfg.batch_size):
             self._trainer_busy = True
             task = asyncio.create_task(self._train(em, client))
             self._background.add(task)
@@ -352,7 +352,8 @@ class Driver:
             self._closing = True
             await self._drop(em, self._live_sorted(), "aborted")
         else:
-            stale = [(t, task) for t, (task, v) in self._live.items() if v < self.version - cfg.staleness]
+            stale = [(t, task) for t, (task, v) in self._live.items()
+                     if sampler.is_stale(v, self.version, cfg.staleness)]
             await self._drop(em, stale, "stale")
         # The weight sync: every engine the router lists stops and drops what it holds.
         self._resumed.clear()
@@ -388,10 +389,9 @@ class Driver:
     async def _run_async(self, em: _Counted, client: aiohttp.ClientSession) -> None:
         self._last_update = time.monotonic()
         self._fill(em, client)
-        await self._done.wait()
+        await self._done.wait()  # the last update dropped what was live
         if self._failure is not None:
             raise self._failure
-        await self._drop(em, self._live_sorted(), "aborted")
 
     async def _run_sync(self, em: _Counted, client: aiohttp.ClientSession) -> None:
         cfg = self.cfg
