@@ -21,6 +21,8 @@ from prorsa_runtime.settings import NATS_SCHEMES
 from prorsa_runtime.cli import console, fail, out
 
 WorkdirOpt = Annotated[Path, typer.Option(help="Where the bus store, the SQLite log, process logs and results go.")]
+StalenessOpt = Annotated[int, typer.Option(help="0: synchronous steps; N > 0: asynchronous rollout with at most N "
+                                                "policy versions of staleness (the paper's 2 and 8).")]
 
 
 def register(app: typer.Typer) -> None:
@@ -48,8 +50,7 @@ def register(app: typer.Typer) -> None:
         workload: Annotated[str, typer.Option(help="math, coding or general.")] = "general",
         batch_size: Annotated[int, typer.Option(help="Trajectories per rollout step.")] = 24,
         steps: Annotated[int, typer.Option(help="Rollout steps.")] = 2,
-        staleness: Annotated[int, typer.Option(help="0: synchronous steps; N > 0: asynchronous rollout with at most N "
-                                                    "policy versions of staleness (the paper's 2 and 8).")] = 0,
+        staleness: StalenessOpt = 0,
         max_turns: Annotated[int, typer.Option(help="Cap on turns per trajectory.")] = 6,
         seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
         emulated_model: Annotated[str, typer.Option(help="Cost-model profile of the emulated engines.")] = "deepseek-v3.2",
@@ -85,8 +86,7 @@ def register(app: typer.Typer) -> None:
         engines: Annotated[int, typer.Option(help="Emulated engines.")] = 4,
         batch_size: Annotated[int, typer.Option(help="Trajectories per rollout step (256: 4 per attention-DP rank of 4 DeepSeek-V3.2 engines, the paper's load per rank).")] = 256,
         steps: Annotated[int, typer.Option(help="Rollout steps (async: policy updates).")] = 2,
-        staleness: Annotated[int, typer.Option(help="0: synchronous steps; N > 0: asynchronous rollout with at most N "
-                                                    "policy versions of staleness (the paper's 2 and 8).")] = 0,
+        staleness: StalenessOpt = 0,
         workload: Annotated[str, typer.Option(help="math, coding or general.")] = "general",
         max_turns: Annotated[int, typer.Option(help="Cap on turns per trajectory.")] = 6,
         seed: Annotated[int, typer.Option(help="Workload seed (the same seed gives the same trajectories under every policy).")] = 0,
