@@ -21,6 +21,11 @@ Prints:
   t (queued or in prefill), as made and with each one's cache outcome revealed (the
   ``cached_tokens`` its ``prefill.finished`` will report), to tell the cache's coin flips
   from the queue model's placement;
+* the prefill engines' balance: from ``engine.stats`` (``--with-engines`` exports), by
+  window, each prefill engine's requests (running + queued), where the pool holds at least
+  8: the busiest engine over the mean and the coefficient of variation, averaged (a
+  cache-aware router keeps conversations on their prefix's engine and the queues come
+  apart; the queue model drains the pool as one line);
 * residuals of both series: signed bias (share of the actual demand) and lag-1
   autocorrelation (near 0: white, nothing slow left for a correction to learn);
 * after weight updates (a log with ``policy.updated``): the hit ratio (cached over
@@ -100,6 +105,28 @@ def cache_by_engine(path: str) -> list[float]:
             if nr:
                 print(f"    [{lo:g}, {hi:g}) s: n={int(nr):6d} hit ratio {c / cp:.3f}")
     return updates
+
+
+def prefill_balance(path: str, horizon: float) -> None:
+    """The prefill engines' load balance by window, from their ``engine.stats``."""
+    by_window: dict[int, dict[str, int]] = {}
+    t0 = None
+    for line in read_log(path):
+        ev = line.event
+        if ev is None or ev.type != "engine.stats" or ev.role != "prefill":
+            continue
+        t0 = ev.ts if t0 is None else t0
+        by_window.setdefault(int((ev.ts - t0) // horizon), {})[ev.engine] = ev.running_reqs + ev.queued_reqs
+    rows = [np.array(list(d.values()), float) for _, d in sorted(by_window.items())]
+    rows = [v for v in rows if len(v) >= 2 and v.sum() >= 8]
+    if not rows:
+        print("prefill balance: no window with two or more prefill engines holding 8 or more requests "
+              "(engine.stats: export with --with-engines)")
+        return
+    peak = np.mean([v.max() / v.mean() for v in rows])
+    cv = np.mean([v.std() / v.mean() for v in rows])
+    print(f"prefill balance: {len(rows)} windows; busiest prefill engine {peak:.2f}x the mean, "
+          f"coefficient of variation {cv:.2f}")
 
 
 def after_updates(update_ts: list[float], results) -> None:
@@ -241,6 +268,7 @@ def main() -> None:
     ap.add_argument("--revealed", action="store_true", help="also replay with the known requests' cache outcomes revealed (a second replay)")
     args = ap.parse_args()
     update_ts = cache_by_engine(args.log)
+    prefill_balance(args.log, args.horizon)
 
     loop = _Probe(ForecastConfig(horizon=args.horizon))
     results = []
