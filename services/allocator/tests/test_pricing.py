@@ -694,3 +694,40 @@ def test_the_step_prices_the_latency_term_only_where_a_turn_outlasts_the_horizon
     # step it would read t(2.39)/t(4) = 1.48 -> t(2.39)/t(4.875) = 1.70, +15%).
     assert _decode_phase(True, 1e-3, 100_000.0) == _decode_phase(False, 1e-3, 100_000.0)
     assert "decode" in _decode_phase(True, 1e-3, 100_000.0)
+
+
+def test_priced_net_provisions_the_donor_prefill_to_its_upper_demand() -> None:
+    # 2:6 toward decode, prefill now 1 engine, later 1 (smoothed) but 2 at the quantile:
+    # W_P = 10 x 1 + 110 x 2 = 230 engine-seconds against capᴾ 120 after the move.
+    dv = DemandView(1.0, 7.0, 1.0, 7.0, 10.0, prefill_upper=2.0)
+    idle = [SwitchPrice(0.0, 15.0)]
+    f_new, f_old = priced_net(2, 6, "decode", idle, dv, CFG, 120.0, PricedContext(50_000.0))
+    assert f_old == pytest.approx(min(240 / 230, 720 / 840))
+    assert f_new[0] == pytest.approx(min(120 / 230, 825 / 840))
+    # Toward prefill the upper bound plays no part: prefill is the role that gains.
+    f_up, _ = priced_net(2, 6, "prefill", idle, dv, CFG, 120.0, PricedContext(50_000.0))
+    f_plain, _ = priced_net(2, 6, "prefill", idle, DemandView(1.0, 7.0, 1.0, 7.0, 10.0), CFG, 120.0,
+                            PricedContext(50_000.0))
+    assert f_up[0] == pytest.approx(f_plain[0])
+
+
+def test_a_calm_spell_does_not_give_away_the_engines_the_last_burst_needed() -> None:
+    # 6:2 idle engines. Three windows of prefill demand 7 engines (a burst), then eighteen
+    # calm ones at 4; decode demand 2.5 throughout. At t = 200 the smoothed level is 4.0,
+    # so one engine to decode gives min(600/480, (360 - 15)/300) = 1.15 from
+    # min(720/480, 240/300) = 0.8. The 0.9 quantile of the 21 windows is 7 (sorted, index
+    # 18 of 0..20): W_P = 10 x 4 + 110 x 7 = 810, one engine fewer serves 600/810 = 0.74
+    # < 0.8, so nothing moves. With a memory of 100 s the burst is forgotten.
+    def cmds(**kw) -> tuple[list, str]:
+        alloc = _cluster(6, 2, **kw)
+        for i, t in enumerate(range(0, 210, 10)):
+            fc = forecast(t=float(t), prefill_engines=7.0 if i < 3 else 4.0, decode_engines=2.5)
+            out = alloc.handle(fc, act=t == 200)
+        return [e.to_role for e in out if isinstance(e, EngineCommand)], alloc.last_decision.selection.reason
+
+    moved, _ = cmds()
+    assert moved and set(moved) == {"decode"}
+    held, reason = cmds(provision_quantile=0.9)
+    assert held == [] and "below the hysteresis" in reason
+    forgot, _ = cmds(provision_quantile=0.9, provision_memory_s=100.0)
+    assert forgot == moved

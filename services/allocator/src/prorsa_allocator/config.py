@@ -288,6 +288,25 @@ class AllocatorConfig(BaseModel):
         description="EMA weight of the newest forecast in the demand assumed for the windows "
         "after the current one (damps an oscillating forecast).",
     )
+    provision_quantile: float | None = Field(
+        default=None,
+        ge=0.5,
+        le=1.0,
+        description="'priced' rule: a move that takes engines from prefill judges prefill's "
+        "demand after the current window at no less than this quantile of its forecast rate over "
+        "the last ``provision_memory_s`` (provisioning the donor role to a quantile of the demand "
+        "it has shown, not to its smoothed level), so that a calm spell between recurring bursts "
+        "does not give away the engines the next burst needs. None: the smoothed level "
+        "(``forecast_alpha``). docs/allocator.md, 'Provisioning to a quantile', measures it.",
+    )
+    provision_memory_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="'priced' rule: the forecast windows ``provision_quantile`` is taken over. "
+        "CHOICE: 600 s, a few hundred seconds to one agentic step: long enough to hold the last "
+        "re-prefill burst after a weight update, short enough to forget a step's demand once "
+        "the workload has moved on.",
+    )
     settle_s: float = Field(
         default=120.0,
         ge=0,

@@ -11,9 +11,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 
+import numpy as np
 from pydantic import TypeAdapter
 
 from prorsa_schemas import (
@@ -72,6 +74,8 @@ class Allocator:
         # Smoothed demand rates for the windows after the current one.
         self._prefill_rate: float | None = None  # Ŵᴾ / S, tokens/s
         self._decode_kv: float | None = None  # Kᴰ + K̂ᴰ, tokens
+        # The forecast prefill rates of the last provision_memory_s: (window start, Ŵᴾ / S).
+        self._prefill_rates: deque[tuple[float, float]] = deque()
         # Seconds one decode turn takes (Little's law on the forecasts: S·Kᴰ/Âᴰ), smoothed:
         # how long a busy decode engine needs to drain.
         self.decode_turn_s: float | None = None
@@ -157,11 +161,24 @@ class Allocator:
         a = self.config.forecast_alpha
         rate, kv = fc.prefill_tokens / fc.horizon, fc.decode_kv_now + fc.decode_kv_tokens
         self._prefill_rate = rate if self._prefill_rate is None else (1 - a) * self._prefill_rate + a * rate
+        if self.config.provision_quantile is not None:
+            self._prefill_rates.append((fc.t, rate))
+            while self._prefill_rates and self._prefill_rates[0][0] <= fc.t - self.config.provision_memory_s:
+                self._prefill_rates.popleft()
         self._decode_kv = kv if self._decode_kv is None else (1 - a) * self._decode_kv + a * kv
         if fc.decode_admit_tokens > 0 and fc.decode_kv_now > 0:
             turn = fc.horizon * fc.decode_kv_now / fc.decode_admit_tokens
             self.decode_turn_s = turn if self.decode_turn_s is None else (1 - a) * self.decode_turn_s + a * turn
         return self._prefill_rate, self._decode_kv
+
+    def _prefill_upper(self, theta: float) -> float | None:
+        """The ``provision_quantile`` quantile of the forecast prefill rates of the last
+        ``provision_memory_s``, in prefill instances (None when not configured)."""
+        q = self.config.provision_quantile
+        if q is None or not self._prefill_rates or theta <= 0:
+            return None
+        rates = np.fromiter((r for _, r in self._prefill_rates), float, len(self._prefill_rates))
+        return float(np.quantile(rates, q)) / theta
 
     def on_forecast(self, fc: ForecastWindow, act: bool = True) -> Decision | None:
         """Plan for one forecast window; None when it is stale or replayed."""
@@ -251,6 +268,7 @@ class Allocator:
                     fc.decode_admit_tokens, decode_room(cfg, a_p_later, cap))),
                 horizon_s=fc.horizon,
                 decode_fed_share=fc.decode_kv_tokens / kv_total if kv_total > 0 else 1.0,
+                prefill_upper=self._prefill_upper(cap.prefill_tokens_per_s),
             )
             if by_step and turn_now > cfg.horizon_s:
                 dv = replace(dv, decode_kv_now=kv_total / kv_cap, decode_kv_later=decode_kv / kv_cap,

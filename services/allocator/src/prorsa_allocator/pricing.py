@@ -192,7 +192,11 @@ def priced_net(
     the cap)."""
     cap = cfg.ratio_cap
     s = min(demand.horizon_s, horizon)
-    w_p = s * demand.prefill_now + (horizon - s) * demand.prefill_later
+    later_p = demand.prefill_later
+    if to_role == "decode" and demand.prefill_upper is not None:
+        # The donor role provisioned to a quantile of the demand it has shown (provision_quantile).
+        later_p = max(later_p, demand.prefill_upper)
+    w_p = s * demand.prefill_now + (horizon - s) * later_p
     w_d = s * demand.decode_now + (horizon - s) * demand.decode_later
 
     # The latency-balance share of the decode work (decode.py) is priced by the step

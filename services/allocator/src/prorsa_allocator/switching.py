@@ -56,6 +56,10 @@ class DemandView:
     """(t₀, c): the decode step of an empty engine and the decode pool's load in
     engine-seconds per step (step time t(n) = t₀ + c/n on n engines): the step speed-up
     a move to decode buys is what the latency term's demand is worth."""
+    prefill_upper: float | None = None
+    """The ``provision_quantile`` quantile of the recent forecast prefill demand, in
+    instances (None: not configured): a move that takes engines from prefill judges the
+    prefill demand after the current window at no less than this."""
 
 
 @dataclass(frozen=True, slots=True)
