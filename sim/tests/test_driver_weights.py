@@ -47,7 +47,7 @@ async def test_weight_sync_pauses_flushes_names_and_resumes_each_listed_engine(c
         async with aiohttp.ClientSession() as client:
             urls = await weights.engine_urls(client, router_url)
             assert urls == sorted([good_url, bad_url])
-            assert await weights.pause(client, urls) == 1
+            assert await weights.pause(client, urls) == [good_url]
             assert await weights.resume(client, urls, 7) == 1
     finally:
         for r in (good, bad, router):
@@ -69,7 +69,51 @@ async def test_a_router_that_answers_nonsense_pauses_nothing_and_says_so(caplog)
     try:
         async with aiohttp.ClientSession() as client:
             assert await weights.engine_urls(client, router_url) == []
-            assert await weights.pause(client, []) == 0
+            assert await weights.pause(client, []) == []
     finally:
         await router.cleanup()
     assert any("did not list its workers" in r.getMessage() for r in caplog.records)
+
+
+async def test_an_engine_out_of_the_router_for_a_switch_is_still_synced(caplog):
+    # Engines A and B; the router lists both, then only A (B is between the two halves of a
+    # role switch, still running), then only A again once B has shut down.
+    calls: list[tuple[str, str]] = []
+
+    def engine(name: str):
+        async def record(request: web.Request) -> web.Response:
+            calls.append((name, request.path))
+            return web.json_response({"status": "ok"})
+        return [web.post(p, record) for p in ("/pause_generation", "/flush_cache", "/update_weight_version",
+                                              "/continue_generation")]
+
+    a, a_url = await _serve(engine("A"))
+    b, b_url = await _serve(engine("B"))
+    listed = [[a_url, b_url]]
+
+    async def listing(_request: web.Request) -> web.Response:
+        return web.json_response({"workers": [{"url": u} for u in listed[0]]})
+
+    router, router_url = await _serve([web.get("/workers", listing)])
+    fleet = weights.Fleet()
+    try:
+        async with aiohttp.ClientSession() as client:
+            async def sync() -> list[str]:
+                now = await weights.engine_urls(client, router_url)
+                urls = fleet.targets(now)
+                paused = await weights.pause(client, urls)
+                fleet.settle(now, paused)
+                return paused
+
+            assert await sync() == sorted([a_url, b_url])
+            listed[0] = [a_url]
+            calls.clear()
+            assert await sync() == sorted([a_url, b_url])  # B, unlisted mid-switch, is paused too
+            assert ("B", "/pause_generation") in calls
+            await b.cleanup()
+            assert await sync() == [a_url]
+            assert fleet.known == {a_url}  # B neither listed nor answering: forgotten
+    finally:
+        for r in (a, router):
+            await r.cleanup()
+    assert any(b_url in r.getMessage() and "taken as shut down" in r.getMessage() for r in caplog.records)

@@ -140,6 +140,7 @@ class Driver:
         self._last_update = 0.0
         self._background: set[asyncio.Task] = set()
         self._rewarded: set[str] = set()
+        self._fleet = weights.Fleet()  # the engines a weight sync reaches (async runs)
 
     async def sleep_sim(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds) / self.cfg.speed)
@@ -355,10 +356,15 @@ class Driver:
             stale = [(t, task) for t, (task, v) in self._live.items()
                      if sampler.is_stale(v, self.version, cfg.staleness)]
             await self._drop(em, stale, "stale")
-        # The weight sync: every engine the router lists stops and drops what it holds.
+        # The weight sync: every engine stops and drops what it holds, those the router
+        # lists and those between the two halves of a role switch (weights.Fleet).
         self._resumed.clear()
-        urls = await weights.engine_urls(client, cfg.router_url)
-        self.result.paused_engines += await weights.pause(client, urls)
+        listed = await weights.engine_urls(client, cfg.router_url)
+        urls = self._fleet.targets(listed)
+        paused = await weights.pause(client, urls)
+        self._fleet.settle(listed, paused)
+        urls = [u for u in urls if u in self._fleet.known]
+        self.result.paused_engines += len(paused)
         await self.sleep_sim(cfg.weight_sync_s)
         await weights.resume(client, urls, self.version)
         self.result.weight_syncs += 1
@@ -442,6 +448,8 @@ class Driver:
         t0 = time.monotonic()
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as client:
             await self.wait_router(client)
+            if cfg.staleness:
+                self._fleet.targets(await weights.engine_urls(client, cfg.router_url))
             raw = Emitter(run=cfg.run, nats_url=cfg.nats_url, namespace=ns, name="prorsa-driver")
             await raw.start()
             em = self._em = _Counted(raw)

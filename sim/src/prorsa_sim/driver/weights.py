@@ -6,8 +6,12 @@ worker the router lists, ``POST /pause_generation {"mode": "abort"}`` (every req
 flight is aborted; its trajectory re-sends the context plus what was generated, after the
 sync) and ``POST /flush_cache`` (the prefixes were computed with the old weights); then,
 after the sync time, ``POST /update_weight_version`` and ``POST /continue_generation``.
-An engine that is not listed (between the two halves of a role switch) or does not answer
-is skipped and logged: the run goes on, as a framework's would.
+The engines synced are every worker the router has listed since the run began
+(:class:`Fleet`), not only those it lists at that moment: an engine between the two
+halves of a role switch is out of the router but still runs, and skipped it would come
+back serving the old weights (a framework holds its engine list, not the router's). An
+engine that does not answer is logged and the run goes on, as a framework's would; one
+neither listed nor answering is taken to be shut down and forgotten.
 """
 
 from __future__ import annotations
@@ -48,13 +52,35 @@ async def _post(client: aiohttp.ClientSession, url: str, path: str, body: dict, 
     return False
 
 
-async def pause(client: aiohttp.ClientSession, urls: list[str]) -> int:
-    """Pause every engine, aborting what it holds, then flush its prefix cache. Returns how
-    many paused."""
+class Fleet:
+    """The engines a weight sync reaches: every URL the router has listed, kept while it is
+    out of the router (a role switch), forgotten once it is neither listed nor answers."""
+
+    def __init__(self) -> None:
+        self.known: set[str] = set()
+
+    def targets(self, listed: list[str]) -> list[str]:
+        """The engines to sync: those listed now and those listed before."""
+        self.known |= set(listed)
+        return sorted(self.known)
+
+    def settle(self, listed: list[str], paused: list[str]) -> list[str]:
+        """After a pause: forget the engines neither listed nor paused; returns them."""
+        gone = sorted(self.known - set(listed) - set(paused))
+        self.known -= set(gone)
+        for url in gone:
+            log.warning("weight sync: %s is no longer listed by the router and did not answer: "
+                        "taken as shut down, not synced again", url)
+        return gone
+
+
+async def pause(client: aiohttp.ClientSession, urls: list[str]) -> list[str]:
+    """Pause every engine, aborting what it holds, then flush its prefix cache. Returns the
+    engines that paused."""
     ok = await asyncio.gather(*(_post(client, u, "/pause_generation", {"mode": "abort"}) for u in urls))
     # A cache flush is refused while an engine still holds a request: not an error here.
     await asyncio.gather(*(_post(client, u, "/flush_cache", {}, routine=True) for u, o in zip(urls, ok) if o))
-    return sum(ok)
+    return [u for u, o in zip(urls, ok) if o]
 
 
 async def resume(client: aiohttp.ClientSession, urls: list[str], version: int) -> int:
