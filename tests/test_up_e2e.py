@@ -160,6 +160,8 @@ def test_up_runs_an_asynchronous_rollout_and_the_tracker_follows_it(tmp_path: Pa
     assert summary["anomalies"] == 0
     assert summary["sampler"] == {"mode": "async", "staleness": 1}
     assert driver["weight_syncs"] == 3 and driver["paused_engines"] == 3 * 6
+    assert summary["weight_syncs"] == {"syncs": 3, "engine_pauses": 3 * 6}
+    assert "weight syncs / engines paused" in out and "3 / 18 (6 engines each)" in out, out[-3000:]
     assert len(summary["rollout_step_times_s"]) == 3
     import sqlite3
 

@@ -306,6 +306,10 @@ def _print_summary(s: dict, plan: StackPlan, opts: UpOptions) -> None:
         t.add_row("sampler", f"async, staleness {sampler.get('staleness')} (a step: one policy update to the next)")
     else:
         t.add_row("sampler", "sync (a step: first dispatch to last reward)")
+    syncs = s.get("weight_syncs") or {}
+    if sampler.get("mode") == "async" and syncs.get("syncs"):
+        t.add_row("weight syncs / engines paused and synced",
+                  f"{syncs['syncs']} / {syncs.get('engine_pauses', 0)} ({opts.engines} engines each)")
     t.add_row("rollout time per step (wall)", steps or "-")
     t.add_row(f"rollout time per step (simulated, x{opts.speed:g})", sim or "-")
     dropped = s.get("dropped") or {}

@@ -103,6 +103,8 @@ def summarise(events: list[dict], run: str, driver: dict | None, forecaster_metr
         "trajectories": (driver or {}).get("completed"),
         "sampler": {"mode": (driver or {}).get("mode", "sync"), "staleness": (driver or {}).get("staleness", 0)},
         "dropped": (driver or {}).get("dropped", {}),
+        "weight_syncs": {"syncs": (driver or {}).get("weight_syncs", 0),
+                         "engine_pauses": (driver or {}).get("paused_engines", 0)},
         "driver_events": (driver or {}).get("events"),
         "run_events_in_log": sum(1 for e in events if e.get("run") == run and e["type"] in ROLLOUT_TYPES),
         "commands": by_type.get("engine.command", 0),
