@@ -337,3 +337,17 @@ async def test_a_service_cannot_deliver_its_consumer_into_a_stream_subject(secur
     assert "forms a cycle" in json.loads(reply.data)["error"]["description"]
     await nc.close()
     assert await admin.jetstream().consumers_info(S) == []
+
+
+async def test_reading_the_engine_announcements_as_rollout_is_a_clear_error(secured: NatsServer, admin: NATS):
+    # prorsa_sdk.coordination reads engine.registered from the stream: admin may, the rollout
+    # user (which reads nothing) gets a CoordinationError naming it, not a hang.
+    from prorsa_sdk.coordination import CoordinationError, announced_engines
+    from prorsa_schemas import EngineRegistered
+
+    await publish_event(admin.jetstream(), DEFAULT, EngineRegistered(
+        id="reg-coord", ts=1.0, run="r", engine="e0", server="s", role="prefill", gpus=8, kv_capacity_tokens=10,
+        url="http://h:1"))
+    assert await announced_engines(secured.url, credentials=creds("admin"), timeout=5) == {"e0": "http://h:1"}
+    with pytest.raises(CoordinationError, match="as user 'rollout'.*rollout user reads nothing"):
+        await announced_engines(secured.url, credentials=creds("rollout"), timeout=2)

@@ -27,6 +27,8 @@ from typing import Any
 
 import httpx
 
+from nats.errors import Error as NatsError, TimeoutError as NatsTimeoutError
+
 from prorsa_runtime.bus import Credentials, connect
 from prorsa_schemas import DEFAULT, Namespace, decode_event
 
@@ -56,22 +58,38 @@ async def _read_all(js: Any, stream: str, subject: str, timeout: float) -> list[
     return got
 
 
+class CoordinationError(RuntimeError):
+    """The engines' announcements could not be read from the stream."""
+
+
 async def announced_engines(nats_url: str | None = None, *, namespace: Namespace = DEFAULT,
                             credentials: Credentials | None = None, timeout: float = 10.0) -> dict[str, str]:
     """``engine -> URL`` of every engine the engine agents announced and did not give up,
     read from the stream (the latest ``engine.registered`` per engine, less a later
-    ``engine.deregistered``)."""
+    ``engine.deregistered``).
+
+    Reading the stream needs a NATS user allowed to create a consumer: without auth, or
+    ``admin`` on deploy/nats/accounts.conf, whose ``rollout`` user (the framework's
+    publishing credentials) reads nothing. A user the server refuses gets no answer, which
+    is raised as :class:`CoordinationError` after ``timeout``, naming the user."""
     url = nats_url or os.environ.get("PRORSA_NATS_URL", "nats://127.0.0.1:4222")
-    nc = await connect(url, "prorsa-coordination",
-                       credentials=credentials if credentials is not None else Credentials.from_env(), timeout=timeout)
+    creds = credentials if credentials is not None else Credentials.from_env()
+    nc = await connect(url, "prorsa-coordination", credentials=creds, timeout=timeout)
     try:
         js = nc.jetstream()
         events: list[tuple[int, Any]] = []
         for t in ("engine.registered", "engine.deregistered"):
             subject = namespace.subject_for_type(t)
-            info = await js.stream_info(namespace.stream, subjects_filter=subject)
-            if (info.state.subjects or {}).get(subject, 0):
-                events += await _read_all(js, namespace.stream, subject, timeout)
+            try:
+                info = await js.stream_info(namespace.stream, subjects_filter=subject)
+                if (info.state.subjects or {}).get(subject, 0):
+                    events += await _read_all(js, namespace.stream, subject, timeout)
+            except (asyncio.TimeoutError, NatsTimeoutError, NatsError) as exc:
+                who = f"user {creds.user!r}" if creds.user else "this connection"
+                raise CoordinationError(
+                    f"could not read {subject} from stream {namespace.stream} as {who} within {timeout:g}s "
+                    f"({type(exc).__name__}): reading the engines' announcements needs a user allowed to create "
+                    "a consumer (deploy/nats/accounts.conf: admin; its rollout user reads nothing)") from None
         urls: dict[str, str] = {}
         for _, ev in sorted(events, key=lambda x: x[0]):
             if ev.type == "engine.registered" and ev.url:
@@ -114,4 +132,4 @@ async def abort_all(router_url: str, nats_url: str | None = None, *, namespace: 
         return dict(zip(urls, await asyncio.gather(*(one(u) for u in urls))))
 
 
-__all__ = ["abort_all", "announced_engines", "engine_urls", "router_workers"]
+__all__ = ["CoordinationError", "abort_all", "announced_engines", "engine_urls", "router_workers"]
