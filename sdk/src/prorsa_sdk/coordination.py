@@ -26,7 +26,6 @@ import os
 from typing import Any
 
 import httpx
-
 from nats.errors import Error as NatsError, TimeoutError as NatsTimeoutError
 
 from prorsa_runtime.bus import Credentials, connect

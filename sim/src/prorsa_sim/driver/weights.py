@@ -2,14 +2,17 @@
 
 At each policy update of an async run the rollout engines stop, drop what they hold and
 load the new weights, as slime and AReaL do it against SGLang (docs/demo.md): for every
-worker the router lists, ``POST /pause_generation {"mode": "abort"}`` (every request in
+engine, ``POST /pause_generation {"mode": "abort"}`` (every request in
 flight is aborted; its trajectory re-sends the context plus what was generated, after the
 sync) and ``POST /flush_cache`` (the prefixes were computed with the old weights); then,
 after the sync time, ``POST /update_weight_version`` and ``POST /continue_generation``.
 The engines synced are every worker the router has listed since the run began
 (:class:`Fleet`), not only those it lists at that moment: an engine between the two
 halves of a role switch is out of the router but still runs, and skipped it would come
-back serving the old weights (a framework holds its engine list, not the router's). An
+back serving the old weights (a framework holds its engine list, not the router's). The
+driver logs in to NATS as the ``rollout`` user, which reads nothing from the stream, so it
+cannot take the engines' announcements as ``prorsa_sdk.coordination.engine_urls`` does; it
+remembers the router's listings instead. An
 engine that does not answer is logged and the run goes on, as a framework's would; one
 neither listed nor answering is taken to be shut down and forgotten.
 """
