@@ -197,3 +197,80 @@ def test_decode_drain_follows_littles_law_with_the_prior_as_floor() -> None:
     # Short agentic turns: the mean turn is under the prior; the prior (the last sequence
     # finishes well after the mean) is the floor.
     assert drain_estimate(view, alloc.config, 3.0) == alloc.config.drain_decode_s
+
+
+# -- the spread cap: no engine past one sequence a DP rank (decode_spread_cap) ---------------
+
+def test_decode_load_counts_the_ranks_and_the_spread() -> None:
+    from prorsa_allocator.decode import DecodeLoad, decode_load
+    from prorsa_allocator.engines import EngineView
+    from prorsa_schemas.events import Parallel
+
+    def engine(name: str, role: str, running: int, attn_dp: int | None) -> EngineView:
+        return EngineView(engine=name, role=role, running_reqs=running, queued_reqs=1, kv_used_tokens=1_000,
+                          parallel=None if attn_dp is None else Parallel(attn_dp=attn_dp))
+
+    load = decode_load([engine("d0", "decode", 11, 16), engine("d1", "decode", 11, 16), engine("p0", "prefill", 50, 16)])
+    assert load == DecodeLoad(seqs=24, kv_tokens=2_000, engines=2, ranks=32)
+    assert load.spread() == pytest.approx(24 / 16)  # 24 sequences, one a rank, 16 ranks an engine
+    # An engine that registered no parallel layout counts as one rank.
+    assert decode_load([engine("d0", "decode", 11, None)]).spread() == 12
+    assert DecodeLoad(0, 0, 0, 0).spread() == math.inf  # no decode engine: nothing to cap by
+
+
+def test_the_latency_term_is_capped_at_the_engines_its_sequences_can_spread_over() -> None:
+    from prorsa_allocator.decode import DecodeLoad, decode_step_demand
+
+    step = DecodeStep(fixed_s=0.03, per_seq_s=1e-5, per_kv_token_s=1e-8)
+    # 24 sequences holding 1M tokens on 2 decode engines: c = 1e-5*24 + 1e-8*1e6 = 0.01024 s,
+    # t(now) = 0.03 + 0.01024/2 = 0.03512 s, Kᴰ/Âᴰ = 1: B'/S = 0.01024/0.03512; with aᴾ = 20
+    # the latency term is sqrt(2*20*B'/S) = 3.415 engines.
+    term = math.sqrt(2 * 20 * 0.01024 / 0.03512)
+    wide = DecodeLoad(seqs=24, kv_tokens=1_000_000, engines=2, ranks=32)  # 16 ranks an engine
+    narrow = DecodeLoad(seqs=24, kv_tokens=1_000_000, engines=2, ranks=2)
+
+    def demand(load: DecodeLoad, cap: bool) -> float:
+        cfg = AllocatorConfig(prefill_tokens_per_s=THETA, decode_spread_cap=cap)
+        return decode_step_demand(cfg, step, load, 1e6, 20.0, 1e6, 1e6, math.inf)
+
+    assert demand(wide, False) == pytest.approx(term)
+    assert demand(wide, True) == pytest.approx(24 / 16)  # one sequence a rank: 1.5 engines
+    assert demand(narrow, True) == pytest.approx(term)  # 24 engines of room: the cap does not bind
+
+
+def _tail(cap: bool, attn_dp: int) -> tuple[float, str]:
+    """A sync step's tail: 6:2, 10 sequences on each decode engine, prefill demand 3 engines,
+    a heavy step (t0 = 30 ms, 2 ms a sequence) and a decode turn of two windows."""
+    from prorsa_allocator.testing import RUN
+    from prorsa_schemas import ForecastWindow
+
+    cfg = AllocatorConfig(prefill_tokens_per_s=THETA, served_evidence_first=False, settle_s=0.0,
+                          closed_loop_coupling=0.0, decode_spread_cap=cap, decode_step_fixed_s=0.03,
+                          decode_step_per_seq_s=2e-3, decode_step_per_kv_token_s=0.0)
+    alloc = Allocator(cfg)
+    for i in range(6):
+        alloc.handle(registered(f"p{i}", "prefill", attn_dp=attn_dp))
+    for i in range(2):
+        alloc.handle(registered(f"d{i}", "decode", attn_dp=attn_dp))
+        alloc.handle(stats(f"d{i}", "decode", ts=90.0, running=10, kv_used=KV // 20))
+    alloc.handle(ForecastWindow(id=f"fc-tail-{cap}-{attn_dp}", ts=100.0, run=RUN, t=100.0, horizon=10.0,
+                                prefill_tokens=3.0 * 10.0 * THETA, decode_admit_tokens=0.05 * KV,
+                                decode_kv_tokens=0.05 * KV, decode_kv_now=0.1 * KV))
+    d = alloc.last_decision
+    return d.allocation.decode_demand, d.selection.reason
+
+
+def test_a_tail_of_fewer_sequences_than_ranks_moves_no_engine_to_decode() -> None:
+    # c = 2e-3 x 20 = 0.04 s, t(now) = 0.03 + 0.04/2 = 0.05 s, Kᴰ/Âᴰ = 2: the latency term
+    # asks for sqrt(2 x 3 x 2 x 0.04/0.05) = 3.10 engines, and 6:2 -> 4:4 reads as a gain.
+    uncapped = math.sqrt(2 * 3 * 2 * 0.04 / 0.05)
+    demand, reason = _tail(False, 16)
+    assert demand == pytest.approx(uncapped) and "engine(s) to decode" in reason
+    # 20 sequences on engines of 16 ranks fill 1.25 engines: the two decode engines already
+    # step at one sequence a rank, and no move pays.
+    demand, reason = _tail(True, 16)
+    assert demand == pytest.approx(20 / 16) and "below the hysteresis" in reason
+    # Without attention DP (one rank an engine) 20 sequences spread over 20 engines: the
+    # cap does not bind, and the move is made as before.
+    demand, reason = _tail(True, 1)
+    assert demand == pytest.approx(uncapped) and "engine(s) to decode" in reason

@@ -5,6 +5,8 @@ hold through a step's opening."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -661,6 +663,45 @@ def test_the_latency_term_is_worth_the_step_speedup_it_buys() -> None:
     f_k, f_k_old = priced_net(4, 4, "decode", prices, kv_only, CFG, 120.0, ctx)
     assert (f_k_old, f_k[0]) == pytest.approx((0.8, 585 / 600))
 
+
+
+def test_engines_past_the_spread_shorten_no_step() -> None:
+    # 6:2 at a step's tail: prefill 2.96 engines, decode KV 0.1 engines' worth and a latency
+    # term of 1.49 engines; idle engines, a move dead 15 s, over 120 s.
+    prices = [SwitchPrice(0.0, 15.0)]
+    ctx = PricedContext(50_000.0)
+    flat = DemandView(2.96, 1.49, 2.96, 1.49, 10.0, decode_kv_now=0.1, decode_kv_later=0.1)
+    # As a share of engines: min(720/355.2, 240/178.8) = 1.342 -> min(600/355.2, 345/178.8)
+    # = 1.689 after one engine to decode, +25.9%.
+    f, f_old = priced_net(6, 2, "decode", prices, flat, CFG, 120.0, ctx)
+    assert (f_old, f[0]) == pytest.approx((240 / 178.8, 600 / 355.2))
+    # With 24 sequences on engines of 16 ranks (spread 1.5 engines), the work beyond KV is
+    # served by at most 1.5 x 120 = 180 engine-seconds: 180/178.8 before and after, and the
+    # prefill engine given away costs its share for nothing.
+    spread = replace(flat, decode_spread=1.5)
+    f, f_old = priced_net(6, 2, "decode", prices, spread, CFG, 120.0, ctx)
+    assert (f_old, f[0]) == pytest.approx((180 / 178.8, 180 / 178.8))
+    # The KV share still binds where it is short: KV 2.5 engines' worth on 2 engines.
+    kv_short = replace(spread, decode_kv_now=2.5, decode_kv_later=2.5, decode_now=2.5, decode_later=2.5)
+    f, f_old = priced_net(6, 2, "decode", prices, kv_short, CFG, 120.0, ctx)
+    assert (f_old, f[0]) == pytest.approx((240 / 300, min(345 / 300, 600 / 355.2)))
+
+
+def test_the_step_speed_up_stops_at_the_spread() -> None:
+    # The latency term priced by its step (test above): 4:4, the term asks for 20 engines,
+    # t(n) = 0.04 + 0.01/n. With the sequences spread over at most 4.5 engines, the pool
+    # of 4 runs at t(4.5)/t(4) = 0.042222/0.0425 of the balanced pace, and 4.875 engines at
+    # t(4.5)/t(4.5) = 1: +0.65%, where the uncapped pace gained +1.07%.
+    prices = [SwitchPrice(0.0, 15.0)]
+    ctx = PricedContext(50_000.0)
+    dv = DemandView(0.0, 20.0, 0.0, 20.0, 10.0, decode_kv_now=3.0, decode_kv_later=3.0, decode_step=(0.04, 0.01),
+                    decode_spread=4.5)
+    f_new, f_old = priced_net(4, 4, "decode", prices, dv, CFG, 120.0, ctx)
+    assert f_old == pytest.approx((0.04 + 0.01 / 4.5) / 0.0425)
+    assert f_new[0] == pytest.approx(1.0)
+    # At a spread of 4 the pool already steps at one sequence a rank: no gain at all.
+    f_new, f_old = priced_net(4, 4, "decode", prices, replace(dv, decode_spread=4.0), CFG, 120.0, ctx)
+    assert f_new[0] == pytest.approx(f_old) == pytest.approx(1.0)
 
 
 def _decode_phase(by_step: bool, per_seq_s: float, admit: float) -> str:

@@ -72,6 +72,16 @@ class AllocatorConfig(BaseModel):
         "on a decode phase with no arrivals: async math between updates), while one more "
         "decode engine then shortens a step by about 1%.",
     )
+    decode_spread_cap: bool = Field(
+        default=True,
+        description="Cap the decode demand beyond KV (the latency-balance and TPOT terms) at the "
+        "engines the decode sequences can spread over: a decode engine steps its attention-DP "
+        "ranks in lock-step, so once every rank holds at most one sequence (B sequences over R "
+        "ranks an engine: B/R engines) another engine shortens no step (the step model becomes "
+        "t(n) = t0 + c/min(n, B/R)). R is the engines' registered parallel.attn_dp (1 when "
+        "absent). It binds where few sequences are left: a sync step's tail on a wide-DP engine "
+        "(DeepSeek-V3.2, 16 ranks).",
+    )
     decode_latency_room_cap: bool = Field(
         default=False,
         description="Cap the latency-balance term at the decode instances the budget leaves "

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .config import AllocatorConfig
 from .optimize import Capacity
@@ -170,15 +171,49 @@ def decode_instances_for_latency(
 # -- the planner's decode demand beyond KV ---------------------------------------------------
 
 
-def decode_load(engines: list) -> tuple[int, int, int]:
-    """(sequences, KV tokens, engines) of the decode engines: one pass per decision."""
-    seqs = kv = n = 0
+class DecodeLoad(NamedTuple):
+    """What the decode engines hold now (:func:`decode_load`)."""
+
+    seqs: int
+    """Sequences running or queued on the decode engines."""
+    kv_tokens: int
+    """KV tokens in use on them."""
+    engines: int
+    """Decode engines."""
+    ranks: int
+    """Their attention-DP ranks in all (``parallel.attn_dp`` of each; 1 when absent)."""
+
+    def spread(self, seqs: float | None = None) -> float:
+        """Decode engines ``seqs`` sequences (default: those held now) can spread over, at
+        one sequence a rank: seqs / (ranks an engine). A decode step is as slow as its
+        slowest rank (the ranks step in lock-step, ending each step in the MoE all-to-all),
+        so past this many engines another one shortens no step. Infinite with no decode
+        engine to learn the ranks from."""
+        if self.engines <= 0:
+            return math.inf
+        per_engine = self.ranks / self.engines
+        return (self.seqs if seqs is None else seqs) / max(per_engine, 1.0)
+
+
+def decode_load(engines: list) -> DecodeLoad:
+    """(sequences, KV tokens, engines, attention-DP ranks) of the decode engines: one pass
+    per decision."""
+    seqs = kv = n = ranks = 0
     for v in engines:
         if v.role == "decode":
             seqs += v.running_reqs + v.queued_reqs
             kv += v.kv_used_tokens
             n += 1
-    return seqs, kv, n
+            par = getattr(v, "parallel", None)
+            ranks += (par.attn_dp if par is not None and par.attn_dp else 1)
+    return DecodeLoad(seqs, kv, n, ranks)
+
+
+def expected_seqs(load: DecodeLoad, kv_tokens: float) -> float:
+    """The decode sequences over the horizon: those held now, scaled by the KV the forecast
+    expects (Kᴰ + K̂ᴰ, ``kv_tokens``) over the KV they hold (admissions add sequences of the
+    current mean size)."""
+    return load.seqs * kv_tokens / load.kv_tokens if load.kv_tokens > 0 else float(load.seqs)
 
 
 def decode_room(config: AllocatorConfig, prefill_instances: float, cap: Capacity) -> float:
@@ -193,31 +228,35 @@ def decode_room(config: AllocatorConfig, prefill_instances: float, cap: Capacity
 
 
 def decode_step_demand(
-    cfg: AllocatorConfig, step: DecodeStep | None, load: tuple[int, int, int], kv_tokens: float,
+    cfg: AllocatorConfig, step: DecodeStep | None, load: DecodeLoad, kv_tokens: float,
     prefill_instances: float, kv_now_fc: float, admit_tokens: float, room: float,
 ) -> float:
     """Decode demand in instances beyond KV (0: no such term): the larger of the TPOT
     term (engines that keep a decode step within the target, opt-in) and the latency
     balance term (``decode_instances_for_latency``, on by default).
 
-    ``load`` is :func:`decode_load` of the engines (sequences, KV, count of the decode
-    engines now). The sequences are those the decode engines hold now; for the TPOT term they are
-    scaled by the KV the forecast expects (Kᴰ + K̂ᴰ) over the KV they hold now:
-    admissions add sequences of the current mean size."""
+    ``load`` is :func:`decode_load` of the engines. The sequences are those the decode
+    engines hold now; for the TPOT term they are scaled by the KV the forecast expects
+    (Kᴰ + K̂ᴰ) over the KV they hold now (:func:`expected_seqs`). With ``decode_spread_cap``
+    both terms are capped at the engines the sequences held now can spread over
+    (:meth:`DecodeLoad.spread`): past one sequence a rank, no engine shortens a step. (Held
+    now, not scaled by the admissions: in a turn cycle the admitted turns replace the
+    finished ones, and the scaled count, which adds the admissions and takes nothing away,
+    reads 2-3 times the sequences at a sync step's tail.)"""
     if step is None:
         return 0.0
-    seqs, kv_now, n_dec = load
+    seqs, kv_now, n_dec = load.seqs, load.kv_tokens, load.engines
     out = 0.0
     if cfg.decode_latency_balance and n_dec:
         out = min(room, decode_instances_for_latency(
             max(prefill_instances, 0.0), kv_now_fc, admit_tokens, seqs, kv_now, n_dec, step))
-    if cfg.decode_tpot_target_s is None and cfg.decode_tpot_slack is None:
-        return out
-    targets = [t for t in (cfg.decode_tpot_target_s,) if t is not None]
-    if cfg.decode_tpot_slack is not None:
-        targets.append((1.0 + cfg.decode_tpot_slack) * step.fixed_s)
-    if kv_now > 0:
-        seqs *= kv_tokens / kv_now
-    n = decode_instances_for_tpot(seqs, kv_tokens, step, min(targets))
-    # A target at or below the empty step cannot be met by any count: KV sizing only.
-    return max(out, n if math.isfinite(n) else 0.0)
+    if cfg.decode_tpot_target_s is not None or cfg.decode_tpot_slack is not None:
+        targets = [t for t in (cfg.decode_tpot_target_s,) if t is not None]
+        if cfg.decode_tpot_slack is not None:
+            targets.append((1.0 + cfg.decode_tpot_slack) * step.fixed_s)
+        n = decode_instances_for_tpot(expected_seqs(load, kv_tokens), kv_tokens, step, min(targets))
+        # A target at or below the empty step cannot be met by any count: KV sizing only.
+        out = max(out, n if math.isfinite(n) else 0.0)
+    if cfg.decode_spread_cap:
+        out = min(out, load.spread())
+    return out

@@ -273,6 +273,10 @@ class Allocator:
             if by_step and turn_now > cfg.horizon_s:
                 dv = replace(dv, decode_kv_now=kv_total / kv_cap, decode_kv_later=decode_kv / kv_cap,
                              decode_step=(step.fixed_s, step_load))
+            if cfg.decode_spread_cap:
+                # (in the pause the engines are empty: the steady step is priced uncapped)
+                dv = replace(dv, decode_kv_now=kv_total / kv_cap, decode_kv_later=decode_kv / kv_cap,
+                             decode_spread=load.spread())
         imbalance = self._imbalance_age(alloc, len(engines), shape.n_prefill, fc.t)
         if cfg.rule == "priced":
             self._measure_served(engines, fc, hit)

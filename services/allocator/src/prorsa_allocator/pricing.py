@@ -202,21 +202,37 @@ def priced_net(
     # The latency-balance share of the decode work (decode.py) is priced by the step
     # speed-up it buys: a pool of n engines (cap_d / H on average) against the n* the
     # term asks for (W_D / H) serves its turns at t(n*)/t(n) of their balanced pace, with
-    # t(n) = t₀ + c/n; the KV share stays a capacity ratio.
+    # t(n) = t₀ + c/n (c/min(n, spread) with ``decode_spread``); the KV share stays a
+    # capacity ratio.
+    # Where the decode sequences are fewer than the pool's ranks can take one each
+    # (``decode_spread``), engines past the spread hold KV but shorten no step: the work
+    # beyond the KV share is served by at most spread x H engine-seconds.
     step = demand.decode_step
     w_kv = None
-    if step is not None and demand.decode_kv_now is not None and demand.decode_kv_later is not None:
+    if demand.decode_kv_now is not None and demand.decode_kv_later is not None:
         w_kv = s * demand.decode_kv_now + (horizon - s) * demand.decode_kv_later
     t0, load = step if step is not None else (0.0, 0.0)
+    spread = None if demand.decode_spread is None else max(demand.decode_spread, 1e-9)
+    # (whether the decode demand has a share beyond KV, before the closed-loop coupling
+    # scales the work)
+    beyond_kv = w_kv is not None and w_d > w_kv * (1.0 + 1e-9)
 
     def ratios(cap_p: np.ndarray, cap_d: np.ndarray, work_p: np.ndarray, work_d: np.ndarray):
         rp = np.where(work_p > 0, np.minimum(cap_p / np.maximum(work_p, 1e-12), cap), cap)
         rd = np.where(work_d > 0, np.minimum(cap_d / np.maximum(work_d, 1e-12), cap), cap)
-        if w_kv is not None and load > 0 and t0 > 0:
+        if beyond_kv and spread is not None:
+            r_kv = cap if w_kv <= 0 else np.minimum(cap_d / w_kv, cap)
+            r_step = np.where(work_d > 0, np.minimum(np.minimum(cap_d, spread * horizon) / np.maximum(work_d, 1e-12),
+                                                     cap), cap)
+            rd = np.minimum(r_kv, r_step)
+        if w_kv is not None and step is not None and load > 0 and t0 > 0:
             latency = work_d > w_kv * (1.0 + 1e-9)
             if latency.any():
                 n = np.maximum(cap_d / horizon, 1e-9)
                 n_star = np.maximum(work_d / horizon, 1e-9)
+                if spread is not None:
+                    # past one sequence a rank, another engine shortens no step
+                    n, n_star = np.minimum(n, spread), np.minimum(n_star, spread)
                 pace = (t0 + load / n_star) / (t0 + load / n)
                 r_kv = cap if w_kv <= 0 else np.minimum(cap_d / w_kv, cap)
                 rd = np.where(latency, np.minimum(r_kv, np.minimum(pace, cap)), rd)

@@ -56,6 +56,10 @@ class DemandView:
     """(t₀, c): the decode step of an empty engine and the decode pool's load in
     engine-seconds per step (step time t(n) = t₀ + c/n on n engines): the step speed-up
     a move to decode buys is what the latency term's demand is worth."""
+    decode_spread: float | None = None
+    """The decode engines the decode sequences can spread over at one sequence a rank
+    (``decode.DecodeLoad.spread``; None: unbounded): the step speed-up a move to decode buys
+    stops there, t(n) = t₀ + c/min(n, spread)."""
     prefill_upper: float | None = None
     """The ``provision_quantile`` quantile of the recent forecast prefill demand, in
     instances (None: not configured): a move that takes engines from prefill judges the

@@ -12,7 +12,7 @@ from prorsa_schemas import (
     EngineSwitchFailed,
     ForecastWindow,
 )
-from prorsa_schemas.events import DEFAULT_WINDOW_S
+from prorsa_schemas.events import DEFAULT_WINDOW_S, Parallel
 
 RUN = "run-1"
 THETA = 10_000.0  # prefill tokens/s per engine used by the tests' config
@@ -24,10 +24,12 @@ def _id(kind: str) -> str:
     return f"{kind}-{next(_ids)}"
 
 
-def registered(engine: str, role: str, ts: float = 0.0, gpus: int = 8, modes=("in_place",)) -> EngineRegistered:
+def registered(engine: str, role: str, ts: float = 0.0, gpus: int = 8, modes=("in_place",),
+               attn_dp: int | None = None) -> EngineRegistered:
     return EngineRegistered(
         id=_id("reg"), ts=ts, run=RUN, engine=engine, server=f"srv-{engine}", role=role, gpus=gpus,
         kv_capacity_tokens=KV, switch_modes=list(modes),
+        parallel=None if attn_dp is None else Parallel(attn_dp=attn_dp),
     )
 
 
