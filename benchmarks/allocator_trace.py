@@ -10,7 +10,8 @@ explanations were read from).
 One line per window: the prefill engines now, the demands in instances (aᴾ, aᴰ), the
 target P:D, the forecast (Ŵᴾ, Kᴰ, Âᴰ), the decode engines' sequences, θᴾ, the engines
 commanded and the reason. ``--quiet-band`` leaves out the windows whose prefill count is
-already inside the target band. The last line is the rollout time and the switch count.
+already inside the target band. The last line is the rollout time, the switch count and the
+number of decisions the decode spread cap could change (``Decision.spread_binds``).
 """
 
 from __future__ import annotations
@@ -102,10 +103,19 @@ def main() -> None:
             print(f"         served (count:rate/windows) {rates or '-'} pool hit {pool_hit(list(alloc.table.engines.values())):.2f}")
         return out
 
-    driver.decide = traced
+    spread_binds = 0
+
+    def counted(obs, fc):
+        nonlocal spread_binds
+        out = traced(obs, fc)
+        d = driver.allocator.last_decision if driver.allocator else None
+        spread_binds += bool(d is not None and d.t == fc.t and d.spread_binds)
+        return out
+
+    driver.decide = counted
     res = Simulator(cfg, policy).run()
     print(f"rollout time {res.summary['rollout_time_s']} s, {res.summary['switches']} switches, "
-          f"final roles {res.summary['final_roles']}")
+          f"final roles {res.summary['final_roles']}, decode spread cap in play in {spread_binds} decisions")
 
 
 if __name__ == "__main__":

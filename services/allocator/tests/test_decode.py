@@ -238,7 +238,7 @@ def test_the_latency_term_is_capped_at_the_engines_its_sequences_can_spread_over
     assert demand(narrow, True) == pytest.approx(term)  # 24 engines of room: the cap does not bind
 
 
-def _tail(cap: bool, attn_dp: int) -> tuple[float, str]:
+def _tail(cap: bool, attn_dp: int) -> tuple[float, str, bool]:
     """A sync step's tail: 6:2, 10 sequences on each decode engine, prefill demand 3 engines,
     a heavy step (t0 = 30 ms, 2 ms a sequence) and a decode turn of two windows."""
     from prorsa_allocator.testing import RUN
@@ -257,20 +257,20 @@ def _tail(cap: bool, attn_dp: int) -> tuple[float, str]:
                                 prefill_tokens=3.0 * 10.0 * THETA, decode_admit_tokens=0.05 * KV,
                                 decode_kv_tokens=0.05 * KV, decode_kv_now=0.1 * KV))
     d = alloc.last_decision
-    return d.allocation.decode_demand, d.selection.reason
+    return d.allocation.decode_demand, d.selection.reason, d.spread_binds
 
 
 def test_a_tail_of_fewer_sequences_than_ranks_moves_no_engine_to_decode() -> None:
     # c = 2e-3 x 20 = 0.04 s, t(now) = 0.03 + 0.04/2 = 0.05 s, Kᴰ/Âᴰ = 2: the latency term
     # asks for sqrt(2 x 3 x 2 x 0.04/0.05) = 3.10 engines, and 6:2 -> 4:4 reads as a gain.
     uncapped = math.sqrt(2 * 3 * 2 * 0.04 / 0.05)
-    demand, reason = _tail(False, 16)
-    assert demand == pytest.approx(uncapped) and "engine(s) to decode" in reason
+    demand, reason, binds = _tail(False, 16)
+    assert demand == pytest.approx(uncapped) and "engine(s) to decode" in reason and not binds
     # 20 sequences on engines of 16 ranks fill 1.25 engines: the two decode engines already
     # step at one sequence a rank, and no move pays.
-    demand, reason = _tail(True, 16)
-    assert demand == pytest.approx(20 / 16) and "below the hysteresis" in reason
+    demand, reason, binds = _tail(True, 16)
+    assert demand == pytest.approx(20 / 16) and "below the hysteresis" in reason and binds
     # Without attention DP (one rank an engine) 20 sequences spread over 20 engines: the
     # cap does not bind, and the move is made as before.
-    demand, reason = _tail(True, 1)
-    assert demand == pytest.approx(uncapped) and "engine(s) to decode" in reason
+    demand, reason, binds = _tail(True, 1)
+    assert demand == pytest.approx(uncapped) and "engine(s) to decode" in reason and not binds

@@ -275,6 +275,8 @@ class Allocator:
                              decode_step=(step.fixed_s, step_load))
             if cfg.decode_spread_cap:
                 # (in the pause the engines are empty: the steady step is priced uncapped)
+                decision.spread_binds = self._spread_binds(load, len(engines), kv_total / kv_cap, decode_kv / kv_cap, (
+                    (kv_total, a_p, room), (decode_kv, a_p_later, decode_room(cfg, a_p_later, cap))), fc)
                 dv = replace(dv, decode_kv_now=kv_total / kv_cap, decode_kv_later=decode_kv / kv_cap,
                              decode_spread=load.spread())
         imbalance = self._imbalance_age(alloc, len(engines), shape.n_prefill, fc.t)
@@ -337,6 +339,15 @@ class Allocator:
             self.last_direction, self.last_switch_ts = sel.moves[0].to_role, ts
             self.settle_since = ts
         return decision
+
+    def _spread_binds(self, load, n_engines: int, kv_now: float, kv_later: float, terms, fc: ForecastWindow) -> bool:
+        """``Decision.spread_binds``: the uncapped terms beyond KV (now and later) against
+        the spread (a diagnostic: benchmarks/allocator_trace.py counts it)."""
+        off = self.config.model_copy(update={"decode_spread_cap": False})
+        uncapped = [decode_step_demand(off, self.decode_step.value, load, kv, a, fc.decode_kv_now,
+                                       fc.decode_admit_tokens, room) for kv, a, room in terms]
+        beyond = uncapped[0] > kv_now * (1 + 1e-9) or uncapped[1] > kv_later * (1 + 1e-9)
+        return beyond and load.spread() < max(n_engines, *uncapped)
 
     def _measure_served(self, engines: list, fc: ForecastWindow, hit: float) -> None:
         """Window ``fc``'s served rate (:func:`measure_served`), and its pool hit ``hit`` in

@@ -20,6 +20,10 @@ class Decision:
     selection: Selection | None = None
     skipped: str = ""
     events: list[Event] = field(default_factory=list)
+    spread_binds: bool = False
+    """Whether ``decode_spread_cap`` could change this decision: the decode demand beyond KV
+    (uncapped) exceeds the KV share, and the spread is below that demand or the PD engines'
+    count. A run in which no decision has it set decides as with the cap off."""
 
 
 @dataclass
