@@ -273,3 +273,22 @@ def test_learned_switch_cost_does_not_count_the_expected_drain_twice() -> None:
     # A drain that ran shorter than expected never makes the switch time negative.
     alloc.handle(switched(c2.engine, c2.cmd, "decode", "prefill", ts=96.0, seconds=8.0))
     assert alloc.switch_cost.in_place_s == pytest.approx(0.0)
+
+
+def test_the_prefill_share_arrivals_bring_comes_from_the_forecasts_components() -> None:
+    from prorsa_allocator.planner import prefill_fed_share
+    from prorsa_schemas import ForecastComponents
+
+    fc = forecast(t=10.0, prefill_engines=2.0, decode_engines=1.0)
+    # No components: all of it counted as fed by the loop.
+    assert fc.components is None and prefill_fed_share(fc) == 1.0
+    # sampler 100 + sandbox 50 + tool 250 arrive; 300 queued and 300 in prefill at t:
+    # 400 of 1,000 tokens are fed.
+    comps = ForecastComponents(sampler=100.0, sandbox=50.0, tool=250.0, ready=300.0, inflight=300.0, bias=1.1)
+    assert prefill_fed_share(fc.model_copy(update={"components": comps})) == pytest.approx(0.4)
+    # A forecaster that leaves the backlog terms out says nothing about it.
+    partial = ForecastComponents(sampler=100.0, tool=250.0)
+    assert prefill_fed_share(fc.model_copy(update={"components": partial})) == 1.0
+    # All zero: nothing queued, nothing arriving.
+    assert prefill_fed_share(fc.model_copy(update={"components": ForecastComponents(
+        sampler=0.0, sandbox=0.0, tool=0.0, ready=0.0, inflight=0.0)})) == 1.0

@@ -633,6 +633,31 @@ def test_only_the_decode_demand_the_prefills_bring_is_coupled() -> None:
     assert half[0] == pytest.approx(0.575)
 
 
+def test_only_the_prefill_demand_arrivals_bring_is_coupled() -> None:
+    # The first test's 7:1 (prefill demand 7 engines, decode 4, over 120 s: W_P = 840,
+    # W_D = 480), one engine to decode: decode then serves 225/480 of its work instead of
+    # 120/480 (g_D = 1.875), prefill 720/840.
+    prices = [SwitchPrice(0.0, 15.0)]
+    cfg = _config(closed_loop_coupling=1.0)
+    g_d = (225 / 480) / 0.25
+    # All of the prefill demand fed by the loop: W_P = 840 x 1.875 = 1575, prefill binds at
+    # 720/1575 = 0.457.
+    fed, _ = priced_net(7, 1, "decode", prices, DemandView(7.0, 4.0, 7.0, 4.0, 10.0), cfg, 120.0,
+                        PricedContext(50_000.0))
+    assert fed[0] == pytest.approx(720 / (840 * g_d))
+    # Three quarters of it a backlog queued now (fed share 0.25): the backlog is cleared
+    # once whatever decode serves, so W_P = 840 x (1 + 0.25 x 0.875) = 1023.75, prefill at
+    # 720/1023.75 = 0.703; decode (fed by prefill's 6/7) at 225/411.4 = 0.547 binds.
+    part, _ = priced_net(7, 1, "decode", prices, DemandView(7.0, 4.0, 7.0, 4.0, 10.0, prefill_fed_share=0.25), cfg,
+                         120.0, PricedContext(50_000.0))
+    assert part[0] == pytest.approx(min(720 / (840 * (1 + 0.25 * (g_d - 1))), 225 / (480 * 6 / 7)))
+    assert part[0] == pytest.approx(0.546875)
+    # All backlog (share 0): the work is taken as given on the prefill side.
+    none, _ = priced_net(7, 1, "decode", prices, DemandView(7.0, 4.0, 7.0, 4.0, 10.0, prefill_fed_share=0.0), cfg,
+                         120.0, PricedContext(50_000.0))
+    assert none[0] == pytest.approx(min(720 / 840, 225 / (480 * 6 / 7)))
+
+
 def test_the_latency_term_is_worth_the_step_speedup_it_buys() -> None:
     # 4:4, no prefill demand, decode KV 3 engines' worth, and a latency-balance term asking
     # for 20 engines (a decode phase with no admissions). Step t(n) = 0.04 + 0.01/n s.

@@ -49,6 +49,19 @@ def _base_id(event_id: str) -> str:
 _COMMANDS = TypeAdapter(list[EngineCommand])
 
 
+def prefill_fed_share(fc: ForecastWindow) -> float:
+    """The share of the window's prefill forecast that arrivals bring: its ``components``'
+    sampler + sandbox + tool terms over those plus the ready-queue and in-flight backlog
+    (queued at the window's start). 1 when the forecast has no components (the coupling
+    then treats all of it as fed by the loop, as before any backlog is known)."""
+    c = fc.components
+    if c is None or c.ready is None or c.inflight is None:
+        return 1.0
+    fed = (c.sampler or 0.0) + (c.sandbox or 0.0) + (c.tool or 0.0)
+    total = fed + c.ready + c.inflight
+    return fed / total if total > 0 else 1.0
+
+
 class Allocator:
     """Forecast-driven PD allocation and role-switch commands (paper §4.2 and beyond)."""
 
@@ -268,6 +281,7 @@ class Allocator:
                     fc.decode_admit_tokens, decode_room(cfg, a_p_later, cap))),
                 horizon_s=fc.horizon,
                 decode_fed_share=fc.decode_kv_tokens / kv_total if kv_total > 0 else 1.0,
+                prefill_fed_share=prefill_fed_share(fc),
                 prefill_upper=self._prefill_upper(cap.prefill_tokens_per_s),
             )
             if by_step and turn_now > cfg.horizon_s:

@@ -249,11 +249,14 @@ def priced_net(
         if phi > 0:
             # The closed loop: each role's work is fed by what the other role finishes. A
             # role short of capacity (ratio < 1) passes on only that share of its work, so
-            # a move that lets it serve more raises the other role's work by as much.
+            # a move that lets it serve more raises the other role's work by as much: the
+            # share of it the loop feeds (a backlog queued now, or KV resident, is not fed).
             g_p = np.minimum(rp, 1.0) / max(rp0, 1e-9)
             g_d = np.minimum(rd, 1.0) / max(rd0, 1e-9)
             fed = demand.decode_fed_share
-            rp, rd = ratios(cap_p, cap_d, work_p * (1.0 + phi * (g_d - 1.0)), work_d * (1.0 + phi * fed * (g_p - 1.0)))
+            fed_p = demand.prefill_fed_share
+            rp, rd = ratios(cap_p, cap_d, work_p * (1.0 + phi * fed_p * (g_d - 1.0)),
+                            work_d * (1.0 + phi * fed * (g_p - 1.0)))
         return np.minimum(rp, rd)
 
     if not isinstance(prices, SwitchPrices):

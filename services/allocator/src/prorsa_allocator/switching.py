@@ -47,6 +47,12 @@ class DemandView:
     """The share of the decode demand that the prefills bring over the horizon (the KV the
     forecast's admissions add, K̂ᴰ/(Kᴰ + K̂ᴰ)); the rest is KV already resident. The
     closed-loop coupling scales only this share with what prefill serves."""
+    prefill_fed_share: float = 1.0
+    """The share of the prefill demand that arrivals bring over the horizon (the
+    forecast's sampler, sandbox and tool terms against those plus its ready-queue and
+    in-flight backlog, from ``forecast.window``'s ``components``; 1 without them). A
+    backlog is an amount cleared once, not a rate the loop feeds: the closed-loop coupling
+    scales only this share with what decode serves."""
     decode_kv_now: float | None = None
     decode_kv_later: float | None = None
     """The KV share of ``decode_now`` / ``decode_later`` in instances ((Kᴰ + K̂ᴰ)/C_KVᴰ);

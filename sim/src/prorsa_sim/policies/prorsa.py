@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from prorsa_allocator.config import AllocatorConfig
 from prorsa_allocator.planner import Allocator
 from prorsa_emulated.costmodel import ModelProfile
-from prorsa_schemas import EngineCommand, EngineRegistered, ForecastWindow
+from prorsa_schemas import EngineCommand, EngineRegistered, ForecastComponents, ForecastWindow
 
 from ..policy import EngineView, Observation, SwitchRequest
 
@@ -121,11 +121,21 @@ class AllocatorDriver:
         return [SwitchRequest(e.engine, e.to_role, mode) for e in out if isinstance(e, EngineCommand)]
 
 
-def forecast_event(obs: Observation, prefill: float, admit: float, kv_hat: float, kv_now: float) -> ForecastWindow:
+def forecast_event(obs: Observation, prefill: float, admit: float, kv_hat: float, kv_now: float,
+                   components: dict[str, float] | None = None) -> ForecastWindow:
+    """The ``forecast.window`` the forecaster service would publish for this window; with
+    ``components`` (the forecast's per-source terms) its ``components`` as the service
+    fills them (re-prefill inside ``sampler``)."""
+    comps = None
+    if components:
+        comps = ForecastComponents(
+            sampler=max(0.0, components.get("sampler", 0.0) + components.get("reprefill", 0.0)),
+            **{k: max(0.0, components.get(k, 0.0)) for k in ("sandbox", "ready", "tool", "inflight")},
+        )
     return ForecastWindow(
         id=f"fc-{obs.t:.3f}", ts=obs.t, run="sim", t=obs.t, horizon=obs.window_s,
         prefill_tokens=max(0.0, prefill), decode_admit_tokens=max(0.0, admit),
-        decode_kv_tokens=max(0.0, kv_hat), decode_kv_now=max(0.0, kv_now),
+        decode_kv_tokens=max(0.0, kv_hat), decode_kv_now=max(0.0, kv_now), components=comps,
     )
 
 
@@ -168,5 +178,6 @@ class ProrsaPolicy:
         f = self._latest_forecast(loop)  # the forecast for [t, t+S)
         if f is None:
             return []
-        fc = forecast_event(obs, f.prefill_tokens, f.decode_admit_tokens, f.decode_kv_tokens, f.decode_kv_now)
+        fc = forecast_event(obs, f.prefill_tokens, f.decode_admit_tokens, f.decode_kv_tokens, f.decode_kv_now,
+                            f.components)
         return self.driver.decide(obs, fc)
