@@ -229,7 +229,7 @@ def decode_room(config: AllocatorConfig, prefill_instances: float, cap: Capacity
 
 def decode_step_demand(
     cfg: AllocatorConfig, step: DecodeStep | None, load: DecodeLoad, kv_tokens: float,
-    prefill_instances: float, kv_now_fc: float, admit_tokens: float, room: float,
+    prefill_instances: float, kv_now_fc: float, admit_tokens: float, room: float, capped: bool = True,
 ) -> float:
     """Decode demand in instances beyond KV (0: no such term): the larger of the TPOT
     term (engines that keep a decode step within the target, opt-in) and the latency
@@ -242,7 +242,8 @@ def decode_step_demand(
     (:meth:`DecodeLoad.spread`): past one sequence a rank, no engine shortens a step. (Held
     now, not scaled by the admissions: in a turn cycle the admitted turns replace the
     finished ones, and the scaled count, which adds the admissions and takes nothing away,
-    reads 2-3 times the sequences at a sync step's tail.)"""
+    reads 2-3 times the sequences at a sync step's tail.) ``capped=False``: the terms before
+    the cap (:func:`spread_capped` applies it)."""
     if step is None:
         return 0.0
     seqs, kv_now, n_dec = load.seqs, load.kv_tokens, load.engines
@@ -257,6 +258,10 @@ def decode_step_demand(
         n = decode_instances_for_tpot(expected_seqs(load, kv_tokens), kv_tokens, step, min(targets))
         # A target at or below the empty step cannot be met by any count: KV sizing only.
         out = max(out, n if math.isfinite(n) else 0.0)
-    if cfg.decode_spread_cap:
-        out = min(out, load.spread())
-    return out
+    return spread_capped(cfg, load, out) if capped else out
+
+
+def spread_capped(cfg: AllocatorConfig, load: DecodeLoad, instances: float) -> float:
+    """``instances`` of decode demand beyond KV, capped at :meth:`DecodeLoad.spread` with
+    ``decode_spread_cap``."""
+    return min(instances, load.spread()) if cfg.decode_spread_cap else instances

@@ -29,7 +29,7 @@ from prorsa_schemas import (
 from prorsa_schemas.fold import Mutators
 
 from .config import AllocatorConfig
-from .decode import DecodeStep, DecodeStepFit, decode_load, decode_room, decode_step_demand
+from .decode import DecodeStep, DecodeStepFit, decode_load, decode_room, decode_step_demand, spread_capped
 from .engines import EngineTable
 from .estimate import PrefillThroughput, SwitchCost, cluster_shape
 from .optimize import Allocation, Capacity, Demand, solve
@@ -233,7 +233,10 @@ class Allocator:
             a_p = fc.prefill_tokens / (fc.horizon * self.theta.value)
             room = decode_room(cfg, a_p, cap)
             load = decode_load(engines)
-            extra = decode_step_demand(cfg, self.decode_step.value, load, kv_total, a_p, fc.decode_kv_now, fc.decode_admit_tokens, room)
+            # (before the spread cap: Decision.spread_binds compares the two)
+            extra_raw = decode_step_demand(cfg, self.decode_step.value, load, kv_total, a_p, fc.decode_kv_now,
+                                           fc.decode_admit_tokens, room, capped=False)
+            extra = spread_capped(cfg, load, extra_raw)
             demand = Demand(fc.prefill_tokens, fc.horizon, kv_total, extra)
             pause_left = self.pause_left() if cfg.rule == "priced" else 0.0
             hit = pool_hit(engines)
@@ -272,13 +275,13 @@ class Allocator:
                 s_kv, s_load = self._steady[2], self._steady[3]
                 dv = replace(dv, decode_kv_now=s_kv, decode_kv_later=s_kv, decode_step=(step.fixed_s, s_load))
         else:
+            later_raw = decode_step_demand(cfg, self.decode_step.value, load, decode_kv, a_p_later, fc.decode_kv_now,
+                                           fc.decode_admit_tokens, decode_room(cfg, a_p_later, cap), capped=False)
             dv = DemandView(
                 prefill_now=alloc.prefill_demand,
                 decode_now=alloc.decode_demand,
                 prefill_later=prefill_rate / cap.prefill_tokens_per_s,
-                decode_later=max(decode_kv / kv_cap, decode_step_demand(
-                    cfg, self.decode_step.value, load, decode_kv, a_p_later, fc.decode_kv_now,
-                    fc.decode_admit_tokens, decode_room(cfg, a_p_later, cap))),
+                decode_later=max(decode_kv / kv_cap, spread_capped(cfg, load, later_raw)),
                 horizon_s=fc.horizon,
                 decode_fed_share=fc.decode_kv_tokens / kv_total if kv_total > 0 else 1.0,
                 prefill_fed_share=prefill_fed_share(fc),
@@ -289,8 +292,8 @@ class Allocator:
                              decode_step=(step.fixed_s, step_load))
             if cfg.decode_spread_cap:
                 # (in the pause the engines are empty: the steady step is priced uncapped)
-                decision.spread_binds = self._spread_binds(load, len(engines), kv_total / kv_cap, decode_kv / kv_cap, (
-                    (kv_total, a_p, room), (decode_kv, a_p_later, decode_room(cfg, a_p_later, cap))), fc)
+                beyond = extra_raw > kv_total / kv_cap * (1 + 1e-9) or later_raw > decode_kv / kv_cap * (1 + 1e-9)
+                decision.spread_binds = beyond and load.spread() < max(len(engines), extra_raw, later_raw)
                 dv = replace(dv, decode_kv_now=kv_total / kv_cap, decode_kv_later=decode_kv / kv_cap,
                              decode_spread=load.spread())
         imbalance = self._imbalance_age(alloc, len(engines), shape.n_prefill, fc.t)
@@ -353,15 +356,6 @@ class Allocator:
             self.last_direction, self.last_switch_ts = sel.moves[0].to_role, ts
             self.settle_since = ts
         return decision
-
-    def _spread_binds(self, load, n_engines: int, kv_now: float, kv_later: float, terms, fc: ForecastWindow) -> bool:
-        """``Decision.spread_binds``: the uncapped terms beyond KV (now and later) against
-        the spread (a diagnostic: benchmarks/allocator_trace.py counts it)."""
-        off = self.config.model_copy(update={"decode_spread_cap": False})
-        uncapped = [decode_step_demand(off, self.decode_step.value, load, kv, a, fc.decode_kv_now,
-                                       fc.decode_admit_tokens, room) for kv, a, room in terms]
-        beyond = uncapped[0] > kv_now * (1 + 1e-9) or uncapped[1] > kv_later * (1 + 1e-9)
-        return beyond and load.spread() < max(n_engines, *uncapped)
 
     def _measure_served(self, engines: list, fc: ForecastWindow, hit: float) -> None:
         """Window ``fc``'s served rate (:func:`measure_served`), and its pool hit ``hit`` in
