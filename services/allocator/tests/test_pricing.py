@@ -797,3 +797,45 @@ def test_a_calm_spell_does_not_give_away_the_engines_the_last_burst_needed() -> 
     assert held == [] and "below the hysteresis" in reason
     forgot, _ = cmds(provision_quantile=0.9, provision_memory_s=100.0)
     assert forgot == moved
+
+
+def test_prefill_capacity_follows_the_cache_each_count_was_measured_at() -> None:
+    from prorsa_allocator.pricing import cache_scale
+
+    # Measured miss ratios: 6 prefill engines compute 20% of each prompt, 5 compute 40%,
+    # 4 were never measured.
+    miss = {6: 0.2, 5: 0.4}
+    assert list(cache_scale(6, np.array([5, 4]), miss)) == pytest.approx([0.5, 1.0])
+    assert list(cache_scale(5, np.array([6]), miss)) == pytest.approx([2.0])
+    assert list(cache_scale(7, np.array([6]), miss)) == [1.0]  # the held count not measured
+    # 6:2, prefill demand 5 engines, decode 2.5, over 120 s: W_P = 600, W_D = 300
+    # engine-seconds; one engine to decode (dead 15 s). θᴾ taken as given, prefill keeps
+    # 5 x 120 = 600 against 600 and decode rises from 240/300 = 0.8 to 345/300: f = 1.
+    dv = DemandView(5.0, 2.5, 5.0, 2.5, 10.0)
+    prices = [SwitchPrice(0.0, 15.0)]
+    flat, old = priced_net(6, 2, "decode", prices, dv, _config(), 120.0, PricedContext(50_000.0))
+    assert old == pytest.approx(0.8) and flat[0] == pytest.approx(1.0)
+    # At 5 engines the pool computes twice the share of each prompt: its 5 engines serve
+    # 2.5 engines' worth of full prompts, 300/600 = 0.5 of the work, and the move loses.
+    cached, _ = priced_net(6, 2, "decode", prices, dv, _config(), 120.0, PricedContext(50_000.0, miss=miss))
+    assert cached[0] == pytest.approx(0.5)
+
+
+def test_the_miss_ratio_is_measured_per_prefill_count() -> None:
+    # 2:2, both prefill engines queueing, hits 0.6 and 0.8 (pool miss 0.3), then 0.7 and 0.9
+    # (0.2): the mean of the two windows, 0.25, at count 2.
+    alloc = _cluster(2, 2, served_ramp_s=0.0)
+    for t, hits in ((10.0, (0.6, 0.8)), (20.0, (0.7, 0.9))):
+        for i, h in enumerate(hits):
+            alloc.handle(stats(f"p{i}", "prefill", ts=t - 5.0, running=2, queued=3,
+                               prefill_tokens_per_s=20_000.0, cache_hit_rate=h))
+        alloc.handle(forecast(t=t, prefill_engines=2.0, decode_engines=2.0))
+    assert alloc.prefill_miss == {2: pytest.approx(0.25)}
+    # The cap on a credible hit (max_cache_hit_rate) applies: a reported hit of 1.0 counts
+    # as the cap.
+    capped = _cluster(2, 2, served_ramp_s=0.0, max_cache_hit_rate=0.95)
+    for i in range(2):
+        capped.handle(stats(f"p{i}", "prefill", ts=5.0, running=2, queued=3, prefill_tokens_per_s=1_000.0,
+                            cache_hit_rate=1.0))
+    capped.handle(forecast(t=10.0, prefill_engines=2.0, decode_engines=2.0))
+    assert capped.prefill_miss == {2: pytest.approx(0.05)}

@@ -105,6 +105,7 @@ class Allocator:
         # count, measured over whole windows with no switch under way: (EMA, windows).
         self.served: dict[int, tuple[float, int, float]] = {}  # count -> (EMA, windows, last t)
         self.prefill_backlog: dict[int, float] = {}  # count -> queued per prefill engine, same windows
+        self.prefill_miss: dict[int, float] = {}  # count -> the pool's cache miss ratio, same windows
         self._first_t: float | None = None  # the first forecast's window start (the run's ramp)
         # 'priced' rule: whether the prefill pool's cache is back since the last update.
         self.cache = CacheRegime(c.opening_cache_ratio, c.opening_cache_max_s, c.served_alpha, c.max_cache_hit_rate)
@@ -142,6 +143,7 @@ class Allocator:
         if self.last_update_ts is None and self.config.served_ramp_s is None:
             self.served.clear()
             self.prefill_backlog.clear()
+            self.prefill_miss.clear()
         self.last_update_ts = ts
         self.cache.on_update(ts)
 
@@ -302,7 +304,8 @@ class Allocator:
             served = {p: r for p, (r, n, t) in self.served.items()
                       if n >= cfg.served_min_samples and fc.t - t <= cfg.served_memory_s}
             backlog = {p: q for p, q in self.prefill_backlog.items() if p in served}
-            ctx = PricedContext(self.theta.value, hit, self.decode_turn_s, pause_left, served, backlog)
+            miss = {p: m for p, m in self.prefill_miss.items() if p in served}
+            ctx = PricedContext(self.theta.value, hit, self.decode_turn_s, pause_left, served, backlog, miss)
             if opening:
                 since = fc.t - self.last_update_ts
                 sel = Selection(reason=f"holding through the step's opening ({since:.0f}s of {cfg.opening_hold_s:.0f}s "
@@ -361,7 +364,7 @@ class Allocator:
         """Window ``fc``'s served rate (:func:`measure_served`), and its pool hit ``hit`` in
         the cache regime's reference when it was measured."""
         if measure_served(self.served, engines, fc, self.config, self.last_update_ts, self._first_t,
-                          self.prefill_backlog, cache_cold=self.cache.cold):
+                          self.prefill_backlog, cache_cold=self.cache.cold, miss=self.prefill_miss):
             self.cache.measured(hit)
 
     def _opening(self, t: float, pause_left: float) -> bool:

@@ -175,6 +175,13 @@ class PricedContext:
     """Queued requests per prefill engine at each measured count, over the same windows
     (the planner's ``prefill_backlog``): at IDLE_QUEUE or more the role has no room to
     give, and a count below it is judged by count x θᴾ (``served_capacity_ceiling``)."""
+    miss: dict[int, float] = field(default_factory=dict)
+    """The prefill pool's prefix-cache miss ratio at each measured count (the planner's
+    ``prefill_miss``, over the same windows): the share of each prompt a count's engines
+    compute. θᴾ is measured at the count held; another count's engines serve
+    θᴾ x miss(held)/miss(count) full-prompt tokens/s each where both are measured (a
+    pool whose cache holds the live trajectories' prefixes at one count and not at the
+    next computes several times the tokens there)."""
 
 
 def priced_net(
@@ -268,8 +275,20 @@ def priced_net(
         cap_p, cap_d = p * horizon + live, (d - k) * horizon
     else:
         cap_p, cap_d = (p - k) * horizon, d * horizon + live
+    cap_p = cap_p * cache_scale(p, p + (1 if to_role == "prefill" else -1) * k.astype(int), ctx.miss)
     f_old = float(f(np.array([p * horizon], float), np.array([d * horizon], float), np.array([w_p]))[0])
     return f(cap_p, cap_d, w_p + extra), f_old
+
+
+def cache_scale(p: int, counts: np.ndarray, miss: dict[int, float]) -> np.ndarray:
+    """The full-prompt capacity of a prefill engine at each of ``counts`` over one at the
+    held count ``p``: miss(p)/miss(count) where both are measured, else 1 (θᴾ taken as
+    given)."""
+    here = miss.get(p)
+    if not here or here <= 0:
+        return np.ones(len(counts))
+    return np.fromiter((here / m if (m := miss.get(int(c))) and m > 0 else 1.0 for c in counts), float,
+                       len(counts))
 
 
 def select_priced(

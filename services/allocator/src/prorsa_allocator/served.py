@@ -14,7 +14,8 @@ from .config import AllocatorConfig
 
 def measure_served(served: dict[int, tuple[float, int, float]], engines: list, fc: ForecastWindow,
                    cfg: AllocatorConfig, last_update_ts: float | None, first_t: float | None,
-                   backlog: dict[int, float] | None = None, cache_cold: bool = False) -> bool:
+                   backlog: dict[int, float] | None = None, cache_cold: bool = False,
+                   miss: dict[int, float] | None = None) -> bool:
     """Fold the last window's served prefill rate into the rate of the prefill count
     that served it: Σ over prefill engines of computed tokens/s / (1 − hit), the
     full-prompt tokens the cluster prefilled per second. In a closed rollout loop that
@@ -27,6 +28,10 @@ def measure_served(served: dict[int, tuple[float, int, float]], engines: list, f
 
     ``backlog``: the prefill engines' mean queued requests per engine at the end of the
     same windows, averaged as the rate is (whether the prefill role had room to give).
+
+    ``miss``: the prefill pool's prefix-cache miss ratio (1 − its engines' mean hit, each
+    capped at ``max_cache_hit_rate``) in the same windows, averaged as the rate is: what
+    a count's prefill engines compute of each prompt they are sent.
 
     ``cache_cold``: the pool's cache has not come back since the last weight update
     (:class:`CacheRegime`); such windows are not measured either. Returns whether the
@@ -41,12 +46,13 @@ def measure_served(served: dict[int, tuple[float, int, float]], engines: list, f
         return False
     if cfg.served_ramp_s is not None and first_t is not None and fc.t - first_t < cfg.served_ramp_s:
         return False
-    rate, p, queued = 0.0, 0, 0
+    rate, p, queued, hits = 0.0, 0, 0, 0.0
     for v in engines:
         if v.role == "prefill":
             p += 1
             queued += v.queued_reqs
             hit = min(v.cache_hit_rate or 0.0, cfg.max_cache_hit_rate)
+            hits += hit
             rate += (v.prefill_tokens_per_s or 0.0) / (1.0 - hit)
     old = served.get(p)
     a = cfg.served_alpha
@@ -59,6 +65,9 @@ def measure_served(served: dict[int, tuple[float, int, float]], engines: list, f
         served[p] = ((1 - w) * old[0] + w * rate, old[1] + 1, fc.t)
     if backlog is not None:
         backlog[p] = q if w >= 1.0 or p not in backlog else (1 - w) * backlog[p] + w * q
+    if miss is not None and p:
+        m = 1.0 - hits / p
+        miss[p] = m if w >= 1.0 or p not in miss else (1 - w) * miss[p] + w * m
     return True
 
 
