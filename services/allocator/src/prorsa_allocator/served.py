@@ -64,11 +64,16 @@ def measure_served(served: dict[int, tuple[float, int, float]], engines: list, f
         w = max(a, 1.0 / (old[1] + 1))  # the mean until 1/alpha windows, then the EMA
         served[p] = ((1 - w) * old[0] + w * rate, old[1] + 1, fc.t)
     if backlog is not None:
-        backlog[p] = q if w >= 1.0 or p not in backlog else (1 - w) * backlog[p] + w * q
+        _fold(backlog, p, q, w)
     if miss is not None and p:
-        m = 1.0 - hits / p
-        miss[p] = m if w >= 1.0 or p not in miss else (1 - w) * miss[p] + w * m
+        _fold(miss, p, 1.0 - hits / p, w)
     return True
+
+
+def _fold(avg: dict[int, float], p: int, x: float, w: float) -> None:
+    """Fold ``x`` into count ``p``'s average with the served rate's weight ``w`` (1: it
+    restarts, as the rate did)."""
+    avg[p] = x if w >= 1.0 or p not in avg else (1 - w) * avg[p] + w * x
 
 
 def pool_hit(engines: list) -> float:

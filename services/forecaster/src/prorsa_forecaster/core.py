@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from prorsa_schemas import ForecastComponents
+
 from .config import ForecastConfig
 from .guards import clean, finite_sum
 from .history import History
@@ -79,6 +81,14 @@ class Forecast:
     """The blend's weights per series (``prefill``, ``decode``: the lifecycle forecast, the
     same scaled, and each naive predictor; ``new``: the sampler term and the naive
     predictors of new trajectories' arrivals)."""
+
+    def contract_components(self) -> ForecastComponents:
+        """``forecast.window``'s ``components`` for this forecast. The contract has no field
+        for re-prefill after a weight update: it is part of the sampler/policy cycle, so it
+        is published inside ``sampler``."""
+        c = self.components
+        return ForecastComponents(sampler=c["sampler"] + c.get("reprefill", 0.0), sandbox=c["sandbox"],
+                                  ready=c["ready"], tool=c["tool"], inflight=c["inflight"], bias=self.bias)
 
 
 def forecast(snap: Snapshot, hist: History, cfg: ForecastConfig | None = None) -> Forecast:

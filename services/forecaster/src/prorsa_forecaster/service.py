@@ -41,7 +41,7 @@ from prorsa_runtime import ReliablePublisher, connect, open_stream
 from prorsa_runtime.metrics import consumer_metrics
 from prorsa_runtime.reader import OrderedReader
 from prorsa_runtime.deadletter import DeadLetters
-from prorsa_schemas import EventError, ForecastBlend, ForecastComponents, ForecastWindow, SubjectMismatch, decode_event, decode_message
+from prorsa_schemas import EventError, ForecastBlend, ForecastWindow, SubjectMismatch, decode_event, decode_message
 
 from .config import ForecastConfig
 from .settings import ForecasterSettings
@@ -82,7 +82,6 @@ def _stream_seq(msg) -> int | None:
 
 def window_event(w_t: float, f, run: str) -> ForecastWindow:
     """The contract event for a forecast (deterministic id: a re-publish de-duplicates)."""
-    c = f.components
     return ForecastWindow(
         id=f"forecast-{run}-{f.horizon:g}-{w_t:.3f}",
         ts=w_t,
@@ -93,12 +92,7 @@ def window_event(w_t: float, f, run: str) -> ForecastWindow:
         decode_admit_tokens=f.decode_admit_tokens,
         decode_kv_tokens=f.decode_kv_tokens,
         decode_kv_now=f.decode_kv_now,
-        components=ForecastComponents(
-            # The contract has no field for re-prefill after a weight update: it is part of
-            # the sampler/policy cycle, so it is published inside ``sampler``.
-            sampler=c["sampler"] + c.get("reprefill", 0.0), sandbox=c["sandbox"], ready=c["ready"], tool=c["tool"],
-            inflight=c["inflight"], bias=f.bias,
-        ),
+        components=f.contract_components(),
         blend=ForecastBlend(**{k: v for k, v in f.weights.items() if k in ("prefill", "decode", "new")}) if f.weights else None,
     )
 

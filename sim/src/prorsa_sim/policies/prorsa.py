@@ -122,20 +122,14 @@ class AllocatorDriver:
 
 
 def forecast_event(obs: Observation, prefill: float, admit: float, kv_hat: float, kv_now: float,
-                   components: dict[str, float] | None = None) -> ForecastWindow:
-    """The ``forecast.window`` the forecaster service would publish for this window; with
-    ``components`` (the forecast's per-source terms) its ``components`` as the service
-    fills them (re-prefill inside ``sampler``)."""
-    comps = None
-    if components:
-        comps = ForecastComponents(
-            sampler=max(0.0, components.get("sampler", 0.0) + components.get("reprefill", 0.0)),
-            **{k: max(0.0, components.get(k, 0.0)) for k in ("sandbox", "ready", "tool", "inflight")},
-        )
+                   components: ForecastComponents | None = None) -> ForecastWindow:
+    """The ``forecast.window`` the forecaster service would publish for this window
+    (``components``: :meth:`~prorsa_forecaster.core.Forecast.contract_components`, as the
+    service fills them)."""
     return ForecastWindow(
         id=f"fc-{obs.t:.3f}", ts=obs.t, run="sim", t=obs.t, horizon=obs.window_s,
         prefill_tokens=max(0.0, prefill), decode_admit_tokens=max(0.0, admit),
-        decode_kv_tokens=max(0.0, kv_hat), decode_kv_now=max(0.0, kv_now), components=comps,
+        decode_kv_tokens=max(0.0, kv_hat), decode_kv_now=max(0.0, kv_now), components=components,
     )
 
 
@@ -179,5 +173,5 @@ class ProrsaPolicy:
         if f is None:
             return []
         fc = forecast_event(obs, f.prefill_tokens, f.decode_admit_tokens, f.decode_kv_tokens, f.decode_kv_now,
-                            f.components)
+                            f.contract_components())
         return self.driver.decide(obs, fc)
