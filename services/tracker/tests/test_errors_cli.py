@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -16,7 +17,6 @@ from sqlalchemy import func, select
 from typer.testing import CliRunner
 
 from prorsa_cli.main import app
-from prorsa_runtime import free_port
 from prorsa_runtime.testing import wait_until
 from prorsa_schemas import LogWriter
 from prorsa_tracker.db import make_engine
@@ -127,7 +127,12 @@ def test_an_sqlite_file_that_is_no_database_stops_the_tracker(tmp_path) -> None:
 
 
 def test_a_database_that_is_down_is_waited_for_with_back_off(tmp_path) -> None:
-    port = free_port()  # nothing listens there: connection refused, an outage
+    # A port bound and held but not listening: a connection is refused (an outage), and no
+    # other test process can start a server on it while the tracker retries (a port only
+    # found free can be taken by one: the refusal then becomes that server's reply).
+    held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    held.bind(("127.0.0.1", 0))
+    port = held.getsockname()[1]
     db = f"postgresql://postgres:{SECRET}@127.0.0.1:{port}/prorsa"
     env = {**os.environ, "PRORSA_TRACKER_DB_URL": db, "PRORSA_NATS_URL": "nats://127.0.0.1:1",
            "PRORSA_TRACKER_DB_RETRY_S": "0.1"}
@@ -141,6 +146,7 @@ def test_a_database_that_is_down_is_waited_for_with_back_off(tmp_path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(30)
+        held.close()
     reader.join(10)
     retries = [x for x in lines if "unavailable" in x]
     assert rc == 0
