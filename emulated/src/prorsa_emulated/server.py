@@ -285,7 +285,10 @@ def create_engine_app(options: EngineOptions, engine: EmulatedEngine | None = No
 
 def _rank_load(eng: EmulatedEngine, r, disagg: bool) -> dict:
     """One DP rank's entry of ``/v1/loads`` (SGLang's LoadSnapshot keys)."""
-    running = len(r.running) + len(r.inflight) + (1 if r.chunked else 0)
+    # SGLang answers between forward passes, where a request this forward prefills is in the
+    # running batch, the inflight queue or the chunked slot; here a reading can fall inside a
+    # forward, so the requests it prefills (the chunked one among them) count as running.
+    running = len(r.running) + len(r.inflight) + len(r.prefilling)
     load = {
         "timestamp": datetime.now(timezone.utc).timestamp(),
         "dp_rank": r.index,

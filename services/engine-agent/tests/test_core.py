@@ -6,7 +6,8 @@ import pytest
 
 from prorsa_engine_agent.clients import CounterRate, parse_loads
 from prorsa_engine_agent.config import ConfigError, InstanceConfig, load_config
-from prorsa_engine_agent.core import Phase, Verdict, advance, begin, decide, event_id, resume
+from prorsa_engine_agent.core import (MAX_REDRAINS, Phase, Switch, Verdict, advance, begin, decide, event_id,
+                                     resume)
 from prorsa_engine_agent.launch import launch_command
 from prorsa_schemas import EngineCommand
 
@@ -31,6 +32,34 @@ def test_happy_paths_in_place_and_restart():
     assert sw.role_now == "decode"
     _, phases = _walk(begin(_cmd(), "prefill", "restart", 0.0), [True] * 6)
     assert Phase.RESTART in phases and phases[-1] is Phase.DONE
+
+
+def test_a_flip_refused_as_busy_drains_again_a_bounded_number_of_times():
+    sw = begin(_cmd(), "prefill", "in_place", 0.0)
+    for _ in range(3):  # PRECHECK, DEREGISTER, DRAIN
+        sw = advance(sw, True)
+    assert sw.phase is Phase.SWITCH
+    for n in range(1, MAX_REDRAINS + 1):
+        sw = advance(sw, False, "instance is not idle", busy=True)
+        assert (sw.phase, sw.redrains, sw.error) == (Phase.DRAIN, n, "")
+        sw = advance(sw, True)  # idle again: flip again
+        assert sw.phase is Phase.SWITCH
+    # Busy at every flip: the old role is intact, so the engine goes back to the router.
+    sw = advance(sw, False, "instance is not idle", busy=True)
+    assert sw.phase is Phase.RESTORE_REGISTER and "instance is not idle" in sw.error
+    assert sw.role_now == "prefill"
+    # A refusal that is not "busy" restores at once; an unsafe one is not re-drained.
+    sw1 = advance(advance(advance(advance(begin(_cmd(), "prefill", "in_place", 0.0), True), True), True),
+                  False, "transfer backend", busy=False)
+    assert sw1.phase is Phase.RESTORE_REGISTER and sw1.redrains == 0
+    sw2 = advance(advance(advance(advance(begin(_cmd(), "prefill", "in_place", 0.0), True), True), True),
+                  False, "not idle", busy=True, safe_to_restore=False)
+    assert sw2.phase is Phase.RESTORE_RESTART
+    # The journal keeps the count; a journal written before the field existed reads as 0.
+    j = sw.to_json()
+    assert Switch.from_json(j).redrains == MAX_REDRAINS
+    del j["redrains"]
+    assert Switch.from_json(j).redrains == 0
 
 
 def test_drain_timeout_aborts_then_restores_when_still_busy():

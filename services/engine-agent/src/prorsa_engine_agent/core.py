@@ -8,6 +8,11 @@ Happy path::
 
     PRECHECK -> DEREGISTER -> DRAIN -> (ABORT) -> SWITCH | RESTART -> HEALTH -> REGISTER -> DONE
 
+An in-place flip that SGLang refuses because the engine is not idle (a request reached it
+between the drain's reading and the flip: one the router had sent before the removal, or
+one still in the HTTP/tokenizer layer, which ``/v1/loads`` does not see) goes back to DRAIN,
+up to ``MAX_REDRAINS`` times; the old role is intact, so nothing is lost by waiting again.
+
 PRECHECK touches nothing: when a condition SGLang or the weights need does not hold, the
 switch is refused (FAILED) with the engine as it was. On a later failure: RESTORE_REGISTER (the old role is intact: put it back in the router) when it
 is safe to restore, else RESTORE_RESTART (relaunch in the old role) -> RESTORE_REGISTER
@@ -40,6 +45,9 @@ class Phase(str, Enum):
 
 
 FINAL = frozenset({Phase.DONE, Phase.FAILED, Phase.DOWN})
+MAX_REDRAINS = 3
+"""How many times a flip refused as "not idle" sends the switch back to DRAIN before it
+fails (each DRAIN waits until the command's deadline at most, then aborts what is left)."""
 DRAINING = frozenset({Phase.DEREGISTER, Phase.DRAIN, Phase.ABORT})
 
 
@@ -63,6 +71,8 @@ class Switch:
     weight_version: str = ""
     aborted: int = 0
     """Requests the switch aborted (running + waiting when it first sent abort_all)."""
+    redrains: int = 0
+    """Times the in-place flip found the engine busy and the switch drained again."""
 
     def to_json(self) -> dict:
         d = self.__dict__.copy()
@@ -81,8 +91,9 @@ def begin(cmd: EngineCommand, role: str, mode: str, now: float) -> Switch:
 
 
 def advance(sw: Switch, ok: bool, detail: str = "", *, safe_to_restore: bool = True,
-            can_restart: bool = True) -> Switch:
-    """The next phase after ``sw.phase`` succeeded (``ok``) or failed (``detail`` says why)."""
+            can_restart: bool = True, busy: bool = False) -> Switch:
+    """The next phase after ``sw.phase`` succeeded (``ok``) or failed (``detail`` says why).
+    ``busy``: the in-place flip was refused because the engine was not idle."""
     p = sw.phase
     if p in FINAL:
         raise ValueError(f"switch {sw.cmd} is already {p.value}")
@@ -108,6 +119,8 @@ def advance(sw: Switch, ok: bool, detail: str = "", *, safe_to_restore: bool = T
     if p in (Phase.SWITCH, Phase.RESTART):
         if ok:
             return replace(sw, phase=Phase.HEALTH, role_now=sw.to_role)
+        if p is Phase.SWITCH and busy and safe_to_restore and sw.redrains < MAX_REDRAINS:
+            return replace(sw, phase=Phase.DRAIN, redrains=sw.redrains + 1)
         if p is Phase.SWITCH and safe_to_restore:
             return fail(f"in-place switch refused: {detail}", Phase.RESTORE_REGISTER)
         if p is Phase.RESTART and safe_to_restore:  # refused before the engine was stopped

@@ -9,7 +9,7 @@ import time
 from dataclasses import replace
 
 from .clients import EngineHTTPError
-from .core import FINAL, Phase, Switch, advance
+from .core import FINAL, MAX_REDRAINS, Phase, Switch, advance
 from .instances import EngineState, Instances
 from .inplace import graph_memory_refusal, server_blockers
 from .weights import Reported, Weights, resolve, update_in_progress
@@ -18,10 +18,11 @@ log = logging.getLogger("prorsa.engine_agent.switch")
 
 
 class PhaseFailed(Exception):
-    def __init__(self, detail: str, safe_to_restore: bool = True):
+    def __init__(self, detail: str, safe_to_restore: bool = True, busy: bool = False):
         super().__init__(detail)
         self.detail = detail
         self.safe_to_restore = safe_to_restore
+        self.busy = busy  # an in-place flip refused because the engine was not idle
 
 
 async def run_switch(agent: Instances, st: EngineState, sw: Switch, on_start=None) -> Switch:
@@ -34,13 +35,16 @@ async def run_switch(agent: Instances, st: EngineState, sw: Switch, on_start=Non
         try:
             out = await _PHASES[sw.phase](agent, st, sw)
             sw = out if isinstance(out, Switch) else sw  # a phase may record what it found
-            ok, detail, safe = True, "", True
+            ok, detail, safe, busy = True, "", True, False
         except PhaseFailed as exc:
-            ok, detail, safe = False, exc.detail, exc.safe_to_restore
+            ok, detail, safe, busy = False, exc.detail, exc.safe_to_restore, exc.busy
         except EngineHTTPError as exc:
-            ok, detail, safe = False, str(exc), sw.phase not in (Phase.SWITCH, Phase.RESTART)
+            ok, detail, safe, busy = False, str(exc), sw.phase not in (Phase.SWITCH, Phase.RESTART), False
         was = sw.phase
-        sw = advance(sw, ok, detail, safe_to_restore=safe, can_restart=st.inst.can_restart)
+        sw = advance(sw, ok, detail, safe_to_restore=safe, can_restart=st.inst.can_restart, busy=busy)
+        if was is Phase.SWITCH and sw.phase is Phase.DRAIN:
+            log.warning("%s %s: the flip found the engine busy (%s); draining again (%d of %d)",
+                        sw.engine, sw.cmd, detail, sw.redrains, MAX_REDRAINS)
         if was is Phase.PRECHECK and sw.phase is Phase.DEREGISTER and on_start is not None:
             on_start(sw)
         if sw.role_now:
@@ -183,7 +187,9 @@ async def switch_in_place(agent: Instances, st: EngineState, sw: Switch) -> None
         if "already in progress" in msg and loop.time() < deadline:
             await asyncio.sleep(agent.settings.poll_s)
             continue
-        raise PhaseFailed(msg or "no message", bool(out.get("safe_to_restore", False)))
+        # Work that reached the engine after the drain's reading: drain again (core.advance).
+        raise PhaseFailed(msg or "no message", bool(out.get("safe_to_restore", False)),
+                          busy="not idle" in msg)
 
 
 async def _relaunch(agent: Instances, st: EngineState, role: str, weights: Weights | None = None) -> None:

@@ -1,0 +1,76 @@
+"""An in-place flip that finds the engine busy drains again, against a real emulated SGLang
+over HTTP: the procedure's shell (procedure.run_switch) and the core's re-drain together.
+
+The agent's drain takes one idle reading of ``/v1/loads`` as drained; a request can still
+reach the engine before the flip (one the router had already sent, one in SGLang's HTTP and
+tokenizer layer, which ``/v1/loads`` does not see). The test puts a request on the engine
+after that reading by starting the procedure at the flip, with the engine busy."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import httpx
+
+from prorsa_emulated.cluster import EmulatedProcess, engine_command, free_port
+from prorsa_engine_agent.clients import EngineClient
+from prorsa_engine_agent.config import AgentSettings, InstanceConfig
+from prorsa_engine_agent.core import Phase, begin
+from prorsa_engine_agent.instances import EngineState
+from prorsa_engine_agent.journal import Journal
+from prorsa_engine_agent.procedure import run_switch
+from prorsa_runtime.testing import async_wait_until
+from prorsa_schemas import EngineCommand
+
+
+class _Agent:
+    """What the procedure reads of the agent: its settings and journal, the weights policy,
+    the decode graph figure and the router registration (recorded, no router here)."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.settings = AgentSettings(poll_s=0.02)
+        self.journal = journal
+        self.policy = None
+        self.registered: list[str] = []
+
+    async def decode_graph_gb(self, st: EngineState) -> float:
+        return 1.5
+
+    async def ensure_registered(self, st: EngineState, role: str) -> None:
+        self.registered.append(role)
+
+
+async def test_a_flip_that_finds_the_engine_busy_drains_again_and_switches(tmp_path):
+    port = free_port()
+    eng = EmulatedProcess("e", engine_command(port, "prefill", speed=1.0), f"http://127.0.0.1:{port}",
+                          log=tmp_path / "engine.log").start()
+    try:
+        eng.wait_healthy(60)
+        url = f"http://127.0.0.1:{port}"
+        async with httpx.AsyncClient(timeout=60) as http:
+            client = EngineClient(http, url)
+            st = EngineState(InstanceConfig(engine="e", port=port, launch="external"), client, role="prefill")
+            agent = _Agent(Journal(tmp_path / "journal.json"))
+            cmd = EngineCommand(id="i", ts=0.0, run="r", cmd="c1", engine="e", action="switch_role",
+                                to_role="decode", deadline=1e12)
+            sw = replace(begin(cmd, "prefill", "in_place", 0.0), phase=Phase.SWITCH)
+            # A prompt of some seconds of prefill (no PD peer: the engine answers it itself).
+            late = asyncio.create_task(http.post(f"{url}/generate", json={
+                "input_ids": [7] * 40_000, "sampling_params": {"max_new_tokens": 1}}))
+
+            async def busy() -> bool:
+                return not (await client.loads()).idle
+
+            await async_wait_until(busy, timeout=10, interval=0.02, what="the request on the engine")
+            done = await run_switch(agent, st, sw)
+            resp = await late
+        assert done.phase is Phase.DONE, done.error
+        assert done.redrains == 1 and done.aborted == 0
+        assert (done.role_now, agent.registered) == ("decode", ["decode"])
+        # The request that arrived late was served, not aborted.
+        assert resp.status_code == 200 and resp.json()["meta_info"]["finish_reason"]["type"] != "abort"
+        async with httpx.AsyncClient(timeout=10) as http:
+            assert await EngineClient(http, url).role() == "decode"
+    finally:
+        eng.stop()
