@@ -53,6 +53,27 @@ def test_role_switch_refused_while_busy_then_done_when_idle(cluster):
         c.post(f"{p}/pd_role_switch", json={"new_role": "prefill"})
 
 
+def test_a_prompt_in_its_single_prefill_forward_counts_as_running(cluster):
+    # SGLang answers /v1/loads between forward passes, so a request is never invisible to
+    # it; the emulated engine answers during one, and counts what that forward prefills.
+    p = cluster.engines[0].url
+    import threading
+
+    got: list[httpx.Response] = []
+    with httpx.Client(timeout=30) as c:
+        def load() -> dict:
+            return c.get(f"{p}/v1/loads").json()["loads"][0]
+
+        before = load()["total_prefill_uncached_tokens"]
+        t = threading.Thread(target=lambda: got.append(httpx.post(f"{p}/generate", timeout=60, json={
+            "input_ids": [3] * 8_000, "sampling_params": {"max_new_tokens": 1}})))  # one 8,192 chunk
+        t.start()
+        # Running while its forward has not yet computed its tokens (the counter moves at its end).
+        _wait(lambda: (lambda x: x["num_running_reqs"] == 1 and x["total_prefill_uncached_tokens"] == before)(load()))
+        t.join(30)
+    assert got and got[0].status_code == 200
+
+
 def test_router_worker_api_shapes(cluster):
     with httpx.Client(timeout=30) as c:
         url = cluster.engines[0].url
