@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from prorsa_engine_agent.clients import CounterRate, parse_loads
@@ -55,6 +57,10 @@ def test_a_flip_refused_as_busy_drains_again_a_bounded_number_of_times():
     sw2 = advance(advance(advance(advance(begin(_cmd(), "prefill", "in_place", 0.0), True), True), True),
                   False, "not idle", busy=True, safe_to_restore=False)
     assert sw2.phase is Phase.RESTORE_RESTART
+    # A restart that finds the engine busy before its stop drains again too.
+    sw3 = replace(begin(_cmd(), "prefill", "restart", 0.0), phase=Phase.RESTART)
+    sw3 = advance(sw3, False, "1 running just before the stop", busy=True)
+    assert (sw3.phase, sw3.redrains) == (Phase.DRAIN, 1)
     # The journal keeps the count; a journal written before the field existed reads as 0.
     j = sw.to_json()
     assert Switch.from_json(j).redrains == MAX_REDRAINS

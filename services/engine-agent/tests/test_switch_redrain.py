@@ -12,6 +12,7 @@ import asyncio
 from dataclasses import replace
 
 import httpx
+import pytest
 
 from prorsa_emulated.cluster import EmulatedProcess, engine_command, free_port
 from prorsa_engine_agent.clients import EngineClient
@@ -19,7 +20,8 @@ from prorsa_engine_agent.config import AgentSettings, InstanceConfig
 from prorsa_engine_agent.core import Phase, begin
 from prorsa_engine_agent.instances import EngineState
 from prorsa_engine_agent.journal import Journal
-from prorsa_engine_agent.procedure import run_switch
+from prorsa_engine_agent.procedure import PhaseFailed, restart, run_switch
+from prorsa_engine_agent.weights import Weights
 from prorsa_runtime.testing import async_wait_until
 from prorsa_schemas import EngineCommand
 
@@ -39,6 +41,22 @@ class _Agent:
 
     async def ensure_registered(self, st: EngineState, role: str) -> None:
         self.registered.append(role)
+
+    def launched_weights(self, st: EngineState) -> Weights:
+        return Weights(st.inst.model, st.inst.weight_version)
+
+
+class _Processes:
+    """The process table as ``restart`` reads it: the engine runs; a stop is recorded."""
+
+    def __init__(self) -> None:
+        self.stopped: list[str] = []
+
+    def exited(self, engine: str, pid: int | None) -> bool:
+        return False
+
+    async def stop(self, engine: str, pid: int | None) -> None:
+        self.stopped.append(engine)
 
 
 async def test_a_flip_that_finds_the_engine_busy_drains_again_and_switches(tmp_path):
@@ -72,5 +90,40 @@ async def test_a_flip_that_finds_the_engine_busy_drains_again_and_switches(tmp_p
         assert resp.status_code == 200 and resp.json()["meta_info"]["finish_reason"]["type"] != "abort"
         async with httpx.AsyncClient(timeout=10) as http:
             assert await EngineClient(http, url).role() == "decode"
+    finally:
+        eng.stop()
+
+
+async def test_a_restart_that_finds_the_engine_busy_does_not_stop_it(tmp_path):
+    # The process would take the request with it: the phase fails as busy (core: DRAIN again)
+    # and the engine keeps running and serving.
+    port = free_port()
+    eng = EmulatedProcess("e", engine_command(port, "prefill", speed=1.0), f"http://127.0.0.1:{port}",
+                          log=tmp_path / "engine.log").start()
+    try:
+        eng.wait_healthy(60)
+        url = f"http://127.0.0.1:{port}"
+        async with httpx.AsyncClient(timeout=60) as http:
+            client = EngineClient(http, url)
+            st = EngineState(InstanceConfig(engine="e", port=port, launch="sglang"), client, role="prefill", pid=1)
+            agent = _Agent(Journal(tmp_path / "journal.json"))
+            agent.processes = _Processes()
+            cmd = EngineCommand(id="i", ts=0.0, run="r", cmd="c2", engine="e", action="switch_role",
+                                to_role="decode", deadline=1e12)
+            sw = replace(begin(cmd, "prefill", "restart", 0.0), phase=Phase.RESTART)
+            late = asyncio.create_task(http.post(f"{url}/generate", json={
+                "input_ids": [9] * 40_000, "sampling_params": {"max_new_tokens": 1}}))
+
+            async def busy() -> bool:
+                return not (await client.loads()).idle
+
+            await async_wait_until(busy, timeout=10, interval=0.02, what="the request on the engine")
+            with pytest.raises(PhaseFailed) as failed:
+                await restart(agent, st, sw)
+            assert failed.value.busy and failed.value.safe_to_restore
+            assert "just before the stop" in failed.value.detail
+            assert agent.processes.stopped == []
+            resp = await late
+        assert resp.status_code == 200 and resp.json()["meta_info"]["finish_reason"]["type"] != "abort"
     finally:
         eng.stop()

@@ -10,8 +10,9 @@ Happy path::
 
 An in-place flip that SGLang refuses because the engine is not idle (a request reached it
 between the drain's reading and the flip: one the router had sent before the removal, or
-one still in the HTTP/tokenizer layer, which ``/v1/loads`` does not see) goes back to DRAIN,
-up to ``MAX_REDRAINS`` times; the old role is intact, so nothing is lost by waiting again.
+one still in the HTTP/tokenizer layer, which ``/v1/loads`` does not see), or a restart that
+finds the engine busy just before the stop, goes back to DRAIN, up to ``MAX_REDRAINS``
+times; the old role is intact, so nothing is lost by waiting again.
 
 PRECHECK touches nothing: when a condition SGLang or the weights need does not hold, the
 switch is refused (FAILED) with the engine as it was. On a later failure: RESTORE_REGISTER (the old role is intact: put it back in the router) when it
@@ -93,7 +94,7 @@ def begin(cmd: EngineCommand, role: str, mode: str, now: float) -> Switch:
 def advance(sw: Switch, ok: bool, detail: str = "", *, safe_to_restore: bool = True,
             can_restart: bool = True, busy: bool = False) -> Switch:
     """The next phase after ``sw.phase`` succeeded (``ok``) or failed (``detail`` says why).
-    ``busy``: the in-place flip was refused because the engine was not idle."""
+    ``busy``: the in-place flip, or the restart before its stop, found the engine not idle."""
     p = sw.phase
     if p in FINAL:
         raise ValueError(f"switch {sw.cmd} is already {p.value}")
@@ -119,7 +120,7 @@ def advance(sw: Switch, ok: bool, detail: str = "", *, safe_to_restore: bool = T
     if p in (Phase.SWITCH, Phase.RESTART):
         if ok:
             return replace(sw, phase=Phase.HEALTH, role_now=sw.to_role)
-        if p is Phase.SWITCH and busy and safe_to_restore and sw.redrains < MAX_REDRAINS:
+        if busy and safe_to_restore and sw.redrains < MAX_REDRAINS:
             return replace(sw, phase=Phase.DRAIN, redrains=sw.redrains + 1)
         if p is Phase.SWITCH and safe_to_restore:
             return fail(f"in-place switch refused: {detail}", Phase.RESTORE_REGISTER)

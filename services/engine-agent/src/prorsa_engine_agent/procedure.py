@@ -42,8 +42,8 @@ async def run_switch(agent: Instances, st: EngineState, sw: Switch, on_start=Non
             ok, detail, safe, busy = False, str(exc), sw.phase not in (Phase.SWITCH, Phase.RESTART), False
         was = sw.phase
         sw = advance(sw, ok, detail, safe_to_restore=safe, can_restart=st.inst.can_restart, busy=busy)
-        if was is Phase.SWITCH and sw.phase is Phase.DRAIN:
-            log.warning("%s %s: the flip found the engine busy (%s); draining again (%d of %d)",
+        if was in (Phase.SWITCH, Phase.RESTART) and sw.phase is Phase.DRAIN:
+            log.warning("%s %s: the engine is busy again (%s); draining again (%d of %d)",
                         sw.engine, sw.cmd, detail, sw.redrains, MAX_REDRAINS)
         if was is Phase.PRECHECK and sw.phase is Phase.DEREGISTER and on_start is not None:
             on_start(sw)
@@ -210,6 +210,12 @@ async def restart(agent: Instances, st: EngineState, sw: Switch) -> Switch:
     if not agent.processes.exited(st.inst.engine, st.pid) and await st.client.healthy():
         w = _weights(agent, st, await _no_update(agent, st, sw))
         sw = replace(sw, model_path=w.model_path, weight_version=w.weight_version)
+        # Work that reached the engine after the drain's reading would die with the process:
+        # drain again instead (core.advance), as an in-place flip SGLang refuses does.
+        load = await st.client.loads()
+        if not load.idle:
+            raise PhaseFailed(f"{load.running} running, {load.waiting} waiting, {load.pd_queued} in PD queues "
+                              "just before the stop", busy=True)
     elif sw.model_path:  # resumed with the engine already stopped: what PRECHECK found
         w = Weights(sw.model_path, sw.weight_version or "default", time.time())
     else:
