@@ -8,6 +8,7 @@ import time
 import httpx
 
 from prorsa_runtime.bus import publish_event
+from prorsa_runtime.testing import async_wait_until
 from prorsa_schemas import PolicyUpdated
 
 from agent_harness import emulated_instance, engine_role, router_workers, send_command  # type: ignore
@@ -63,8 +64,10 @@ async def test_a_restart_after_a_weight_update_comes_back_on_the_updated_weights
 
 
 async def test_no_switch_overlaps_a_weight_update(agent_factory, events, ns, router):
-    # Generation paused (how frameworks bracket a weight sync): the switch waits up to
-    # update_wait_s, then is refused with the engine untouched; resumed in time, it goes on.
+    # Generation paused (how frameworks bracket a weight sync): an in-place switch takes the
+    # engine off the router at once, so the batch that follows the update does not land on
+    # it, and flips once the update ends (no drain); still paused after update_wait_s, the
+    # switch is refused and the engine goes back to the router in its old role.
     e0 = emulated_instance("g0", "prefill")
     e1 = emulated_instance("g1", "decode")
     agent = agent_factory([e0, e1], update_wait_s=1.5).start()
@@ -76,18 +79,26 @@ async def test_no_switch_overlaps_a_weight_update(agent_factory, events, ns, rou
         cmd = await send_command(events.js, ns, "g0", "decode")
         failed = await events.wait("engine.switch_failed", cmd=cmd, timeout=30)
         assert "weight update in progress" in failed.error and failed.role == "prefill", failed.error
-        assert not events.of("engine.switching", cmd=cmd)
-        assert (await router_workers(router.url))[url] == "prefill"
+        assert events.of("engine.switching", cmd=cmd)
+        await async_wait_until(lambda: _listed_as(router.url, url, "prefill"), timeout=10,
+                               what="g0 back in the router as prefill")
         assert await engine_role(url) == "prefill"
 
         cmd = await send_command(events.js, ns, "g0", "decode")
-        await events.wait("engine.stats", engine="g0", timeout=10)  # the command is being held
-        assert not events.of("engine.switching", cmd=cmd) and not events.of("engine.switch_failed", cmd=cmd)
+        await events.wait("engine.switching", cmd=cmd, timeout=10)
+        # Held off the router until the update ends; not flipped meanwhile.
+        await async_wait_until(lambda: _listed_as(router.url, url, None), timeout=10, what="g0 off the router")
+        assert await engine_role(url) == "prefill" and not events.of("engine.switched", cmd=cmd)
         await _post(url, "/continue_generation", {})
         done = await events.wait("engine.switched", cmd=cmd, timeout=30)
-        assert done.to_role == "decode"
+        assert done.to_role == "decode" and not done.aborted_reqs  # nothing aborted
+        assert (await router_workers(router.url))[url] == "decode"
     finally:
         print(agent.tail())
+
+
+async def _listed_as(router_url: str, url: str, role: str | None) -> bool:
+    return (await router_workers(router_url)).get(url) == role
 
 
 async def test_in_place_refusals_before_the_engine_is_touched(agent_factory, events, ns, router):

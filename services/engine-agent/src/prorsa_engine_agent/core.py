@@ -112,7 +112,7 @@ def advance(sw: Switch, ok: bool, detail: str = "", *, safe_to_restore: bool = T
     if p is Phase.PRECHECK:
         return replace(sw, phase=Phase.DEREGISTER) if ok else fail(f"switch refused: {detail}", Phase.FAILED)
     if p is Phase.DEREGISTER:
-        return replace(sw, phase=Phase.DRAIN) if ok else fail(f"router removal failed: {detail}", Phase.RESTORE_REGISTER)
+        return replace(sw, phase=Phase.DRAIN) if ok else fail(f"taking it off the router: {detail}", Phase.RESTORE_REGISTER)
     if p is Phase.DRAIN:
         return replace(sw, phase=work if ok else Phase.ABORT)
     if p is Phase.ABORT:

@@ -105,10 +105,14 @@ def _weights(agent: Instances, st: EngineState, reported: Reported | None) -> We
 
 
 async def precheck(agent: Instances, st: EngineState, sw: Switch) -> Switch:
-    """What SGLang and the weights need, checked before the engine is touched."""
-    reported = await _no_update(agent, st, sw)
+    """What SGLang and the weights need, checked before the engine is touched.
+
+    A restart needs the weights the engine will have, so it waits out a weight update in
+    progress here. An in-place switch does not: DEREGISTER takes the engine off the router
+    at once, so that the batch dispatched after the update does not land on it, and then
+    waits for the update to end; the flip that follows needs no drain."""
     if sw.mode == "restart":
-        w = _weights(agent, st, reported)
+        w = _weights(agent, st, await _no_update(agent, st, sw))
         return replace(sw, model_path=w.model_path, weight_version=w.weight_version)
     info = await st.client.server_info()
     blockers = server_blockers(info or {})
@@ -130,8 +134,10 @@ async def deregister(agent: Instances, st: EngineState, sw: Switch) -> None:
 
     await _until(agent, gone, agent.settings.router_timeout_s, "removal from the router")
     st.registered = False
-    # A framework that began a weight update between PRECHECK and the removal saw the engine
-    # in the router: wait for the update to end, else put the engine back (RESTORE_REGISTER).
+    # A weight update in progress (commanded in the pause, or begun by a framework that saw
+    # the engine in the router before the removal): wait for it to end, else put the engine
+    # back (RESTORE_REGISTER). The framework reaches the engine off the router
+    # (prorsa_sdk.coordination.engine_urls) to update and resume it.
     await _no_update(agent, st, sw)
 
 
