@@ -454,6 +454,11 @@ def test_role_pressed_reads_saturated_and_idle_roles() -> None:
     switching = v("decode", 0, 99)
     switching.switching_to = "prefill"
     assert not role_pressed([v("prefill", 0), switching], "decode")  # no decode engine serving
+    # A shortage: a decode queue counts only with the decode pool's KV at least half used.
+    assert not role_pressed([v("prefill", 0), v("decode", 5, 41)], "decode", short=True)
+    assert role_pressed([v("prefill", 0), v("decode", 5, 50)], "decode", short=True)
+    assert role_pressed([v("prefill", 0), v("decode", 0, 86)], "decode", short=True)  # KV over 85%
+    assert role_pressed([v("prefill", 5), v("decode", 0, 49)], "prefill", short=True)
 
 
 def test_no_move_on_the_forecast_alone_before_a_served_rate() -> None:
@@ -481,6 +486,25 @@ def test_no_move_on_the_forecast_alone_before_a_served_rate() -> None:
     assert cmds(prefill_queue=5, decode_kv=KV * 6 // 10)[0] == []  # decode at 60% KV is not idle
     # Off: the forecast alone decides from the first window.
     assert cmds(first=False)[0][:1] == ["prefill"]
+
+
+def test_before_a_served_rate_a_decode_queue_with_free_kv_is_no_evidence() -> None:
+    # 7:1, a forecast that wants 5:3 (prefill 4 engines, decode 3), no served rate yet, the
+    # prefill engines idle. The decode engine holds 5 queued requests (> 4): at 41% KV that is
+    # a burst its next iteration admits, so the move waits for a served rate; at 60% KV the
+    # queue waits for KV, a shortage another decode engine relieves, and the move is made.
+    def cmds(decode_kv: int) -> tuple[list, str]:
+        alloc = _cluster(7, 1, served_evidence_first=True)
+        for i in range(7):
+            alloc.handle(stats(f"p{i}", "prefill", ts=55.0, running=2))
+        alloc.handle(stats("d0", "decode", ts=55.0, running=3, queued=5, kv_used=decode_kv))
+        out = alloc.handle(forecast(t=60.0, prefill_engines=4.0, decode_engines=3.0))
+        return [e.to_role for e in out if isinstance(e, EngineCommand)], alloc.last_decision.selection.reason
+
+    got, reason = cmds(KV * 41 // 100)
+    assert got == [] and "no prefill count has a served rate yet" in reason
+    got, reason = cmds(KV * 6 // 10)
+    assert got[:1] == ["decode"], reason
 
 
 def test_a_move_to_decode_needs_fewer_prefill_engines_to_serve_more() -> None:

@@ -198,7 +198,7 @@ class AllocatorConfig(BaseModel):
     served_veto_yields_to_state: bool = Field(
         default=True,
         description="'priced' rule: the served-rate veto does not apply while the engines show "
-        "the move's need now (the role it feeds saturated, the other idle: switching.role_pressed). "
+        "the move's need now (the role it feeds saturated, the other idle: pricing.role_pressed). "
         "A rate measured in one phase of a step says little of the next: where a step alternates "
         "prefill- and decode-bound phases (MiMo-V2.5-Pro coding/8), a veto that does not yield "
         "holds the split through every phase that needs the move (docs/allocator.md).",
@@ -206,8 +206,9 @@ class AllocatorConfig(BaseModel):
     served_evidence_first: bool = Field(
         default=True,
         description="'priced' rule: until some prefill count has a served rate (served_min_samples "
-        "windows), no move is made on the forecast alone, only while the engines show the move's "
-        "need (switching.role_pressed). Before then the gain rests on priors (θᴾ, the decode step "
+        "windows), no move is made on the forecast alone, only while the engines show a shortage "
+        "the move relieves (pricing.role_pressed with short: a decode queue counts only with the "
+        "decode KV at least half used). Before then the gain rests on priors (θᴾ, the decode step "
         "model, a decode turn read off a cluster still filling) whose error nothing has measured, "
         "and the start split is the one measured against. Without it (benchmarks/allocator_trace.py, "
         "seed 0, 3 steps, from the best fixed ratio): DeepSeek-V3.2 general/8 7:1 -> 6:2 at "
