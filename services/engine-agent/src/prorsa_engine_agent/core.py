@@ -47,8 +47,9 @@ class Phase(str, Enum):
 
 FINAL = frozenset({Phase.DONE, Phase.FAILED, Phase.DOWN})
 MAX_REDRAINS = 3
-"""How many times a flip refused as "not idle" sends the switch back to DRAIN before it
-fails (each DRAIN waits until the command's deadline at most, then aborts what is left)."""
+"""How many times a busy engine at the flip (SGLang's "not idle") or at a restart's stop
+sends the switch back to DRAIN before it fails (each DRAIN waits until the command's
+deadline at most, then aborts what is left)."""
 DRAINING = frozenset({Phase.DEREGISTER, Phase.DRAIN, Phase.ABORT})
 
 
@@ -73,7 +74,7 @@ class Switch:
     aborted: int = 0
     """Requests the switch aborted (running + waiting when it first sent abort_all)."""
     redrains: int = 0
-    """Times the in-place flip found the engine busy and the switch drained again."""
+    """Times the flip or the restart found the engine busy and the switch drained again."""
 
     def to_json(self) -> dict:
         d = self.__dict__.copy()

@@ -22,7 +22,7 @@ class PhaseFailed(Exception):
         super().__init__(detail)
         self.detail = detail
         self.safe_to_restore = safe_to_restore
-        self.busy = busy  # an in-place flip refused because the engine was not idle
+        self.busy = busy  # the flip or the restart found the engine not idle: drain again
 
 
 async def run_switch(agent: Instances, st: EngineState, sw: Switch, on_start=None) -> Switch:
