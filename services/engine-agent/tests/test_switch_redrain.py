@@ -59,71 +59,71 @@ class _Processes:
         self.stopped.append(engine)
 
 
-async def test_a_flip_that_finds_the_engine_busy_drains_again_and_switches(tmp_path):
+@pytest.fixture
+def engine(tmp_path):
+    """An emulated prefill engine (a real process), its port."""
     port = free_port()
     eng = EmulatedProcess("e", engine_command(port, "prefill", speed=1.0), f"http://127.0.0.1:{port}",
                           log=tmp_path / "engine.log").start()
     try:
         eng.wait_healthy(60)
-        url = f"http://127.0.0.1:{port}"
-        async with httpx.AsyncClient(timeout=60) as http:
-            client = EngineClient(http, url)
-            st = EngineState(InstanceConfig(engine="e", port=port, launch="external"), client, role="prefill")
-            agent = _Agent(Journal(tmp_path / "journal.json"))
-            cmd = EngineCommand(id="i", ts=0.0, run="r", cmd="c1", engine="e", action="switch_role",
-                                to_role="decode", deadline=1e12)
-            sw = replace(begin(cmd, "prefill", "in_place", 0.0), phase=Phase.SWITCH)
-            # A prompt of some seconds of prefill (no PD peer: the engine answers it itself).
-            late = asyncio.create_task(http.post(f"{url}/generate", json={
-                "input_ids": [7] * 40_000, "sampling_params": {"max_new_tokens": 1}}))
-
-            async def busy() -> bool:
-                return not (await client.loads()).idle
-
-            await async_wait_until(busy, timeout=10, interval=0.02, what="the request on the engine")
-            done = await run_switch(agent, st, sw)
-            resp = await late
-        assert done.phase is Phase.DONE, done.error
-        assert done.redrains == 1 and done.aborted == 0
-        assert (done.role_now, agent.registered) == ("decode", ["decode"])
-        # The request that arrived late was served, not aborted.
-        assert resp.status_code == 200 and resp.json()["meta_info"]["finish_reason"]["type"] != "abort"
-        async with httpx.AsyncClient(timeout=10) as http:
-            assert await EngineClient(http, url).role() == "decode"
+        yield port
     finally:
         eng.stop()
 
 
-async def test_a_restart_that_finds_the_engine_busy_does_not_stop_it(tmp_path):
+async def _busy(http: httpx.AsyncClient, client: EngineClient) -> asyncio.Task:
+    """A prompt of some seconds of prefill on the engine (no PD peer: the engine answers it
+    itself), returned once the engine reports it; the task is its answer."""
+    late = asyncio.create_task(http.post(f"{client.url}/generate", json={
+        "input_ids": [7] * 40_000, "sampling_params": {"max_new_tokens": 1}}))
+
+    async def busy() -> bool:
+        return not (await client.loads()).idle
+
+    await async_wait_until(busy, timeout=10, interval=0.02, what="the request on the engine")
+    return late
+
+
+def _served(resp: httpx.Response) -> bool:
+    return resp.status_code == 200 and resp.json()["meta_info"]["finish_reason"]["type"] != "abort"
+
+
+def _switch(cmd: str, mode: str, phase: Phase):
+    c = EngineCommand(id="i", ts=0.0, run="r", cmd=cmd, engine="e", action="switch_role", to_role="decode",
+                      deadline=1e12)
+    return replace(begin(c, "prefill", mode, 0.0), phase=phase)
+
+
+async def test_a_flip_that_finds_the_engine_busy_drains_again_and_switches(engine, tmp_path):
+    url = f"http://127.0.0.1:{engine}"
+    async with httpx.AsyncClient(timeout=60) as http:
+        client = EngineClient(http, url)
+        st = EngineState(InstanceConfig(engine="e", port=engine, launch="external"), client, role="prefill")
+        agent = _Agent(Journal(tmp_path / "journal.json"))
+        late = await _busy(http, client)
+        done = await run_switch(agent, st, _switch("c1", "in_place", Phase.SWITCH))
+        resp = await late
+        role = await client.role()
+    assert done.phase is Phase.DONE, done.error
+    assert done.redrains == 1 and done.aborted == 0
+    assert (done.role_now, agent.registered, role) == ("decode", ["decode"], "decode")
+    assert _served(resp)  # the request that arrived late was served, not aborted
+
+
+async def test_a_restart_that_finds_the_engine_busy_does_not_stop_it(engine, tmp_path):
     # The process would take the request with it: the phase fails as busy (core: DRAIN again)
     # and the engine keeps running and serving.
-    port = free_port()
-    eng = EmulatedProcess("e", engine_command(port, "prefill", speed=1.0), f"http://127.0.0.1:{port}",
-                          log=tmp_path / "engine.log").start()
-    try:
-        eng.wait_healthy(60)
-        url = f"http://127.0.0.1:{port}"
-        async with httpx.AsyncClient(timeout=60) as http:
-            client = EngineClient(http, url)
-            st = EngineState(InstanceConfig(engine="e", port=port, launch="sglang"), client, role="prefill", pid=1)
-            agent = _Agent(Journal(tmp_path / "journal.json"))
-            agent.processes = _Processes()
-            cmd = EngineCommand(id="i", ts=0.0, run="r", cmd="c2", engine="e", action="switch_role",
-                                to_role="decode", deadline=1e12)
-            sw = replace(begin(cmd, "prefill", "restart", 0.0), phase=Phase.RESTART)
-            late = asyncio.create_task(http.post(f"{url}/generate", json={
-                "input_ids": [9] * 40_000, "sampling_params": {"max_new_tokens": 1}}))
-
-            async def busy() -> bool:
-                return not (await client.loads()).idle
-
-            await async_wait_until(busy, timeout=10, interval=0.02, what="the request on the engine")
-            with pytest.raises(PhaseFailed) as failed:
-                await restart(agent, st, sw)
-            assert failed.value.busy and failed.value.safe_to_restore
-            assert "just before the stop" in failed.value.detail
-            assert agent.processes.stopped == []
-            resp = await late
-        assert resp.status_code == 200 and resp.json()["meta_info"]["finish_reason"]["type"] != "abort"
-    finally:
-        eng.stop()
+    url = f"http://127.0.0.1:{engine}"
+    async with httpx.AsyncClient(timeout=60) as http:
+        client = EngineClient(http, url)
+        st = EngineState(InstanceConfig(engine="e", port=engine, launch="sglang"), client, role="prefill", pid=1)
+        agent = _Agent(Journal(tmp_path / "journal.json"))
+        agent.processes = _Processes()
+        late = await _busy(http, client)
+        with pytest.raises(PhaseFailed) as failed:
+            await restart(agent, st, _switch("c2", "restart", Phase.RESTART))
+        assert failed.value.busy and failed.value.safe_to_restore
+        assert "just before the stop" in failed.value.detail
+        assert agent.processes.stopped == []
+        assert _served(await late)
