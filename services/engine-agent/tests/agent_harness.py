@@ -188,6 +188,17 @@ async def router_workers(url: str) -> dict[str, str]:
     return {w["url"]: w["worker_type"] for w in ws}
 
 
+async def listed_as(router_url: str, url: str, role: str | None) -> bool:
+    """The router lists ``url`` as a ``role`` worker (None: does not list it)."""
+    return (await router_workers(router_url)).get(url) == role
+
+
+def running(url: str) -> bool:
+    """The engine reports a request running."""
+    loads = httpx.get(f"{url}/v1/loads?include=core").json()["loads"]
+    return sum(load["num_running_reqs"] for load in loads) > 0
+
+
 async def engine_role(url: str) -> str:
     async with httpx.AsyncClient() as c:
         return (await c.get(f"{url}/model_info")).json()["disaggregation_mode"]

@@ -14,12 +14,7 @@ import httpx
 from prorsa_runtime.testing import async_wait_until
 from prorsa_sdk.coordination import abort_all, engine_urls
 
-from agent_harness import emulated_instance, engine_role, router_workers, send_command  # type: ignore
-
-
-def _running(url: str) -> bool:
-    loads = httpx.get(f"{url}/v1/loads?include=core").json()["loads"]
-    return sum(load["num_running_reqs"] for load in loads) > 0
+from agent_harness import emulated_instance, engine_role, router_workers, running, send_command  # type: ignore
 
 
 async def test_the_frameworks_abort_and_update_reach_an_engine_a_switch_took_off_the_router(
@@ -33,7 +28,7 @@ async def test_the_frameworks_abort_and_update_reach_an_engine_a_switch_took_off
             # A long request (~40 s of prefill at speed 1) keeps the switch draining.
             long = asyncio.create_task(c.post(f"{url}/generate", json={
                 "input_ids": [1] * 90_000, "sampling_params": {"max_new_tokens": 1}}))
-            await async_wait_until(lambda: _running(url), timeout=10)
+            await async_wait_until(lambda: running(url), timeout=10)
             cmd = await send_command(events.js, ns, "f0", "decode", deadline_s=60.0)
             await events.wait("engine.switching", cmd=cmd, timeout=30)
 

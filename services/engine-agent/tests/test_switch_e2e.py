@@ -12,7 +12,7 @@ import httpx
 
 from prorsa_runtime.testing import async_wait_until
 
-from agent_harness import emulated_instance, engine_role, router_workers, send_command  # type: ignore
+from agent_harness import emulated_instance, engine_role, listed_as, router_workers, running, send_command  # type: ignore
 
 
 async def test_in_place_switch_prefill_to_decode_and_back(agent_factory, events, ns, router):
@@ -111,7 +111,7 @@ async def test_drain_aborts_at_deadline_then_switches(agent_factory, events, ns,
             # In prefill role a request takes prefill time; make it long (~40 s emulated = wall).
             long = asyncio.create_task(c.post(f"{url}/generate", json={"input_ids": [1] * 90_000,
                                                                        "sampling_params": {"max_new_tokens": 1}}))
-            await async_wait_until(lambda: _running(url), timeout=10)
+            await async_wait_until(lambda: running(url), timeout=10)
             cmd = await send_command(events.js, ns, "d0", "decode", deadline_s=1.0)
             done = await events.wait("engine.switched", cmd=cmd, timeout=30)
             assert done.to_role == "decode"
@@ -131,12 +131,12 @@ async def test_stuck_request_fails_the_switch_and_restores_the_role(agent_factor
         async with httpx.AsyncClient(timeout=120) as c:
             stuck = asyncio.create_task(c.post(f"{url}/generate", json={
                 "input_ids": [1] * 90_000, "sampling_params": {"max_new_tokens": 1}, "emulated_pinned": True}))
-            await async_wait_until(lambda: _running(url), timeout=10)
+            await async_wait_until(lambda: running(url), timeout=10)
             cmd = await send_command(events.js, ns, "s0", "decode", deadline_s=0.5)
             failed = await events.wait("engine.switch_failed", cmd=cmd, timeout=30)
             assert failed.role == "prefill" and "timed out draining" in failed.error
             assert await engine_role(url) == "prefill"
-            await async_wait_until(lambda: _registered(router.url, url, "prefill"), timeout=10)
+            await async_wait_until(lambda: listed_as(router.url, url, "prefill"), timeout=10)
             stuck.cancel()
     finally:
         print(agent.tail())
@@ -158,7 +158,7 @@ async def test_engine_dies_mid_switch_is_relaunched_in_its_old_role(agent_factor
         assert failed.role == "prefill"
         assert agent.engine_pids()["k0"] != first_pid
         assert await engine_role(url) == "prefill"
-        await async_wait_until(lambda: _registered(router.url, url, "prefill"), timeout=20)
+        await async_wait_until(lambda: listed_as(router.url, url, "prefill"), timeout=20)
     finally:
         print(agent.tail())
 
@@ -180,8 +180,8 @@ async def test_agent_killed_mid_switch_resumes_and_loses_nothing(agent_factory, 
         assert done.to_role == "decode"
         assert agent.engine_pids() == pids  # adopted, not relaunched
         assert await engine_role(url0) == "decode"
-        await async_wait_until(lambda: _registered(router.url, url0, "decode"), timeout=10)
-        await async_wait_until(lambda: _registered(router.url, url1, "decode"), timeout=10)
+        await async_wait_until(lambda: listed_as(router.url, url0, "decode"), timeout=10)
+        await async_wait_until(lambda: listed_as(router.url, url1, "decode"), timeout=10)
         assert len(events.of("engine.switched", cmd=cmd)) == 1
     finally:
         print(agent.tail())
@@ -219,16 +219,6 @@ async def test_duplicates_malformed_unknown_and_late_commands(agent_factory, eve
         await events.wait("engine.switched", cmd=ok, timeout=60)
     finally:
         print(agent.tail())
-
-
-def _running(url: str) -> bool:
-    loads = httpx.get(f"{url}/v1/loads?include=core").json()["loads"]
-    return sum(l["num_running_reqs"] for l in loads) > 0
-
-
-def _registered(router_url: str, url: str, role: str) -> bool:
-    ws = httpx.get(f"{router_url}/workers").json()["workers"]
-    return any(w["url"] == url and w["worker_type"] == role for w in ws)
 
 
 def _phase(agent, cmd: str) -> str | None:

@@ -11,7 +11,7 @@ from prorsa_runtime.bus import publish_event
 from prorsa_runtime.testing import async_wait_until
 from prorsa_schemas import PolicyUpdated
 
-from agent_harness import emulated_instance, engine_role, router_workers, send_command  # type: ignore
+from agent_harness import emulated_instance, engine_role, listed_as, router_workers, send_command  # type: ignore
 
 
 async def _post(url: str, path: str, body: dict) -> dict:
@@ -80,14 +80,14 @@ async def test_no_switch_overlaps_a_weight_update(agent_factory, events, ns, rou
         failed = await events.wait("engine.switch_failed", cmd=cmd, timeout=30)
         assert "weight update in progress" in failed.error and failed.role == "prefill", failed.error
         assert events.of("engine.switching", cmd=cmd)
-        await async_wait_until(lambda: _listed_as(router.url, url, "prefill"), timeout=10,
+        await async_wait_until(lambda: listed_as(router.url, url, "prefill"), timeout=10,
                                what="g0 back in the router as prefill")
         assert await engine_role(url) == "prefill"
 
         cmd = await send_command(events.js, ns, "g0", "decode")
         await events.wait("engine.switching", cmd=cmd, timeout=10)
         # Held off the router until the update ends; not flipped meanwhile.
-        await async_wait_until(lambda: _listed_as(router.url, url, None), timeout=10, what="g0 off the router")
+        await async_wait_until(lambda: listed_as(router.url, url, None), timeout=10, what="g0 off the router")
         assert await engine_role(url) == "prefill" and not events.of("engine.switched", cmd=cmd)
         await _post(url, "/continue_generation", {})
         done = await events.wait("engine.switched", cmd=cmd, timeout=30)
@@ -95,10 +95,6 @@ async def test_no_switch_overlaps_a_weight_update(agent_factory, events, ns, rou
         assert (await router_workers(router.url))[url] == "decode"
     finally:
         print(agent.tail())
-
-
-async def _listed_as(router_url: str, url: str, role: str | None) -> bool:
-    return (await router_workers(router_url)).get(url) == role
 
 
 async def test_in_place_refusals_before_the_engine_is_touched(agent_factory, events, ns, router):
