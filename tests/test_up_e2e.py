@@ -103,7 +103,13 @@ def test_up_runs_a_workload_to_completion(tmp_path: Path):
     proc = _start(tmp_path)
     out = _finish(proc)
     assert proc.returncode == 0, out[-4000:]
-    _check_run(tmp_path, out)
+    summary = _check_run(tmp_path, out)
+    # The sync run's one policy update reached every engine before the second batch: all
+    # six paused, flushed and resumed on version 1.
+    driver = json.loads((tmp_path / "driver.json").read_text())
+    assert driver["weight_syncs"] == 1 and driver["paused_engines"] == 6
+    assert summary["weight_syncs"] == {"syncs": 1, "engine_pauses": 6}
+    assert "weight syncs / engines paused" in out and "1 / 6 (6 engines each)" in out, out[-3000:]
     assert "prorsa export --run e2e" in out and "forecast WAPE" in out
     # Clean shutdown: every supervised process is gone.
     state = json.loads((tmp_path / "up-state.json").read_text())

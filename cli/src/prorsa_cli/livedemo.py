@@ -307,7 +307,7 @@ def _print_summary(s: dict, plan: StackPlan, opts: UpOptions) -> None:
     else:
         t.add_row("sampler", "sync (a step: first dispatch to last reward)")
     syncs = s.get("weight_syncs") or {}
-    if sampler.get("mode") == "async" and syncs.get("syncs"):
+    if syncs.get("syncs"):
         t.add_row("weight syncs / engines paused and synced",
                   f"{syncs['syncs']} / {syncs.get('engine_pauses', 0)} ({opts.engines} engines each)")
     t.add_row("rollout time per step (wall)", steps or "-")

@@ -30,7 +30,8 @@ class DriverConfig(BaseModel):
     over_dispatch: float | None = Field(default=None, ge=1.0, le=100.0, description=(
         "async: trajectories live at once, in batches (default 1 + staleness / 4, as the simulator)"))
     weight_sync_s: float = Field(default=5.0, ge=0, description=(
-        "async: simulated seconds the engines stay paused while new weights load"))
+        "simulated seconds the engines stay paused while new weights load, at every policy "
+        "update (sync: between two steps; async: while rollout goes on)"))
     seed: int = Field(default=0, ge=0)
     prefix: str = Field(default="prorsa", description="subject prefix")
     stream: str = Field(default="PRORSA", description="JetStream stream")

@@ -1,7 +1,8 @@
 """The driver's agent loop: rollout steps of trajectories that really call the router.
 
 Sampler: synchronous (``staleness`` 0: a step dispatches its whole batch, waits for every
-reward, trains, publishes ``policy.updated``) or asynchronous (``staleness`` N > 0), as the
+reward, trains, publishes ``policy.updated`` and syncs the weights to the engines, then
+dispatches the next batch) or asynchronous (``staleness`` N > 0), as the
 simulator's sampler (the rules of ``prorsa_sim.sampler``, which both run): up to ``over_dispatch`` batches live at
 once within an AReaL-style launch budget ((version + N + 1) batches over the admission
 rate), GRPO groups dispatched whole; the trainer starts when a batch of admitted rewards
@@ -140,7 +141,7 @@ class Driver:
         self._last_update = 0.0
         self._background: set[asyncio.Task] = set()
         self._rewarded: set[str] = set()
-        self._fleet = weights.Fleet()  # the engines a weight sync reaches (async runs)
+        self._fleet = weights.Fleet()  # the engines a weight sync reaches
 
     async def sleep_sim(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds) / self.cfg.speed)
@@ -356,24 +357,32 @@ class Driver:
             stale = [(t, task) for t, (task, v) in self._live.items()
                      if sampler.is_stale(v, self.version, cfg.staleness)]
             await self._drop(em, stale, "stale")
-        # The weight sync: every engine stops and drops what it holds, those the router
-        # lists and those between the two halves of a role switch (weights.Fleet).
-        self._resumed.clear()
-        listed = await weights.engine_urls(client, cfg.router_url)
-        urls = self._fleet.targets(listed)
-        paused = await weights.pause(client, urls)
-        self._fleet.settle(listed, paused)
-        urls = [u for u in urls if u in self._fleet.known]
-        self.result.paused_engines += len(paused)
-        await self.sleep_sim(cfg.weight_sync_s)
-        await weights.resume(client, urls, self.version)
-        self.result.weight_syncs += 1
-        self._resumed.set()
+        await self._sync_weights(client)
         if last:
             self._done.set()
             return
         self._maybe_train(em, client)
         self._fill(em, client)
+
+    async def _sync_weights(self, client: aiohttp.ClientSession) -> None:
+        """The weight sync after a policy update: every engine stops and drops what it holds
+        (those the router lists and those between the two halves of a role switch:
+        weights.Fleet), flushes its prefix cache, and after ``weight_sync_s`` names the new
+        version and generates again. Trajectories hold their next request meanwhile."""
+        cfg = self.cfg
+        self._resumed.clear()
+        try:
+            listed = await weights.engine_urls(client, cfg.router_url)
+            urls = self._fleet.targets(listed)
+            paused = await weights.pause(client, urls)
+            self._fleet.settle(listed, paused)
+            urls = [u for u in urls if u in self._fleet.known]
+            self.result.paused_engines += len(paused)
+            await self.sleep_sim(cfg.weight_sync_s)
+            await weights.resume(client, urls, self.version)
+            self.result.weight_syncs += 1
+        finally:
+            self._resumed.set()
 
     _closing = False
 
@@ -414,7 +423,11 @@ class Driver:
             log.info("step %d done in %.1fs", step, self.result.step_times_s[-1])
             if step + 1 < cfg.steps:
                 await self.sleep_sim(cfg.train_s)  # the trainer; engines are idle meanwhile
-                await em.policy_updated(step + 1)
+                self.version = step + 1
+                await em.policy_updated(self.version)
+                # The new weights reach the engines before the next batch is dispatched, as
+                # the simulator's sync step does it (and verl's): pause, flush, load, resume.
+                await self._sync_weights(client)
 
     # -- steps ----------------------------------------------------------------------------
     def _progress(self) -> None:
@@ -448,8 +461,7 @@ class Driver:
         t0 = time.monotonic()
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as client:
             await self.wait_router(client)
-            if cfg.staleness:
-                self._fleet.targets(await weights.engine_urls(client, cfg.router_url))
+            self._fleet.targets(await weights.engine_urls(client, cfg.router_url))
             raw = Emitter(run=cfg.run, nats_url=cfg.nats_url, namespace=ns, name="prorsa-driver")
             await raw.start()
             em = self._em = _Counted(raw)

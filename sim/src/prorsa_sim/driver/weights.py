@@ -1,10 +1,11 @@
-"""The trainer's weight sync in an asynchronous run, against the live engines.
+"""The trainer's weight sync, against the live engines.
 
-At each policy update of an async run the rollout engines stop, drop what they hold and
-load the new weights, as slime and AReaL do it against SGLang (docs/demo.md): for every
-engine, ``POST /pause_generation {"mode": "abort"}`` (every request in
-flight is aborted; its trajectory re-sends the context plus what was generated, after the
-sync) and ``POST /flush_cache`` (the prefixes were computed with the old weights); then,
+At each policy update the rollout engines stop, drop what they hold and load the new
+weights, as slime and AReaL do it against SGLang (docs/demo.md); in a sync run the batch
+has drained by then, so nothing is aborted, and the next batch is dispatched once the
+engines resume. For every engine, ``POST /pause_generation {"mode": "abort"}`` (every
+request in flight is aborted; its trajectory re-sends the context plus what was
+generated, after the sync) and ``POST /flush_cache`` (the prefixes were computed with the old weights); then,
 after the sync time, ``POST /update_weight_version`` and ``POST /continue_generation``.
 The engines synced are every worker the router has listed since the run began
 (:class:`Fleet`), not only those it lists at that moment: an engine between the two
