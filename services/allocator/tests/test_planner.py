@@ -292,3 +292,18 @@ def test_the_prefill_share_arrivals_bring_comes_from_the_forecasts_components() 
     # All zero: nothing queued, nothing arriving.
     assert prefill_fed_share(fc.model_copy(update={"components": ForecastComponents(
         sampler=0.0, sandbox=0.0, tool=0.0, ready=0.0, inflight=0.0)})) == 1.0
+
+
+def test_a_policy_update_of_another_run_opens_no_pause() -> None:
+    from prorsa_allocator.testing import RUN
+    from prorsa_schemas import PolicyUpdated
+
+    alloc = Allocator(AllocatorConfig(prefill_tokens_per_s=THETA, run=RUN))
+    alloc.handle(PolicyUpdated(id="pu-x", ts=50.0, run="other-run", version=1))
+    assert alloc.last_update_ts is None and alloc.pause_left() == 0.0
+    alloc.handle(PolicyUpdated(id="pu-1", ts=60.0, run=RUN, version=1))
+    assert alloc.last_update_ts == 60.0
+    # Not bound to a run, it takes any run's update (the simulator's allocator).
+    free = Allocator(AllocatorConfig(prefill_tokens_per_s=THETA))
+    free.handle(PolicyUpdated(id="pu-y", ts=50.0, run="other-run", version=1))
+    assert free.last_update_ts == 50.0

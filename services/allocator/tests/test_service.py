@@ -10,10 +10,10 @@ import pytest
 
 from prorsa_allocator.service import AllocatorService
 from prorsa_allocator.settings import AllocatorSettings
-from prorsa_allocator.testing import THETA, forecast, registered, stats, switched
+from prorsa_allocator.testing import RUN, THETA, forecast, registered, stats, switched
 from prorsa_runtime import connect, ensure_stream, publish_event
 from prorsa_runtime.testing import async_wait_until
-from prorsa_schemas import AllocationPlan, EngineCommand, Namespace, decode_event
+from prorsa_schemas import AllocationPlan, EngineCommand, Namespace, PolicyUpdated, decode_event
 from prorsa_tracker.outputs import Watermark
 
 
@@ -234,3 +234,30 @@ async def test_poison_mid_run_is_dead_lettered_and_a_restart_replays_past_it(nat
         assert len(svc.state.allocator.table.engines) == 8 and len(h.of(EngineCommand)) == 1
         await h.publish(forecast(t=70.0, prefill_engines=6.0, decode_engines=1.0))
         await async_wait_until(lambda: len(h.of(AllocationPlan)) == 2, 10, what="a plan after the restart")
+
+
+async def test_a_policy_update_on_the_rollout_subject_opens_the_pause_and_the_opening(
+        nats_url: str, ns: Namespace, caplog) -> None:
+    # The allocator reads policy.updated from the rollout subject tree: the pause after it
+    # plans switches as free, and the step's opening after the pause is held.
+    caplog.set_level("INFO", logger="prorsa.allocator.service")
+    async with Harness(nats_url, ns, run=RUN) as h:
+        svc = await h.start_service()
+        await cluster(h)
+        # Another run's update is not this allocator's.
+        await h.publish(PolicyUpdated(id="pu-other", ts=40.0, run="other-run", version=1))
+        await h.publish(PolicyUpdated(id="pu-1", ts=50.0, run=RUN, version=1))
+        alloc = svc.state.allocator
+        await async_wait_until(lambda: alloc.last_update_ts == 50.0, 10, what="the update folded in")
+        # A window in the pause (weight_sync_s = 5 s after the update): the moves are priced
+        # free, and the per-plan cap does not apply.
+        await h.publish(forecast(t=52.0, prefill_engines=6.0, decode_engines=1.0))
+        await async_wait_until(lambda: len(h.of(EngineCommand)) == 2, 10, what="the pause's commands")
+        # A window in the step's opening (opening_hold_s = 120 s): held, whatever it asks.
+        await h.publish(forecast(t=60.0, prefill_engines=7.0, decode_engines=1.0))
+        await async_wait_until(lambda: len(h.of(AllocationPlan)) == 2, 10, what="second plan")
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("plan t=")]
+        assert "to prefill in the pause" in lines[0], lines
+        assert "holding through the step's opening" in lines[1], lines
+        assert len(h.of(AllocationPlan)[0].switches) == 2
+        assert h.of(AllocationPlan)[1].switches is None and len(h.of(EngineCommand)) == 2

@@ -443,6 +443,10 @@ def _forecast(alloc: Allocator, ev: ForecastWindow, act: bool) -> list[Event]:
 
 @_mutate.on("policy.updated")
 def _policy_updated(alloc: Allocator, ev: Event, act: bool) -> list[Event]:
+    run = alloc.config.run
+    if run is not None and ev.run != run:
+        log.info("policy.updated of run %r ignored: the allocator acts for run %r", ev.run, run)
+        return []
     alloc.on_update(ev.ts)
     return []
 

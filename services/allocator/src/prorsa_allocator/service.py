@@ -1,6 +1,8 @@
 """The allocator service: the thin I/O shell around :class:`~prorsa_allocator.planner.Allocator`.
 
-* On start it replays the stream's engine and control events (an ordered pull consumer from
+* It reads the engine and control events and, of the rollout events, ``policy.updated``
+  (the weight-update pause and the step's opening it opens: :func:`allocator_subjects`).
+* On start it replays those events (an ordered pull consumer from
   the first message, :class:`~prorsa_runtime.reader.OrderedReader`: at most ``max_pending``
   messages requested or queued, none ever skipped, re-created after a gap, a missed
   heartbeat or a reconnect) to rebuild the engine table and the commands in flight; events up to the
@@ -44,6 +46,11 @@ from .settings import AllocatorSettings
 log = logging.getLogger("prorsa.allocator.service")
 
 _LANE = "allocator"  # one ordering key: a plan precedes its commands in the stream
+
+
+def allocator_subjects(ns: Namespace) -> list[str]:
+    """What the allocator reads: every engine and control event, and ``policy.updated``."""
+    return [ns.engine_all(), ns.control_all(), ns.subject_for_type("policy.updated")]
 
 
 @dataclass
@@ -117,11 +124,13 @@ class AllocatorService:
             # Through the same queue: a watermark is applied in order with the events.
             self._queue.put_nowait(_Watermark(msg.data, msg.subject))
 
-        # One ordered consumer over both subject trees keeps their relative stream order
-        # (a command is always folded in before the engine.switched that answers it).
+        # One ordered consumer over the subjects keeps their relative stream order (a
+        # command is always folded in before the engine.switched that answers it). Of the
+        # rollout events only policy.updated: it opens the weight-update pause (a switch
+        # then needs no drain) and the step's opening the allocator holds through.
         # At most max_pending messages are requested or queued here and not yet handled.
         self.reader = await OrderedReader(
-            js, self.ns, self.ns.durable("allocator"), [self.ns.engine_all(), self.ns.control_all()], on_msg,
+            js, self.ns, self.ns.durable("allocator"), allocator_subjects(self.ns), on_msg,
             max_pending=s.max_pending,
         ).start()
         self.state.reader = self.reader
