@@ -23,6 +23,11 @@ _ROLLOUT = ("the RL framework through the client SDK (also `prorsa publish`, `pr
             "tracker, forecaster")
 _ENGINE = ("engine agents (also the simulator)", "tracker, forecaster, allocator; engine agents read "
            "engine.registered; `prorsa switch` waits for the outcome of its command")
+# Rollout types read beyond the tracker and the forecaster.
+_ROLLOUT_READERS = {
+    "policy.updated": "tracker, forecaster, allocator (the weight-update pause and the step's opening); engine "
+                      "agents (the weights their engines serve)",
+}
 _CONTROL = {
     "forecast.window": ("forecaster", "tracker, allocator; the forecaster reads its last one on start"),
     "allocation.plan": ("allocator", "tracker, allocator"),
@@ -99,6 +104,8 @@ def asyncapi_document(schema_dir: str = "./schema") -> dict[str, Any]:
     for t in EVENT_TYPES:  # the contract's order: rollout, engine, control events
         kind = category(t)
         producer, consumers = _ROLLOUT if kind == "rollout" else _ENGINE if kind == "engine" else _CONTROL[t]
+        if kind == "rollout":
+            consumers = _ROLLOUT_READERS.get(t, consumers)
         doc = (EVENT_TYPES[t].__doc__ or "").strip().replace("\n    ", " ")
         add(_key(t), _address(_NS.subject_for_type(t)), t, doc, f"{schema_dir}/{t}.json",
             "the event's `id` (JetStream de-duplication)", producer, consumers)
