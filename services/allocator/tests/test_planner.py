@@ -307,3 +307,32 @@ def test_a_policy_update_of_another_run_opens_no_pause() -> None:
     free = Allocator(AllocatorConfig(prefill_tokens_per_s=THETA))
     free.handle(PolicyUpdated(id="pu-y", ts=50.0, run="other-run", version=1))
     assert free.last_update_ts == 50.0
+
+
+def _pause_plan(busy: bool):
+    """An update at t = 50, then a prefill-heavy window at t = 52, inside the 5 s pause;
+    the engines' last stats idle, or one decode engine still running requests."""
+    from prorsa_schemas import PolicyUpdated
+
+    alloc = cluster(4, 4)
+    for eng in ("d0", "d1", "d2", "d3", "p0"):
+        alloc.handle(stats(eng, "decode" if eng[0] == "d" else "prefill", ts=49.0,
+                           running=4 if busy and eng == "d0" else 0))
+    alloc.handle(PolicyUpdated(id="pu-1", ts=50.0, run="run-1", version=1))
+    out = alloc.handle(forecast(t=52.0, prefill_engines=7.0, decode_engines=1.0))
+    return alloc, out
+
+
+def test_a_pause_with_empty_engines_prices_its_switches_free_and_uncapped() -> None:
+    alloc, out = _pause_plan(busy=False)
+    assert len(commands(out)) == 3  # 4:4 to 7:1 at once: no per-plan cap in the pause
+    assert "in the pause" in alloc.last_decision.selection.reason
+
+
+def test_a_pause_whose_engines_still_hold_requests_is_no_pause() -> None:
+    # policy.updated published after the engines resumed (a framework that reports the
+    # update once the weights are loaded): the engines are serving, so no switch is free,
+    # and the window counts as the step's opening, held.
+    alloc, out = _pause_plan(busy=True)
+    assert commands(out) == []
+    assert "holding through the step's opening" in alloc.last_decision.selection.reason

@@ -241,6 +241,13 @@ class Allocator:
             extra = spread_capped(cfg, load, extra_raw)
             demand = Demand(fc.prefill_tokens, fc.horizon, kv_total, extra)
             pause_left = self.pause_left() if cfg.rule == "priced" else 0.0
+            if pause_left > 0 and any(v.busy for v in engines):
+                # A pause is one only while the engines hold nothing: a framework that
+                # publishes policy.updated once its engines have resumed (the contract's
+                # "new weights reached the rollout engines") leaves no free switch to make,
+                # and a move priced as free there would drain the new batch's work,
+                # uncapped. The window is then in the step's opening.
+                pause_left = 0.0
             hit = pool_hit(engines)
             if cfg.rule == "priced" and pause_left <= 0:
                 self.cache.observe(fc.t, hit)
