@@ -148,6 +148,10 @@ def test_the_pause_makes_a_marginal_switch_pay() -> None:
     inside = _busy_cluster(cfg)
     inside.handle(PolicyUpdated(id="pu-1", ts=100.0, run=RUN, version=1))
     assert inside.pause_left() == 5.0
+    # The weight sync aborted what the decode engines held: they report empty (a pause
+    # counts only then).
+    for i in range(2):
+        inside.handle(stats(f"d{i}", "decode", ts=100.0))
     cmds = [e for e in inside.handle(forecast(t=100.0, prefill_engines=15.5, decode_engines=0.5))
             if isinstance(e, EngineCommand)]
     assert [c.to_role for c in cmds] == ["prefill"]
