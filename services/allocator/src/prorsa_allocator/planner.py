@@ -147,11 +147,19 @@ class Allocator:
         self.last_update_ts = ts
         self.cache.on_update(ts)
 
-    def pause_left(self) -> float:
-        """Seconds left of the weight-update pause at event time (0: not in one)."""
+    def pause_left(self, engines: list | None = None) -> float:
+        """Seconds left of the weight-update pause at event time (0: not in one). With the
+        engines' views, a pause is one only while they all hold nothing: a framework that
+        publishes policy.updated once its engines have resumed (the contract's "new weights
+        reached the rollout engines") leaves no free switch to make, and a move priced as
+        free there would drain the new batch's work, uncapped (the window is then in the
+        step's opening)."""
         if self.last_update_ts is None:
             return 0.0
-        return max(0.0, self.last_update_ts + self.config.weight_sync_s - self.now)
+        left = max(0.0, self.last_update_ts + self.config.weight_sync_s - self.now)
+        if left > 0 and engines is not None and any(v.busy for v in engines):
+            return 0.0
+        return left
 
     def _observe(self, event: Event) -> None:
         """An engine event or a command echo into the engine table."""
@@ -216,7 +224,7 @@ class Allocator:
                                         self.config.gpus_decode).engines
                 if len(engines) >= 2:
                     hit = pool_hit(engines)
-                    if self.pause_left() <= 0:
+                    if self.pause_left(engines) <= 0:
                         self.cache.observe(fc.t, hit)
                     self._measure_served(engines, fc, hit)
             return None
@@ -240,14 +248,7 @@ class Allocator:
                                            fc.decode_admit_tokens, room, capped=False)
             extra = spread_capped(cfg, load, extra_raw)
             demand = Demand(fc.prefill_tokens, fc.horizon, kv_total, extra)
-            pause_left = self.pause_left() if cfg.rule == "priced" else 0.0
-            if pause_left > 0 and any(v.busy for v in engines):
-                # A pause is one only while the engines hold nothing: a framework that
-                # publishes policy.updated once its engines have resumed (the contract's
-                # "new weights reached the rollout engines") leaves no free switch to make,
-                # and a move priced as free there would drain the new batch's work,
-                # uncapped. The window is then in the step's opening.
-                pause_left = 0.0
+            pause_left = self.pause_left(engines) if cfg.rule == "priced" else 0.0
             hit = pool_hit(engines)
             if cfg.rule == "priced" and pause_left <= 0:
                 self.cache.observe(fc.t, hit)
