@@ -19,11 +19,21 @@ from typing import Literal
 import httpx
 
 
+_GIVEN: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A TCP port that was free a moment ago and that this process was not given before:
+    until somebody binds it the OS may offer the same port again, and an engine's HTTP and
+    bootstrap ports (asked for one after the other) would then be equal."""
+    for _ in range(256):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
+    raise RuntimeError(f"no free TCP port on {host} that this process was not given already (tried 256)")
 
 
 def engine_command(port: int, role: str = "prefill", *, host: str = "127.0.0.1",
