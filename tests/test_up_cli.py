@@ -187,6 +187,7 @@ def test_the_emulated_cluster_time_scales_the_services(tmp_path: Path, monkeypat
 
     monkeypatch.delenv("PRORSA_FORECASTER_TIME_SCALE", raising=False)
     monkeypatch.delenv("PRORSA_ALLOCATOR_MIN_DWELL_S", raising=False)
+    monkeypatch.delenv("PRORSA_ALLOCATOR_RUN", raising=False)
     env = {s.name: s.env for s in plan_stack(UpOptions(workdir=tmp_path / "e", port_base=0,
                                                        emulated_cluster=True, speed=10.0)).specs}
     assert env["forecaster"]["PRORSA_FORECASTER_HORIZON"] == "1"
@@ -194,10 +195,18 @@ def test_the_emulated_cluster_time_scales_the_services(tmp_path: Path, monkeypat
     assert env["allocator"]["PRORSA_ALLOCATOR_MIN_DWELL_S"] == "3"
     # The switch-time priors are the emulated profile's (DeepSeek-V3.2 in place: 15 s).
     assert env["allocator"]["PRORSA_ALLOCATOR_IN_PLACE_SWITCH_S"] == "1.5"
+    # The allocator acts for the driver's run only; with no driver it is bound to none.
+    drv = next(s for s in plan_stack(UpOptions(workdir=tmp_path / "d", port_base=0, emulated_cluster=True,
+                                               run="rl-7")).specs if s.name == "driver")
+    assert drv.cmd[drv.cmd.index("--run") + 1] == "rl-7"
+    bound = {s.name: s.env for s in plan_stack(UpOptions(workdir=tmp_path / "b", port_base=0, emulated_cluster=True,
+                                                         run="rl-7")).specs}
+    assert bound["allocator"]["PRORSA_ALLOCATOR_RUN"] == "rl-7"
     real = {s.name: s.env for s in plan_stack(UpOptions(workdir=tmp_path / "r", port_base=0)).specs}
     assert real["forecaster"]["PRORSA_FORECASTER_HORIZON"] == "10"
     assert "PRORSA_FORECASTER_TIME_SCALE" not in real["forecaster"]
     assert "PRORSA_ALLOCATOR_MIN_DWELL_S" not in real["allocator"]
+    assert "PRORSA_ALLOCATOR_RUN" not in real["allocator"]
     # The operator's own setting wins.
     monkeypatch.setenv("PRORSA_FORECASTER_TIME_SCALE", "4")
     again = {s.name: s.env for s in plan_stack(UpOptions(workdir=tmp_path / "o", port_base=0,

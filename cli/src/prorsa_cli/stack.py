@@ -220,6 +220,9 @@ def plan_stack(opts: UpOptions) -> StackPlan:
             env = {**time_scaled_env(opts.time_scale), "PRORSA_ALLOCATOR_PREFILL_TOKENS_PER_S":
                    f"{emulated_prefill_tokens_per_s(opts.emulated_model, opts.speed):.0f}",
                    **emulated_switch_priors(opts.emulated_model, opts.speed)}
+            # It acts for the one run the stack's driver rolls out: another run's forecasts
+            # and weight updates on the same bus (a second driver, a replay) are not its own.
+            env["PRORSA_ALLOCATOR_RUN"] = opts.run
             alloc_env.update({k: v for k, v in env.items() if k not in os.environ})
         specs.append(ProcSpec("allocator", cli + ["allocator", "run"], env={**base_env, **alloc_env},
             ready=lambda: _http_ok(m["allocator"] + "/metrics")))
