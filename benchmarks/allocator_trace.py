@@ -7,7 +7,8 @@ explanations were read from).
         [--dp-routing load|prefix] [--router-policy queue|smg] [--served]
         [--set FIELD=VALUE ...]
 
-One line per window: the prefill engines now, the demands in instances (aᴾ, aᴰ), the
+One line per window, and one per weight update whose pause the allocator decides at the
+update ("update"): the prefill engines now, the demands in instances (aᴾ, aᴰ), the
 target P:D, the forecast (Ŵᴾ, Kᴰ, Âᴰ), the decode engines' sequences, θᴾ, the engines
 commanded and the reason. ``--quiet-band`` leaves out the windows whose prefill count is
 already inside the target band. The last line is the rollout time, the switch count and the
@@ -113,6 +114,24 @@ def main() -> None:
         return out
 
     driver.decide = counted
+    on_update = driver.on_update
+
+    def traced_update(obs):
+        # The pause's own decision, taken at the update (Allocator.on_pause): one line when
+        # it is taken, marked "update", the engines as they are in the pause.
+        before = driver.allocator.last_decision if driver.allocator else None
+        out = on_update(obs)
+        d = driver.allocator.last_decision if driver.allocator else None
+        if d is not None and d is not before and d.allocation is not None and args.t_from <= obs.t <= args.t_to:
+            a = d.allocation
+            n_p = sum(v.role == "prefill" for v in obs.engines)
+            moves = [(m.engine.engine, m.to_role) for m in d.selection.moves] if d.selection else []
+            reason = d.selection.reason if d.selection else d.skipped
+            print(f"t={obs.t:7.1f} update P={n_p} aP={a.prefill_demand:6.2f} aD={a.decode_demand:5.2f} "
+                  f"target={a.n_prefill}:{a.n_decode} moves={moves} {reason}")
+        return out
+
+    driver.on_update = traced_update
     res = Simulator(cfg, policy).run()
     print(f"rollout time {res.summary['rollout_time_s']} s, {res.summary['switches']} switches, "
           f"final roles {res.summary['final_roles']}, decode spread cap in play in {spread_binds} decisions")

@@ -17,6 +17,7 @@ from prorsa_sim.catalog import make_policy
 from prorsa_sim.simconfig import SimConfig
 from prorsa_sim.policies.schedule import RecordedPolicy
 from prorsa_sim.simulator import Simulator
+from prorsa_sim.policy import SwitchRequest
 
 PROF = get_profile("mimo-v2.5-pro")  # 2 attention-DP ranks per engine, 4096-token chunks
 SWITCH_S = PROF.in_place_switch_s
@@ -244,3 +245,48 @@ def test_f_the_weight_update_stops_every_engine_before_it_aborts_any(router):
     resumes = {round(t + cfg.weight_sync_s, 6) for t in sim.update_times[1:]}
     at_resume = [name for _, name, t in sim.queued if round(t, 6) in resumes]
     assert len(at_resume) >= sim.update_aborts and set(at_resume) <= {"e000", "e002"}
+
+
+class _SwitchAtFirstUpdate:
+    """A policy asked at each weight update (``on_update``): it moves e001 to decode at
+    the first one, and nothing at any window."""
+
+    name, wants_future = "switch-at-update", False
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[float, list]] = []
+
+    def initial_roles(self, profile, n_engines):
+        return ["prefill", "prefill", "decode"]
+
+    def on_window(self, obs):
+        return []
+
+    def on_update(self, obs):
+        busy = [v.engine for v in obs.engines if v.running_reqs or v.queued_reqs]
+        self.asked.append((obs.t, busy))
+        if len(self.asked) > 1:
+            return []
+        assert obs.events[-1].type == "policy.updated" and obs.events[-1].ts == round(obs.t, 6)
+        return [SwitchRequest("e001", "decode", "in_place")]
+
+
+def test_d_a_policy_is_asked_at_the_update_with_the_engines_empty_and_its_replay_is_the_run():
+    # The simulator asks a policy with on_update at every weight update, once the engines
+    # are paused and emptied (as the allocator service decides at policy.updated); the
+    # switch it asks for then needs no drain. RecordedPolicy gives its requests back at
+    # the update, so the bound's replay of the run is the run.
+    cfg = SimConfig(workload="math", model="mimo-v2.5-pro", total_gpus=48, staleness=0, steps=3, batch_size=8)
+    pol = _SwitchAtFirstUpdate()
+    sim = Simulator(cfg, pol)
+    res = sim.run()
+    # 3 sync steps, 2 updates: asked at each (on_update checks the update is the newest event).
+    assert len(pol.asked) == 2 and all(busy == [] for _, busy in pol.asked)
+    first = pol.asked[0][0]
+    log = res.summary["switch_log"]
+    assert len(log) == 1 and log[0]["requested_t"] == pytest.approx(first, abs=1e-3)
+    assert (log[0]["drain_s"], log[0]["in_pause"], log[0]["drain_aborts"]) == (0.0, True, 0)
+    assert res.summary["switch_requests"] == [[first, "e001", "decode", "in_place"]]
+    replay = Simulator(cfg, RecordedPolicy(2, res.summary["switch_requests"])).run()
+    assert replay.summary["rollout_time_s"] == res.summary["rollout_time_s"]
+    assert replay.summary["switch_log"] == log

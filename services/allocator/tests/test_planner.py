@@ -336,3 +336,63 @@ def test_a_pause_whose_engines_still_hold_requests_is_no_pause() -> None:
     alloc, out = _pause_plan(busy=True)
     assert commands(out) == []
     assert "holding through the step's opening" in alloc.last_decision.selection.reason
+
+
+def _steady_then_update(busy_at_update: bool):
+    """A prefill-heavy window at t = 40 that moves nothing (the imbalance has not lasted:
+    ``persist_dead_multiple``) but sets the steady demand; then the engines' stats at
+    t = 49 and a weight update at t = 50, with no forecast window in the pause."""
+    from prorsa_schemas import PolicyUpdated
+
+    alloc = cluster(4, 4, config(persist_dead_multiple=2.0))
+    first = alloc.handle(forecast(t=40.0, prefill_engines=7.0, decode_engines=1.0))
+    assert commands(first) == [] and "has lasted 0s" in alloc.last_decision.selection.reason
+    for eng in ("p0", "p1", "p2", "p3", "d0", "d1", "d2", "d3"):
+        alloc.handle(stats(eng, "prefill" if eng[0] == "p" else "decode", ts=49.0,
+                           running=4 if busy_at_update and eng == "d0" else 0))
+    out = alloc.handle(PolicyUpdated(id="pu-1", ts=50.0, run="run-1", version=1))
+    return alloc, out
+
+
+def test_the_pause_is_decided_at_the_update_not_at_the_next_window() -> None:
+    # The pause (weight_sync_s, 5 s) is shorter than a window (10 s): waiting for a window
+    # to start in it misses it about half the time. At the update, with every engine
+    # empty, the pause's decision is taken from the last window and the steady demand.
+    alloc, out = _steady_then_update(busy_at_update=False)
+    cmds = commands(out)
+    assert len(cmds) == 3 and {c.to_role for c in cmds} == {"prefill"}  # uncapped: 4:4 -> 7:1
+    assert "in the pause" in alloc.last_decision.selection.reason
+    assert plan_of(out).n_prefill == 7
+    # Once per update: later stats in the same pause decide nothing more.
+    assert commands(alloc.handle(stats("d3", "decode", ts=51.0))) == []
+
+
+def test_a_pause_whose_engines_hold_requests_at_the_update_is_decided_when_they_are_empty() -> None:
+    # Stats lag behind the pause (an async run's engines are emptied by the abort just
+    # after the update): the first stats that show every engine empty decide it.
+    alloc, out = _steady_then_update(busy_at_update=True)
+    assert commands(out) == []
+    cmds = commands(alloc.handle(stats("d0", "decode", ts=51.0)))
+    assert len(cmds) == 3 and "in the pause" in alloc.last_decision.selection.reason
+    # After the pause (t >= 55) empty engines open nothing.
+    late, _ = _steady_then_update(busy_at_update=True)
+    assert commands(late.handle(stats("d0", "decode", ts=56.0))) == []
+
+
+@pytest.mark.parametrize("floor, moved", [(0.5, 3), (0.0, 0)])
+def test_the_pause_plans_for_the_steps_body_not_its_tail(floor: float, moved: int) -> None:
+    # A sync step: a prefill-heavy window (7 + 1 instances), then a tail of stragglers
+    # (0.3 instances) until the update; no window moves anything (no imbalance lasts
+    # persist_dead_multiple = 100 dead times).
+    # The tail's windows are under half the step's peak: the pause plans for the body
+    # (4:4 -> 7:1 at once). With the floor at 0 the tail's EMA leaves nothing to plan for.
+    from prorsa_schemas import PolicyUpdated
+
+    alloc = cluster(4, 4, config(persist_dead_multiple=100.0, steady_floor=floor))
+    assert commands(alloc.handle(forecast(t=40.0, prefill_engines=7.0, decode_engines=1.0))) == []
+    for t in (50.0, 60.0, 70.0, 80.0, 90.0):
+        assert commands(alloc.handle(forecast(t=t, prefill_engines=0.2, decode_engines=0.1))) == []
+    out = alloc.handle(PolicyUpdated(id="pu-1", ts=95.0, run="run-1", version=1))
+    assert len(commands(out)) == moved
+    if moved:
+        assert "in the pause" in alloc.last_decision.selection.reason

@@ -236,6 +236,25 @@ async def test_poison_mid_run_is_dead_lettered_and_a_restart_replays_past_it(nat
         await async_wait_until(lambda: len(h.of(AllocationPlan)) == 2, 10, what="a plan after the restart")
 
 
+async def test_the_pause_is_decided_at_the_policy_update(nats_url: str, ns: Namespace, caplog) -> None:
+    # No forecast window starts in the pause: the update itself, with every engine empty,
+    # brings the pause's plan and commands (planned for the steady demand of the window
+    # before, which moved nothing: its imbalance had not lasted).
+    caplog.set_level("INFO", logger="prorsa.allocator.service")
+    async with Harness(nats_url, ns, run=RUN, persist_dead_multiple=2.0) as h:
+        await h.start_service()
+        await cluster(h)
+        await h.publish(forecast(t=40.0, prefill_engines=6.0, decode_engines=1.0))
+        await async_wait_until(lambda: len(h.of(AllocationPlan)) == 1, 10, what="the window's plan")
+        assert h.of(EngineCommand) == []
+        await h.publish(PolicyUpdated(id="pu-1", ts=50.0, run=RUN, version=1))
+        await async_wait_until(lambda: len(h.of(EngineCommand)) == 2, 10, what="the pause's commands")
+        plans = h.of(AllocationPlan)
+        assert len(plans) == 2 and len(plans[1].switches) == 2 and plans[1].n_prefill == 6
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("plan t=")]
+        assert "to prefill in the pause" in lines[-1], lines
+
+
 async def test_a_policy_update_on_the_rollout_subject_opens_the_pause_and_the_opening(
         nats_url: str, ns: Namespace, caplog) -> None:
     # The allocator reads policy.updated from the rollout subject tree: the pause after it

@@ -12,6 +12,10 @@ after 60 s), then switches it (in place: seconds, restart: minutes, per model pr
 Oracle hook: ``Observation.future(horizon_s)`` runs a copy of the simulation ahead under
 the current allocation and returns the TRUE demand of the next window
 (:class:`FutureDemand`). It is expensive; only policies with ``wants_future = True`` get it.
+
+A policy that defines ``on_update(obs)`` is asked at each weight update as well, once the
+engines are paused and empty (the allocator's decision in the pause, which the service
+makes at ``policy.updated``).
 """
 
 from __future__ import annotations
@@ -84,6 +88,10 @@ class Policy(Protocol):
     def initial_roles(self, profile: ModelProfile, n_engines: int) -> list[str]: ...
 
     def on_window(self, obs: Observation) -> list[SwitchRequest]: ...
+
+    # Optional: ``on_update(obs) -> list[SwitchRequest]``, asked at each weight update
+    # once every engine is paused and empty (``obs.events``: this window's events so far,
+    # which the next ``on_window`` hands on again).
 
 
 @dataclass

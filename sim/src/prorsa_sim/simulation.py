@@ -59,6 +59,10 @@ class StartAt:
     def on_window(self, obs: Observation) -> list[SwitchRequest]:
         return self.inner.on_window(obs)
 
+    def on_update(self, obs: Observation) -> list[SwitchRequest]:
+        hook = getattr(self.inner, "on_update", None)
+        return hook(obs) if hook is not None else []
+
 
 def parse_start(text: str | None) -> tuple[int, int] | str | None:
     """``best`` / ``own`` / ``P:D`` (None: own)."""

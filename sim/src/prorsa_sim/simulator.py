@@ -253,6 +253,22 @@ class Simulator(Trajectories):
             self._apply_switch(sw)
         self.at(self.now + cfg.window_s, self._window)
 
+    def _paused_for_update(self) -> None:
+        """A policy with ``on_update`` is asked at a weight update too, once every engine
+        is paused and empty, as the allocator service decides at ``policy.updated``: the
+        events so far in this window (the same list its next window hands on) and the
+        engine table of this moment."""
+        hook = getattr(self.policy, "on_update", None)
+        if hook is None or self.done:
+            return
+        obs = Observation(
+            t=self.now, window_s=self.cfg.window_s, events=self.window_events, engines=self.engine_table(),
+            profile=self.profile, total_gpus=self.cfg.total_gpus,
+        )
+        for sw in hook(obs):
+            self.requests.append([self.now, sw.engine, sw.to_role, sw.mode])
+            self._apply_switch(sw)
+
     def engine_table(self) -> list[EngineView]:
         return [
             EngineView(

@@ -306,6 +306,11 @@ class Trajectories(ClusterSim):
             if eng.switch is not None and eng.draining:
                 self._start_switch(eng)
         self.at(self.now + self.cfg.weight_sync_s, self._resume)
+        self._paused_for_update()
+
+    def _paused_for_update(self) -> None:
+        """Every engine has just been paused and emptied for a weight update (the
+        simulator asks its policy here)."""
 
     def _resume(self) -> None:
         # An engine still switching resumes when its switch is done (``_switched``).

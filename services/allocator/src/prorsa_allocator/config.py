@@ -299,6 +299,16 @@ class AllocatorConfig(BaseModel):
         description="EMA weight of the newest forecast in the demand assumed for the windows "
         "after the current one (damps an oscillating forecast).",
     )
+    steady_floor: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="'priced' rule: a window enters the steady demand that the weight-update "
+        "pause plans for only when its demand (aᴾ + aᴰ, in instances) is at least this share of "
+        "the largest one since the last update. CHOICE 0.5: a sync step ends in a tail of "
+        "stragglers in which the demand decays to nothing; the split the next step needs is the "
+        "one the windows that load the cluster ask for, not the tail's. 0: every window.",
+    )
     provision_quantile: float | None = Field(
         default=None,
         ge=0.5,

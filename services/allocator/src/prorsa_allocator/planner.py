@@ -101,12 +101,19 @@ class Allocator:
         # step load c: an EMA (forecast_alpha) over the windows outside a step's opening,
         # planned for in the next pause.
         self._steady: tuple[float, float, float, float] | None = None
+        # The largest aᴾ + aᴰ of a window that could enter it since the last update: a window
+        # under steady_floor of it (a sync step's tail) does not.
+        self._step_peak = 0.0
         # 'priced' rule: the full-prompt prefill rate the cluster served at each prefill
         # count, measured over whole windows with no switch under way: (EMA, windows).
         self.served: dict[int, tuple[float, int, float]] = {}  # count -> (EMA, windows, last t)
         self.prefill_backlog: dict[int, float] = {}  # count -> queued per prefill engine, same windows
         self.prefill_miss: dict[int, float] = {}  # count -> the pool's cache miss ratio, same windows
         self._first_t: float | None = None  # the first forecast's window start (the run's ramp)
+        # 'priced' rule: the last forecast acted on, and the update whose pause has had its
+        # own decision (``on_pause``: at most one per update).
+        self._last_fc: ForecastWindow | None = None
+        self._pause_decided: float | None = None
         # 'priced' rule: whether the prefill pool's cache is back since the last update.
         self.cache = CacheRegime(c.opening_cache_ratio, c.opening_cache_max_s, c.served_alpha, c.max_cache_hit_rate)
 
@@ -145,6 +152,7 @@ class Allocator:
             self.prefill_backlog.clear()
             self.prefill_miss.clear()
         self.last_update_ts = ts
+        self._step_peak = 0.0
         self.cache.on_update(ts)
 
     def pause_left(self, engines: list | None = None) -> float:
@@ -228,6 +236,36 @@ class Allocator:
                         self.cache.observe(fc.t, hit)
                     self._measure_served(engines, fc, hit)
             return None
+        self._last_fc = fc
+        return self._decide(fc, _base_id(fc.id), max(self.now, fc.ts), prefill_rate, decode_kv)
+
+    def on_pause(self) -> Decision | None:
+        """'priced' rule: the decision of a weight-update pause, made as soon as the pause
+        is seen with every engine empty (at the update, or at the first engine.stats in the
+        pause that shows them empty), from the last forecast's window and the steady demand
+        of the step before; at most one per update. A forecast window that starts in the
+        pause decides as well (``on_forecast``). None when there is nothing to decide: not
+        the priced rule, no update or no steady demand yet, the engines not empty, the
+        pause over, or the last forecast stale."""
+        cfg = self.config
+        fc, update = self._last_fc, self.last_update_ts
+        if cfg.rule != "priced" or fc is None or update is None or self._steady is None or self._pause_decided == update:
+            return None
+        if self.now - fc.t > cfg.stale_after_windows * fc.horizon:
+            return None
+        engines = cluster_shape(self.table.engines.values(), cfg.gpus_prefill, cfg.gpus_decode).engines
+        if self.pause_left(engines) <= 0:
+            return None
+        self._pause_decided = update
+        assert self._prefill_rate is not None and self._decode_kv is not None  # set with _last_fc
+        return self._decide(fc, _base_id(f"pause-{fc.run}-{update:.6f}"), self.now, self._prefill_rate,
+                            self._decode_kv, in_pause=True)
+
+    def _decide(self, fc: ForecastWindow, base: str, ts: float, prefill_rate: float, decode_kv: float,
+                in_pause: bool = False) -> Decision:
+        """Plan for forecast ``fc`` at event time ``ts``: the plan and the commands, ids from
+        ``base``. ``in_pause``: the pause's own decision (``on_pause``), which measures
+        nothing and leaves the imbalance clock as the windows set it."""
         decision = Decision(t=fc.t)
         self.last_decision = decision
         cfg = self.config
@@ -269,8 +307,11 @@ class Allocator:
             a = cfg.forecast_alpha
             # (aᴾ, aᴰ, its KV share, the decode pool's step load c)
             now_pd = (alloc.prefill_demand, alloc.decode_demand, kv_total / kv_cap, step_load)
-            self._steady = now_pd if self._steady is None else tuple(  # type: ignore[assignment]
-                (1 - a) * old + a * new for old, new in zip(self._steady, now_pd))
+            total = alloc.prefill_demand + alloc.decode_demand
+            self._step_peak = max(self._step_peak, total)
+            if total >= cfg.steady_floor * self._step_peak:
+                self._steady = now_pd if self._steady is None else tuple(  # type: ignore[assignment]
+                    (1 - a) * old + a * new for old, new in zip(self._steady, now_pd))
         a_p_later = prefill_rate / cap.prefill_tokens_per_s
         # The latency term is priced by the step it buys where a decode turn outlasts the
         # horizon (Little's law, S·Kᴰ/Âᴰ): no turn then cycles through prefill within it, so
@@ -306,9 +347,10 @@ class Allocator:
                 decision.spread_binds = beyond and load.spread() < max(len(engines), extra_raw, later_raw)
                 dv = replace(dv, decode_kv_now=kv_total / kv_cap, decode_kv_later=decode_kv / kv_cap,
                              decode_spread=load.spread())
-        imbalance = self._imbalance_age(alloc, len(engines), shape.n_prefill, fc.t)
+        imbalance = self._imbalance_age(alloc, len(engines), shape.n_prefill, fc.t, record=not in_pause)
         if cfg.rule == "priced":
-            self._measure_served(engines, fc, hit)
+            if not in_pause:
+                self._measure_served(engines, fc, hit)
             served = {p: r for p, (r, n, t) in self.served.items()
                       if n >= cfg.served_min_samples and fc.t - t <= cfg.served_memory_s}
             backlog = {p: q for p, q in self.prefill_backlog.items() if p in served}
@@ -331,8 +373,6 @@ class Allocator:
                 imbalance, initial=self.counters.commands == 0, decode_drain_s=self.decode_turn_s,
             )
         decision.selection = sel
-        base = _base_id(fc.id)
-        ts = max(self.now, fc.ts)
         plan = AllocationPlan(
             id=f"{base}:plan",
             ts=ts,
@@ -389,13 +429,15 @@ class Allocator:
             return False
         return t - self.last_update_ts <= cfg.opening_hold_s or self.cache.cold
 
-    def _imbalance_age(self, alloc: Allocation, n: int, p: int, t: float) -> float:
+    def _imbalance_age(self, alloc: Allocation, n: int, p: int, t: float, record: bool = True) -> float:
         """How long the ``n`` engines, ``p`` of them counted as prefill, have been outside
         the target band in the same direction (0 when inside it or the direction just
-        changed); restarts wait for it."""
+        changed); restarts wait for it. ``record``: whether the clock takes this reading."""
         lo, hi = prefill_band(alloc, n)
         direction = "prefill" if p < lo else "decode" if p > hi else None
         if direction != self._imbalance_dir:
+            if not record:
+                return 0.0
             self._imbalance_dir, self._imbalance_since = direction, t
         return 0.0 if direction is None else t - self._imbalance_since
 
@@ -456,7 +498,8 @@ def _policy_updated(alloc: Allocator, ev: Event, act: bool) -> list[Event]:
         log.info("policy.updated of run %r ignored: the allocator acts for run %r", ev.run, run)
         return []
     alloc.on_update(ev.ts)
-    return []
+    decision = alloc.on_pause() if act else None
+    return list(decision.events) if decision is not None else []
 
 
 @_mutate.on("engine.registered", "engine.switching", "engine.deregistered", "engine.command")
@@ -470,7 +513,10 @@ def _stats(alloc: Allocator, ev: EngineStats, act: bool) -> list[Event]:
     alloc._observe(ev)
     alloc.theta.observe(ev)
     alloc.decode_step.observe(ev.role, ev.running_reqs, ev.kv_used_tokens, ev.decode_tokens_per_s)
-    return []
+    # A pause not decided at the update (its engines still showed requests) is decided
+    # at the first stats that show them empty.
+    decision = alloc.on_pause() if act and alloc.pause_left() > 0 else None
+    return list(decision.events) if decision is not None else []
 
 
 @_mutate.on("engine.switched")

@@ -33,3 +33,6 @@ class OraclePolicy:
         # KV of admissions ~ their prompt tokens (κᴰ is the identity at token granularity).
         fc = forecast_event(obs, true.prefill_tokens, true.decode_admit_tokens, true.decode_admit_tokens, kv_now)
         return self.driver.decide(obs, fc)
+
+    def on_update(self, obs: Observation) -> list[SwitchRequest]:
+        return self.driver.on_update(obs)

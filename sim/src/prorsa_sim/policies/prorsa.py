@@ -52,6 +52,8 @@ class AllocatorDriver:
     ``benchmarks/allocator_trace.py --set``); ignored when ``config`` is given."""
     allocator: Allocator | None = None
     _window: int = 0
+    _folded: int = 0
+    """How many of the current window's events ``on_update`` has folded in already."""
 
     def initial_roles(self, profile: ModelProfile, n_engines: int) -> list[str]:
         n_p = max(1, n_engines // 2)
@@ -71,14 +73,33 @@ class AllocatorDriver:
             )
             cfg = self.config or AllocatorConfig(**{**fields, **(self.overrides or {})})
             self.allocator = Allocator(cfg)
+        self._fold(obs)
+        self._folded = 0  # the next window's events are a new list
+
+    def _fold(self, obs: Observation) -> None:
         alloc = self.allocator
-        for ev in obs.events:
+        assert alloc is not None
+        for ev in obs.events[self._folded:]:
             # The simulator's switch ids are its own: our commands are tracked by _sync.
             # policy.updated opens the weight-update pause (switches then need no drain).
             if (ev.type.startswith("engine.") and ev.type != "engine.command") or ev.type == "policy.updated":
                 alloc.handle(ev, act=False)
+        self._folded = len(obs.events)
         alloc.now = max(alloc.now, obs.t)
         self._sync(obs.engines, obs)
+
+    def on_update(self, obs: Observation) -> list[SwitchRequest]:
+        """A weight update, the engines paused and empty: the window's events so far are
+        folded in (the update among them) and the allocator's pause decision is taken
+        (:meth:`Allocator.on_pause`), as the service takes it at ``policy.updated``."""
+        if self.allocator is None:
+            return []
+        self._fold(obs)
+        decision = self.allocator.on_pause()
+        if decision is None:
+            return []
+        mode = self.mode(obs)
+        return [SwitchRequest(e.engine, e.to_role, mode) for e in decision.events if isinstance(e, EngineCommand)]
 
     def mode(self, obs: Observation) -> str:
         """The switch mode this policy uses (checked against what the profile supports)."""
@@ -175,3 +196,6 @@ class ProrsaPolicy:
         fc = forecast_event(obs, f.prefill_tokens, f.decode_admit_tokens, f.decode_kv_tokens, f.decode_kv_now,
                             f.contract_components())
         return self.driver.decide(obs, fc)
+
+    def on_update(self, obs: Observation) -> list[SwitchRequest]:
+        return self.driver.on_update(obs)

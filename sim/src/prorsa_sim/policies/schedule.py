@@ -80,7 +80,8 @@ class RecordedPolicy:
     split it started in: the same requests at the same windows. The simulator is
     deterministic and a policy acts on it only through its requests, so the replay is the
     recorded run again, to the event (what lets the ``bound`` count a policy's own run
-    among its candidates)."""
+    among its candidates). Requests made at a weight update (``on_update``) come back
+    there."""
 
     n_prefill: int
     requests: list
@@ -99,5 +100,9 @@ class RecordedPolicy:
         return ["prefill"] * self.n_prefill + ["decode"] * (n_engines - self.n_prefill)
 
     def on_window(self, obs: Observation) -> list[SwitchRequest]:
-        return list(self._by_t.get(obs.t, ()))
+        return self._by_t.pop(obs.t, [])
+
+    def on_update(self, obs: Observation) -> list[SwitchRequest]:
+        """The requests made at a weight update (once: a window at the same time gets none)."""
+        return self._by_t.pop(obs.t, [])
 
