@@ -309,15 +309,16 @@ def test_a_policy_update_of_another_run_opens_no_pause() -> None:
     assert free.last_update_ts == 50.0
 
 
-def _pause_plan(busy: bool):
+def _pause_plan(busy: bool, queued: int = 0):
     """An update at t = 50, then a prefill-heavy window at t = 52, inside the 5 s pause;
-    the engines' last stats idle, or one decode engine still running requests."""
+    the engines' last stats idle, or one decode engine still running requests; ``queued``
+    requests waiting on one prefill engine."""
     from prorsa_schemas import PolicyUpdated
 
     alloc = cluster(4, 4)
     for eng in ("d0", "d1", "d2", "d3", "p0"):
         alloc.handle(stats(eng, "decode" if eng[0] == "d" else "prefill", ts=49.0,
-                           running=4 if busy and eng == "d0" else 0))
+                           running=4 if busy and eng == "d0" else 0, queued=queued if eng == "p0" else 0))
     alloc.handle(PolicyUpdated(id="pu-1", ts=50.0, run="run-1", version=1))
     out = alloc.handle(forecast(t=52.0, prefill_engines=7.0, decode_engines=1.0))
     return alloc, out
@@ -327,6 +328,13 @@ def test_a_pause_with_empty_engines_prices_its_switches_free_and_uncapped() -> N
     alloc, out = _pause_plan(busy=False)
     assert len(commands(out)) == 3  # 4:4 to 7:1 at once: no per-plan cap in the pause
     assert "in the pause" in alloc.last_decision.selection.reason
+
+
+def test_requests_waiting_in_a_paused_engine_do_not_end_the_pause() -> None:
+    # Nothing runs them until the engine resumes (the simulator's asynchronous pause keeps
+    # the waiting prompts of the engines it does not drain).
+    alloc, out = _pause_plan(busy=False, queued=3)
+    assert len(commands(out)) == 3 and "in the pause" in alloc.last_decision.selection.reason
 
 
 def test_a_pause_whose_engines_still_hold_requests_is_no_pause() -> None:

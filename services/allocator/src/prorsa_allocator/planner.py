@@ -157,15 +157,18 @@ class Allocator:
 
     def pause_left(self, engines: list | None = None) -> float:
         """Seconds left of the weight-update pause at event time (0: not in one). With the
-        engines' views, a pause is one only while they all hold nothing: a framework that
-        publishes policy.updated once its engines have resumed (the contract's "new weights
-        reached the rollout engines") leaves no free switch to make, and a move priced as
-        free there would drain the new batch's work, uncapped (the window is then in the
-        step's opening)."""
+        engines' views, a pause is one only while none of them runs a request: a framework
+        that publishes policy.updated once its engines have resumed (the contract's "new
+        weights reached the rollout engines") leaves no free switch to make, and a move
+        priced as free there would drain the new batch's work, uncapped (the window is then
+        in the step's opening). Requests waiting in a paused engine's queue do not end the
+        pause: nothing runs them until it resumes, and a switch re-queues them elsewhere
+        at once (the simulator's asynchronous pause keeps the waiting prompts of the
+        engines it does not drain)."""
         if self.last_update_ts is None:
             return 0.0
         left = max(0.0, self.last_update_ts + self.config.weight_sync_s - self.now)
-        if left > 0 and engines is not None and any(v.busy for v in engines):
+        if left > 0 and engines is not None and any(v.running_reqs > 0 for v in engines):
             return 0.0
         return left
 
