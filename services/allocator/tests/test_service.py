@@ -252,7 +252,8 @@ async def test_the_pause_is_decided_at_the_policy_update(nats_url: str, ns: Name
         plans = h.of(AllocationPlan)
         assert len(plans) == 2 and len(plans[1].switches) == 2 and plans[1].n_prefill == 6
         lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("plan t=")]
-        assert "to prefill in the pause" in lines[-1], lines
+        assert "at the weight update" in lines[-1] and "to prefill in the pause" in lines[-1], lines
+        assert "at the weight update" not in lines[0], lines
 
 
 async def test_a_policy_update_on_the_rollout_subject_opens_the_pause_and_the_opening(

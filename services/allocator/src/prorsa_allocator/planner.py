@@ -269,7 +269,7 @@ class Allocator:
         """Plan for forecast ``fc`` at event time ``ts``: the plan and the commands, ids from
         ``base``. ``in_pause``: the pause's own decision (``on_pause``), which measures
         nothing and leaves the imbalance clock as the windows set it."""
-        decision = Decision(t=fc.t)
+        decision = Decision(t=fc.t, at_update=in_pause)
         self.last_decision = decision
         cfg = self.config
         shape = cluster_shape(self.table.engines.values(), cfg.gpus_prefill, cfg.gpus_decode)

@@ -20,6 +20,9 @@ class Decision:
     selection: Selection | None = None
     skipped: str = ""
     events: list[Event] = field(default_factory=list)
+    at_update: bool = False
+    """The weight-update pause's own decision (``Allocator.on_pause``), planned from the
+    last window at the update rather than at a window's start."""
     spread_binds: bool = False
     """Whether ``decode_spread_cap`` could change this decision: the decode demand beyond KV
     (uncapped) exceeds the KV share, and the spread is below that demand or the PD engines'

@@ -218,8 +218,9 @@ class AllocatorService:
                 del st.plans[:-100]
                 d = st.allocator.last_decision
                 why = (d.selection.reason if d.selection is not None else d.skipped) if d is not None and d.t == ev.t else ""
-                log.info("plan t=%s: %d prefill : %d decode, delta=%.3f, feasible=%s, %d switches%s",
-                         ev.t, ev.n_prefill, ev.n_decode, ev.delta, ev.feasible, len(ev.switches or []),
+                at = " at the weight update" if d is not None and d.t == ev.t and d.at_update else ""
+                log.info("plan t=%s%s: %d prefill : %d decode, delta=%.3f, feasible=%s, %d switches%s",
+                         ev.t, at, ev.n_prefill, ev.n_decode, ev.delta, ev.feasible, len(ev.switches or []),
                          f" ({why})" if why else "")
             elif isinstance(ev, EngineCommand):
                 log.info("command %s: %s -> %s by %.1f", ev.cmd, ev.engine, ev.to_role, ev.deadline)
