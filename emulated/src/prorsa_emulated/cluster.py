@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,22 +17,10 @@ from typing import Literal
 
 import httpx
 
-
-_GIVEN: set[int] = set()
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago and that this process was not given before:
-    until somebody binds it the OS may offer the same port again, and an engine's HTTP and
-    bootstrap ports (asked for one after the other) would then be equal."""
-    for _ in range(256):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
-        if port not in _GIVEN:
-            _GIVEN.add(port)
-            return port
-    raise RuntimeError(f"no free TCP port on {host} that this process was not given already (tried 256)")
+# free_port: a port that was free a moment ago and that this process was not given before
+# (until somebody binds it the OS may offer the same port again, and an engine's HTTP and
+# bootstrap ports, asked for one after the other, would then be equal).
+from prorsa_runtime.natsserver import free_port
 
 
 def engine_command(port: int, role: str = "prefill", *, host: str = "127.0.0.1",
