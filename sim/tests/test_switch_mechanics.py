@@ -290,3 +290,32 @@ def test_d_a_policy_is_asked_at_the_update_with_the_engines_empty_and_its_replay
     replay = Simulator(cfg, RecordedPolicy(2, res.summary["switch_requests"])).run()
     assert replay.summary["rollout_time_s"] == res.summary["rollout_time_s"]
     assert replay.summary["switch_log"] == log
+
+
+_ASKED_AT: list[float] = []  # module-level: shared by a policy and its deep copies
+
+
+class _CountsUpdates(_SwitchAtFirstUpdate):
+    def on_update(self, obs):
+        _ASKED_AT.append(obs.t)
+        return []
+
+
+def test_d_the_oracles_look_ahead_asks_no_policy_at_an_update():
+    # peek_future runs a copy of the simulation with no policy calls: an update inside
+    # its horizon is not handed to the copy's policy (the original asks its own later).
+    cfg = SimConfig(workload="math", model="mimo-v2.5-pro", total_gpus=48, staleness=0, steps=2, batch_size=8)
+    _ASKED_AT.clear()
+    Simulator(cfg, _CountsUpdates()).run()
+    (update,) = _ASKED_AT  # 2 sync steps: one update
+    _ASKED_AT.clear()
+    sim = Simulator(cfg, _CountsUpdates())
+    sim.begin()
+    sim.at(update - 5.0, lambda: None)  # a stop 5 s before the update
+    sim.run_until(lambda: sim.now >= update - 5.0)
+    t0 = sim.now
+    assert t0 == update - 5.0
+    sim.peek_future(cfg.window_s)  # the copy runs past the update
+    assert _ASKED_AT == [] and sim.now == t0
+    sim.run_until(lambda: sim.done)
+    assert _ASKED_AT == [update]

@@ -106,6 +106,8 @@ class Simulator(Trajectories):
         """Every switch the policy asked for, ``[t, engine, to_role, mode]`` in the order
         asked: what :class:`~prorsa_sim.policies.schedule.RecordedPolicy` replays."""
         self.forking = False
+        # False in the oracle's look-ahead copy (peek_future): it runs with no policy calls.
+        self.asks_policy = True
         self.step_pd_ratio: list = []
         self._step_pf = self._step_dc = 0
         # Per engine, for engine.stats rates (what an SGLang server's metrics give an agent):
@@ -259,7 +261,7 @@ class Simulator(Trajectories):
         events so far in this window (the same list its next window hands on) and the
         engine table of this moment."""
         hook = getattr(self.policy, "on_update", None)
-        if hook is None or self.done:
+        if hook is None or self.done or not self.asks_policy:
             return
         obs = Observation(
             t=self.now, window_s=self.cfg.window_s, events=self.window_events, engines=self.engine_table(),
@@ -308,6 +310,7 @@ class Simulator(Trajectories):
         finally:
             self.sink, self.window_events, self.policy = sink, events, policy
         twin.forking = True
+        twin.asks_policy = False
         twin.progress = None
         twin.cur = WindowSample(t0)
         twin._heap = [x for x in twin._heap if x[2].__name__ != "_window"]
