@@ -18,6 +18,7 @@ from prorsa_sim.simconfig import SimConfig
 from prorsa_sim.policies.schedule import RecordedPolicy
 from prorsa_sim.simulator import Simulator
 from prorsa_sim.policy import SwitchRequest
+from prorsa_sim.policies.bound import BoundPolicy
 
 PROF = get_profile("mimo-v2.5-pro")  # 2 attention-DP ranks per engine, 4096-token chunks
 SWITCH_S = PROF.in_place_switch_s
@@ -290,6 +291,11 @@ def test_d_a_policy_is_asked_at_the_update_with_the_engines_empty_and_its_replay
     replay = Simulator(cfg, RecordedPolicy(2, res.summary["switch_requests"])).run()
     assert replay.summary["rollout_time_s"] == res.summary["rollout_time_s"]
     assert replay.summary["switch_log"] == log
+    # The bound answering with that run (a seed it was handed) replays it through itself.
+    bound = BoundPolicy()
+    bound.schedule, bound._replay = [2], RecordedPolicy(2, res.summary["switch_requests"], name="bound")
+    again = Simulator(cfg, bound).run()
+    assert again.summary["rollout_time_s"] == res.summary["rollout_time_s"] and again.summary["switch_log"] == log
 
 
 _ASKED_AT: list[float] = []  # module-level: shared by a policy and its deep copies

@@ -351,6 +351,11 @@ class BoundPolicy:
     def on_window(self, obs: Observation) -> list[SwitchRequest]:
         return self._replay.on_window(obs)
 
+    def on_update(self, obs: Observation) -> list[SwitchRequest]:
+        # A recorded run's requests made at a weight update come back there.
+        hook = getattr(self._replay, "on_update", None)
+        return hook(obs) if hook is not None else []
+
 
 def parse_bound(spec: str) -> BoundPolicy:
     """``bound[:<grid_s>][:beam=<B>][:in_place|:restart]``."""

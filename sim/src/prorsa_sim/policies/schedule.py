@@ -81,7 +81,7 @@ class RecordedPolicy:
     deterministic and a policy acts on it only through its requests, so the replay is the
     recorded run again, to the event (what lets the ``bound`` count a policy's own run
     among its candidates). Requests made at a weight update (``on_update``) come back
-    there."""
+    there. Each request is given once: one instance replays one run."""
 
     n_prefill: int
     requests: list
