@@ -250,10 +250,14 @@ class Simulator(Trajectories):
             future=self.peek_future if getattr(self.policy, "wants_future", False) else None,
         )
         self.window_events = []
-        for sw in self.policy.on_window(obs):
+        self._asked(self.policy.on_window(obs))
+        self.at(self.now + cfg.window_s, self._window)
+
+    def _asked(self, switches) -> None:
+        """Record and apply the switches a policy asked for now."""
+        for sw in switches:
             self.requests.append([self.now, sw.engine, sw.to_role, sw.mode])
             self._apply_switch(sw)
-        self.at(self.now + cfg.window_s, self._window)
 
     def _paused_for_update(self) -> None:
         """A policy with ``on_update`` is asked at a weight update too, once every engine
@@ -267,9 +271,7 @@ class Simulator(Trajectories):
             t=self.now, window_s=self.cfg.window_s, events=self.window_events, engines=self.engine_table(),
             profile=self.profile, total_gpus=self.cfg.total_gpus,
         )
-        for sw in hook(obs):
-            self.requests.append([self.now, sw.engine, sw.to_role, sw.mode])
-            self._apply_switch(sw)
+        self._asked(hook(obs))
 
     def engine_table(self) -> list[EngineView]:
         return [

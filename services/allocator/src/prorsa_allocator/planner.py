@@ -488,10 +488,14 @@ class Allocator:
 _mutate: Mutators[Callable[[Allocator, Event, bool], list[Event]]] = Mutators()
 
 
+def _published(decision: Decision | None) -> list[Event]:
+    """The events a decision publishes (none without one)."""
+    return list(decision.events) if decision is not None else []
+
+
 @_mutate.on("forecast.window")
 def _forecast(alloc: Allocator, ev: ForecastWindow, act: bool) -> list[Event]:
-    decision = alloc.on_forecast(ev, act)
-    return list(decision.events) if decision is not None else []
+    return _published(alloc.on_forecast(ev, act))
 
 
 @_mutate.on("policy.updated")
@@ -501,8 +505,7 @@ def _policy_updated(alloc: Allocator, ev: Event, act: bool) -> list[Event]:
         log.info("policy.updated of run %r ignored: the allocator acts for run %r", ev.run, run)
         return []
     alloc.on_update(ev.ts)
-    decision = alloc.on_pause() if act else None
-    return list(decision.events) if decision is not None else []
+    return _published(alloc.on_pause() if act else None)
 
 
 @_mutate.on("engine.registered", "engine.switching", "engine.deregistered", "engine.command")
@@ -518,8 +521,7 @@ def _stats(alloc: Allocator, ev: EngineStats, act: bool) -> list[Event]:
     alloc.decode_step.observe(ev.role, ev.running_reqs, ev.kv_used_tokens, ev.decode_tokens_per_s)
     # A pause not decided at the update (its engines still showed requests) is decided
     # at the first stats that show them empty.
-    decision = alloc.on_pause() if act and alloc.pause_left() > 0 else None
-    return list(decision.events) if decision is not None else []
+    return _published(alloc.on_pause() if act and alloc.pause_left() > 0 else None)
 
 
 @_mutate.on("engine.switched")

@@ -217,8 +217,9 @@ class AllocatorService:
                 st.plans.append(ev)
                 del st.plans[:-100]
                 d = st.allocator.last_decision
-                why = (d.selection.reason if d.selection is not None else d.skipped) if d is not None and d.t == ev.t else ""
-                at = " at the weight update" if d is not None and d.t == ev.t and d.at_update else ""
+                d = d if d is not None and d.t == ev.t else None  # the decision behind this plan
+                why = (d.selection.reason if d.selection is not None else d.skipped) if d is not None else ""
+                at = " at the weight update" if d is not None and d.at_update else ""
                 log.info("plan t=%s%s: %d prefill : %d decode, delta=%.3f, feasible=%s, %d switches%s",
                          ev.t, at, ev.n_prefill, ev.n_decode, ev.delta, ev.feasible, len(ev.switches or []),
                          f" ({why})" if why else "")
