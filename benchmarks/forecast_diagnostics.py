@@ -150,7 +150,10 @@ def after_updates(update_ts: list[float], results) -> None:
         row[3] += r.decode_actual
     print("decode error by window after the last weight update (-1: the update lands in it; 12: 12 or more):")
     for k, (n, ae, se, act) in sorted(rows.items()):
-        print(f"  {k:3d}: n={n:4d} WAPE {ae / act:.1%} signed {se / act:+.1%} share of all error {ae / total:.1%}")
+        # (no admission in those windows: WAPE has no denominator there)
+        wape = f"WAPE {ae / act:.1%} signed {se / act:+.1%}" if act > 0 else f"no admissions, {ae / 1e6:.2f}M forecast"
+        share = f"{ae / total:.1%}" if total > 0 else "-"
+        print(f"  {k:3d}: n={n:4d} {wape} share of all error {share}")
     # The first updates' landing windows apart: before the first update the forecaster has
     # no trigger -> policy.updated delay to go by, so the first one lands unforecast.
     # Last value's miss in the same window (the window before's actual) beside it.
@@ -159,7 +162,8 @@ def after_updates(update_ts: list[float], results) -> None:
         at = [j for j, r in enumerate(results) if r.t <= u < r.t + r.horizon]
         ae = sum(abs(results[j].forecast.decode_admit_tokens - results[j].decode_actual) for j in at)
         lv = sum(abs((results[j - 1].decode_actual if j else 0.0) - results[j].decode_actual) for j in at)
-        parts.append(f"update {i + 1} (t={u:.0f} s) {ae / total:.1%} ({ae / 1e6:.2f}M tokens off; last value "
+        into = f", {u - results[at[0]].t:.2f} s into its window" if at else ""
+        parts.append(f"update {i + 1} (t={u:.0f} s{into}) {ae / total:.1%} ({ae / 1e6:.2f}M tokens off; last value "
                      f"{lv / 1e6:.2f}M)" if total > 0 else f"update {i + 1} -")
     print("  share of all decode error in the window each of the first updates lands in: " + ", ".join(parts))
 
