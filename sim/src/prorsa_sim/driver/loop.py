@@ -341,17 +341,21 @@ class Driver:
         await self.sleep_sim(cfg.train_s)
         self._trainer_busy = False
         self.version += 1
+        last = self.step + 1 >= cfg.steps
+        if last:
+            # The run ends at this update: nothing is launched from here on. Otherwise a
+            # trajectory that ends while the update is published launches more, and the drop
+            # below cancels them before they publish their dispatch (counted, never seen).
+            self._closing = True
         await em.policy_updated(self.version)
         now = time.monotonic()
         self.result.step_times_s.append(round(now - self._last_update, 3))
         self._last_update = now
         self.step += 1
         log.info("policy update %d (%d live)", self.version, self.live)
-        last = self.step >= cfg.steps
         if last:
-            # The run ends here: what is still live is not trained on. The engines still
-            # load the new weights, so that they report the version policy.updated named.
-            self._closing = True
+            # What is still live is not trained on. The engines still load the new weights,
+            # so that they report the version policy.updated named.
             await self._drop(em, self._live_sorted(), "aborted")
         else:
             stale = [(t, task) for t, (task, v) in self._live.items()
