@@ -246,9 +246,7 @@ def test_the_opening_waits_for_the_prefill_cache_and_measures_nothing_cold() -> 
     # 4 and the reference miss ratio 0.1 are measured); after it a forecast that wants 6:2
     # (idle decode engines: each move costs only its switch).
     def run(**kw) -> tuple[Allocator, dict[float, list], dict[float, int]]:
-        # (θᴾ from the engines' samples alone: the prior is computed tokens/s, which the
-        # pool's hit would scale to ten times THETA here)
-        alloc = _cluster(4, 4, served_ramp_s=0.0, served_min_samples=1, theta_prior_samples=0, **kw)
+        alloc = _cluster(4, 4, served_ramp_s=0.0, served_min_samples=1, **kw)
         cmds: dict[float, list] = {}
         measured: dict[float, int] = {}  # windows measured at 4 prefill engines, after each window
 
@@ -854,13 +852,11 @@ def test_prefill_capacity_follows_the_cache_each_count_was_measured_at() -> None
 def test_the_miss_ratio_is_measured_per_prefill_count() -> None:
     # 2:2, both prefill engines queueing, hits 0.6 and 0.8 (pool miss 0.3), then 0.7 and 0.9
     # (0.2): the mean of the two windows, 0.25, at count 2.
-    # (computed tokens/s that make each sample THETA full-prompt tokens/s, and θᴾ from the
-    # samples alone: the forecast's two engines' worth stays two engines)
-    alloc = _cluster(2, 2, served_ramp_s=0.0, theta_prior_samples=0)
+    alloc = _cluster(2, 2, served_ramp_s=0.0)
     for t, hits in ((10.0, (0.6, 0.8)), (20.0, (0.7, 0.9))):
         for i, h in enumerate(hits):
             alloc.handle(stats(f"p{i}", "prefill", ts=t - 5.0, running=2, queued=3,
-                               prefill_tokens_per_s=THETA * (1.0 - h), cache_hit_rate=h))
+                               prefill_tokens_per_s=20_000.0, cache_hit_rate=h))
         alloc.handle(forecast(t=t, prefill_engines=2.0, decode_engines=2.0))
     assert alloc.prefill_miss == {2: pytest.approx(0.25)}
     # The cap on a credible hit (max_cache_hit_rate) applies: a reported hit of 1.0 counts

@@ -39,17 +39,6 @@ class PrefillThroughput:
     ``prior_samples`` copies of the prior. (With the running-and-queued rule alone, once
     the simulator reported a prefill in progress as running, the same math window gave
     a first sample of 569 tokens/s with one request running and one queued.)
-
-
-    The prior (``prefill_tokens_per_s``, the engine's computed-token capacity) is in the
-    same convention: prior / (1 − h), with h the mean hit ratio the prefill engines
-    reported over their last ``window`` stats with prefill work in them, whether
-    backlogged or not. Until enough backlogged samples replace it, the prior *is* θᴾ, and
-    a pool that is never backlogged never replaces it: taken as full-prompt tokens, a
-    computed-token prior put the demand of a pool that serves three quarters of each
-    prompt from its cache at four times what it is (MiMo-V2.5-Pro general/0: aᴾ 3.0
-    engines in a step's body where two engines kept up, so the allocator held 4:4 where
-    2:6 is the best fixed ratio).
     """
 
     value: float
@@ -58,30 +47,12 @@ class PrefillThroughput:
     max_hit: float = 0.95
     prior_samples: int = 8
     samples: int = 0
-    prior: float = field(init=False)
     _recent: deque = field(default_factory=deque)
-    _hits: deque = field(default_factory=deque)
-    _n_prior: int = field(init=False)
 
     def __post_init__(self) -> None:
         # The prior enters the window as pseudo-samples, which the first ``window`` real
         # ones push out: a single early sample cannot set θᴾ on its own.
-        self.prior = self.value
-        self._n_prior = min(self.prior_samples, self.window)
-
-    @property
-    def pool_hit(self) -> float:
-        """The prefill engines' mean hit ratio over their last ``window`` working stats
-        (each capped at ``max_hit``); 0 before any."""
-        return sum(self._hits) / len(self._hits) if self._hits else 0.0
-
-    def _refresh(self) -> None:
-        n = max(0, self._n_prior - max(0, self.samples + self._n_prior - self.window))
-        prior = self.prior / (1.0 - self.pool_hit)
-        xs = np.fromiter(self._recent, float, len(self._recent))
-        if n:
-            xs = np.concatenate([np.full(n, prior), xs])
-        self.value = float(np.quantile(xs, self.quantile)) if len(xs) else prior
+        self._recent.extend([self.value] * min(self.prior_samples, self.window))
 
     @classmethod
     def from_config(cls, config: AllocatorConfig) -> "PrefillThroughput":
@@ -89,24 +60,17 @@ class PrefillThroughput:
                    config.theta_prior_samples)
 
     def observe(self, stats: EngineStats) -> bool:
-        """Fold in one stats sample; returns whether it counted as a capacity sample (its
-        hit ratio counts for the prior whenever the engine prefilled in the interval)."""
+        """Fold in one stats sample; returns whether it counted."""
         rate = stats.prefill_tokens_per_s
-        if stats.role != "prefill" or rate is None or rate <= 0:
+        if stats.role != "prefill" or rate is None or rate <= 0 or stats.queued_reqs <= 0 or stats.running_reqs <= 0:
             return False
-        hit = min(max(stats.cache_hit_rate or 0.0, 0.0), self.max_hit)
-        if stats.cache_hit_rate is not None:  # an engine that reports no ratio says nothing of it
-            self._hits.append(hit)
-            while len(self._hits) > self.window:
-                self._hits.popleft()
-        counted = stats.queued_reqs > 0 and stats.running_reqs > 0
-        if counted:
-            self._recent.append(rate / (1.0 - hit))
-            while len(self._recent) > self.window:
-                self._recent.popleft()
-            self.samples += 1
-        self._refresh()
-        return counted
+        hit = min(stats.cache_hit_rate or 0.0, self.max_hit)
+        self._recent.append(rate / (1.0 - hit))
+        while len(self._recent) > self.window:
+            self._recent.popleft()
+        self.value = float(np.quantile(np.fromiter(self._recent, float, len(self._recent)), self.quantile))
+        self.samples += 1
+        return True
 
 
 @dataclass

@@ -184,9 +184,6 @@ class PricedContext:
     next computes several times the tokens there)."""
 
 
-_UNCAPPED = 1e6  # the pause's "no cap": finite, so a split with no demand at all compares as equal
-
-
 def priced_net(
     p: int, d: int, to_role: str, prices: SwitchPrices | Sequence[SwitchPrice], demand: DemandView,
     cfg: AllocatorConfig, horizon: float, ctx: PricedContext,
@@ -199,16 +196,8 @@ def priced_net(
     them from their old role at once and adds Σ (H − dead_i) to the new one; the work
     their drains abort and the cache their flips lose adds Σ x_i engine-seconds to W_P.
     f = min(capᴾ/W_P, capᴰ/W_D), each capped at ``ratio_cap`` (a role with no demand is at
-    the cap).
-
-    In the weight-update pause (``ctx.pause_left_s`` > 0) the ratios are not capped. The
-    cap keeps a split where both roles have room from paying a drain, aborts and a cache
-    for more room still; in the pause a switch pays none of these, and with both roles at
-    the cap every split looks alike: the pause held whatever split the step's burst left
-    (MiMo-V2.5-Pro general/0: 5:3 through every step, aᴾ 1.0 and aᴰ 1.2 at the update,
-    where the max-min split is 4:4). Uncapped, the test moves toward the max-min split,
-    the paper's objective, where that gains more than the hysteresis."""
-    cap = cfg.ratio_cap if ctx.pause_left_s <= 0 else _UNCAPPED
+    the cap)."""
+    cap = cfg.ratio_cap
     s = min(demand.horizon_s, horizon)
     later_p = demand.prefill_later
     if to_role == "decode" and demand.prefill_upper is not None:
