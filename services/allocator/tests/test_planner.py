@@ -253,6 +253,43 @@ def test_theta_is_learned_from_saturated_prefill_engines_with_cache_hits() -> No
     assert alloc.theta.value == pytest.approx(16_000.0)
 
 
+def test_theta_is_the_engines_computed_capacity_over_the_pools_miss_now() -> None:
+    # Backlogged at 10k computed tokens/s with half of each prompt cached: θᴾ 20k full-prompt
+    # tokens/s. The cache comes back (hit 0.9) and the engines compute at the same rate: the
+    # capacity quantile stays 10k, and the hit is the mean of the last 16 samples.
+    alloc = cluster(2, 2, config(theta_prior_samples=0))
+    for k in range(4):
+        alloc.handle(stats("p0", "prefill", ts=1.0 + k, running=1, queued=3, prefill_tokens_per_s=10_000.0,
+                           cache_hit_rate=0.5))
+    assert alloc.theta.value == pytest.approx(20_000.0) and alloc.theta.hit == pytest.approx(0.5)
+    for k in range(8):
+        alloc.handle(stats("p0", "prefill", ts=5.0 + k, running=1, queued=3, prefill_tokens_per_s=10_000.0,
+                           cache_hit_rate=0.9))
+    hit = (4 * 0.5 + 8 * 0.9) / 12
+    assert alloc.theta.hit == pytest.approx(hit) and alloc.theta.value == pytest.approx(10_000.0 / (1 - hit))
+    for k in range(8):
+        alloc.handle(stats("p0", "prefill", ts=13.0 + k, running=1, queued=3, prefill_tokens_per_s=10_000.0,
+                           cache_hit_rate=0.9))
+    assert alloc.theta.value == pytest.approx(100_000.0)  # the last 16 samples: all at 0.9
+
+
+@pytest.mark.parametrize("hit, moves", [(0.0, True), (0.75, False)])
+def test_a_smaller_prefill_count_never_measured_is_taken_to_lose_the_cache(hit: float, moves: bool) -> None:
+    # 6:2, every prefill engine backlogged at THETA full-prompt tokens/s (THETA x (1 - hit)
+    # computed); the forecast wants 1.5 prefill and 2.4 decode engines (decode at 2/2.4 =
+    # 0.83 of its need). With no cache to lose one engine to decode serves both roles
+    # (+44%). At a hit of 0.75 a count below 6, never measured, computes every prompt
+    # token: 5 engines serve 1.25 engines' worth of full prompts, 0.83 of 1.5, and the move
+    # trades one shortage for another.
+    alloc = cluster(6, 2, config(theta_prior_samples=0))
+    for i in range(6):
+        alloc.handle(stats(f"p{i}", "prefill", ts=50.0, running=1, queued=1,
+                           prefill_tokens_per_s=THETA * (1 - hit), cache_hit_rate=hit))
+    assert alloc.theta.value == pytest.approx(THETA)
+    cmds = commands(alloc.handle(forecast(t=60.0, prefill_engines=1.5, decode_engines=2.4)))
+    assert bool(cmds) == moves and all(c.to_role == "decode" for c in cmds)
+
+
 def test_learned_switch_cost() -> None:
     alloc = cluster(4, 4, config(switch_cost_alpha=1.0))
     (c1, _) = commands(alloc.handle(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0)))

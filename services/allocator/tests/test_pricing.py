@@ -246,15 +246,16 @@ def test_the_opening_waits_for_the_prefill_cache_and_measures_nothing_cold() -> 
     # 4 and the reference miss ratio 0.1 are measured); after it a forecast that wants 6:2
     # (idle decode engines: each move costs only its switch).
     def run(**kw) -> tuple[Allocator, dict[float, list], dict[float, int]]:
-        alloc = _cluster(4, 4, served_ramp_s=0.0, served_min_samples=1, **kw)
+        # (θᴾ from the engines' samples alone: THETA full-prompt tokens/s at the hit of 0.9)
+        alloc = _cluster(4, 4, served_ramp_s=0.0, served_min_samples=1, theta_prior_samples=0, **kw)
         cmds: dict[float, list] = {}
         measured: dict[float, int] = {}  # windows measured at 4 prefill engines, after each window
 
         def window(t: float, hit: float, p: float, d: float) -> None:
             for i in range(4):
-                # computed tokens/s that make θᴾ full-prompt tokens/s at this hit
+                # backlogged engines computing at their capacity, whatever the hit
                 alloc.handle(stats(f"p{i}", "prefill", ts=t - 5.0, running=2, queued=3,
-                                   prefill_tokens_per_s=THETA * (1.0 - hit), cache_hit_rate=hit))
+                                   prefill_tokens_per_s=THETA * 0.1, cache_hit_rate=hit))
             cmds[t] = [e.to_role for e in alloc.handle(forecast(t=t, prefill_engines=p, decode_engines=d))
                        if isinstance(e, EngineCommand)]
             measured[t] = alloc.served[4][1]
@@ -847,6 +848,16 @@ def test_prefill_capacity_follows_the_cache_each_count_was_measured_at() -> None
     # 2.5 engines' worth of full prompts, 300/600 = 0.5 of the work, and the move loses.
     cached, _ = priced_net(6, 2, "decode", prices, dv, _config(), 120.0, PricedContext(50_000.0, miss=miss))
     assert cached[0] == pytest.approx(0.5)
+    # A count below the one held that was never measured computes every prompt token:
+    # ``below`` = 1 − the hit θᴾ is taken at. Above the held count, or measured, as before.
+    assert list(cache_scale(6, np.array([5, 4]), {6: 0.2}, below=0.25)) == pytest.approx([0.25, 0.25])
+    assert list(cache_scale(6, np.array([7]), {6: 0.2}, below=0.25)) == [1.0]
+    assert list(cache_scale(6, np.array([5, 4]), miss, below=0.25)) == pytest.approx([0.5, 0.25])
+    assert list(cache_scale(6, np.array([5]), {}, below=0.25)) == pytest.approx([0.25])
+    # θᴾ taken at a hit of 0.75, nothing measured: 5 engines keep 5 x 120 x 0.25 = 150
+    # engine-seconds against 600, f = 0.25, and the move loses.
+    lost, _ = priced_net(6, 2, "decode", prices, dv, _config(), 120.0, PricedContext(50_000.0, theta_hit=0.75))
+    assert lost[0] == pytest.approx(0.25)
 
 
 def test_the_miss_ratio_is_measured_per_prefill_count() -> None:

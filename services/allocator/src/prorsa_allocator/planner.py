@@ -358,7 +358,8 @@ class Allocator:
                       if n >= cfg.served_min_samples and fc.t - t <= cfg.served_memory_s}
             backlog = {p: q for p, q in self.prefill_backlog.items() if p in served}
             miss = {p: m for p, m in self.prefill_miss.items() if p in served}
-            ctx = PricedContext(self.theta.value, hit, self.decode_turn_s, pause_left, served, backlog, miss)
+            ctx = PricedContext(self.theta.value, hit, self.decode_turn_s, pause_left, served, backlog, miss,
+                                theta_hit=self.theta.hit)
             if opening:
                 since = fc.t - self.last_update_ts
                 sel = Selection(reason=f"holding through the step's opening ({since:.0f}s of {cfg.opening_hold_s:.0f}s "
