@@ -481,11 +481,16 @@ def main(argv=None) -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     version = code_versions()
     runs = a.out / "runs"
-    before = set(runs.glob("*.json")) if runs.exists() else set()
+    # (a run whose cached result is of other code is run again into the same file: count
+    # files that are new or rewritten, not only new ones)
+    def stamps() -> dict:
+        return {f: f.stat().st_mtime_ns for f in runs.glob("*.json")} if runs.exists() else {}
+
+    before = stamps()
     t0 = time.perf_counter()
     mat = run(a, version)
     wall = time.perf_counter() - t0
-    simulated = len(set(runs.glob("*.json")) - before) if runs.exists() else 0
+    simulated = sum(before.get(f) != t for f, t in stamps().items())
     n_runs = len(mat.runs)
     recs = [setting_record(a, mat, i, m, w, s) for i, (m, w, s) in enumerate(settings_of(a))]
     rep = {
