@@ -17,20 +17,22 @@ class AllocatorConfig(BaseModel):
     prefill_tokens_per_s: float = Field(
         default=40_000.0,
         gt=0,
-        description="Prior θᴾ (full-prompt tokens/s per prefill instance) until engines report "
-        "saturated throughput. 40k: Dynamo's mocker prefill cost gives ~48k tokens/s for 4k-token "
-        "chunks; a little lower because real batches are ragged.",
+        description="Prior capacity of one prefill instance in computed (uncached) tokens/s, the "
+        "unit engines report, until backlogged engines' samples replace it; θᴾ is the capacity over "
+        "1 − the pool's hit ratio of the last 16 backlogged samples (0 before any). 40k: Dynamo's "
+        "mocker prefill cost gives ~48k tokens/s for 4k-token chunks; a little lower because real "
+        "batches are ragged.",
     )
     theta_window: int = Field(
-        default=64, ge=1, description="Saturated prefill samples (engine.stats with a queue) θᴾ is "
-        "taken from: 64 = 8 windows of 8 prefill engines.",
+        default=64, ge=1, description="Saturated prefill samples (engine.stats with a queue) whose "
+        "computed rates θᴾ's capacity is taken from: 64 = 8 windows of 8 prefill engines.",
     )
     theta_prior_samples: int = Field(
-        default=8, ge=0, description="Copies of the prior θᴾ the sample window starts with (one window "
-        "of 8 prefill engines): an early sample from a barely busy engine cannot set θᴾ alone.",
+        default=8, ge=0, description="Copies of the prior capacity the sample window starts with (one "
+        "window of 8 prefill engines): an early sample from a barely busy engine cannot set θᴾ alone.",
     )
     theta_quantile: float = Field(
-        default=0.75, gt=0, le=1, description="θᴾ is this quantile of those samples: the rate is a "
+        default=0.75, gt=0, le=1, description="θᴾ's capacity is this quantile of those samples: the rate is a "
         "window's average and the queue an instant, so an engine idle for most of the window can "
         "look backlogged at a tiny rate (estimate.py); capacity is a high quantile, not a mean.",
     )

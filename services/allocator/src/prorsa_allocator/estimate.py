@@ -68,6 +68,7 @@ class PrefillThroughput:
         # The prior enters the window as pseudo-samples, which the first ``window`` real
         # ones push out: a single early sample cannot set θᴾ on its own.
         self._recent.extend([self.value] * min(self.prior_samples, self.window))
+        self._hits = deque(maxlen=self.hit_samples)
 
     @property
     def hit(self) -> float:
@@ -88,8 +89,6 @@ class PrefillThroughput:
         while len(self._recent) > self.window:
             self._recent.popleft()
         self._hits.append(min(max(stats.cache_hit_rate or 0.0, 0.0), self.max_hit))
-        while len(self._hits) > self.hit_samples:
-            self._hits.popleft()
         computed = float(np.quantile(np.fromiter(self._recent, float, len(self._recent)), self.quantile))
         self.value = computed / (1.0 - self.hit)
         self.samples += 1

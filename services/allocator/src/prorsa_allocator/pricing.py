@@ -296,9 +296,11 @@ def cache_scale(p: int, counts: np.ndarray, miss: dict[int, float], below: float
     pool's cache falls off a cliff once its engines' KV no longer holds the live
     trajectories' prefixes (MiMo-V2.5-Pro coding/2: 42% of each prompt computed at 5:3,
     95% at 4:4); read at 5:3's hit, 4:4 and 3:5 looked ample and the allocator moved two
-    engines to decode in the warm-up step, then back as the queues grew (1,907 s against
-    1,579 s). Where the cache does carry, the move is made once the smaller count has
-    been held and measured, or on the decode side's own need."""
+    engines to decode in the warm-up step, then back as the queues grew, 13 moves in three
+    steps (1,907.4 s; with this rule 2 moves, 1,528.7 s; 5:3 held 1,569.2 s). Where the
+    cache does carry, a move down is made on a need that holds with every prompt token
+    computed (a decode shortage); the count is then measured and priced by its own miss
+    ratio."""
     here = miss.get(p)
     out = np.ones(len(counts))
     for i, c in enumerate(counts):
