@@ -12,11 +12,14 @@ Columns: colocation; the paper's fixed ratio (MiMo, Fig. 7: 4:4 math, 5:3 coding
 general; the paper gives none for DeepSeek-V3.2: '-'); the hindsight-best fixed ratio (the
 static sweep, per seed); reactive; ``prorsa:paper`` (the paper's section 4.2 rule);
 ``prorsa`` (the default priced rule); ``bound`` (the hindsight-best dynamic schedule the
-search finds, ``bound[:grid_s][:beam=B]``). Every PD policy starts from the best static
-ratio of its seed (``runner.run_matrix``, the common start of ``prorsa sim compare``);
-colocation is its own baseline; the bound chooses its own start (that same ratio), runs
-last, and counts the switching policies' runs of its seed among its candidates (replayed
-request for request), so it is never slower than any of them.
+search finds, ``bound[:grid_s][:beam=B]``). Every switching policy starts from the best
+static ratio of its seed (``runner.run_matrix``, the common start of ``prorsa sim
+compare``), or with ``--start paper`` from MiMo-V2.5-Pro's fixed ratio of Fig. 7 (the
+ratio a user without the hindsight sweep would configure: does switching find the best
+one from there?), or from ``--start P:D``; colocation is its own baseline; the bound
+chooses its own start (the best static ratio), runs last, and counts the switching
+policies' runs of its seed among its candidates (replayed request for request), so it is
+never slower than any of them.
 
 The measurement rule is the simulator's: the first step is the warm-up, reported apart;
 the rollout time is the mean of the steps after it. Each figure is the mean over seeds
@@ -41,11 +44,13 @@ import json
 import time
 from pathlib import Path
 
+from prorsa_emulated.costmodel import get_profile
 from prorsa_sim.paper import FIG5_MATH_NORM, FIG5_SPEEDUP, FIG7_BEST, git_commit
 from prorsa_sim.progress import sweep_bar
 from prorsa_sim.compare import Matrix, Setting, run_matrix, spread
 from prorsa_sim.runner import FULL_GRID, code_versions, default_jobs
 from prorsa_sim.simconfig import SimConfig, build_config
+from prorsa_sim.simulation import parse_start
 
 MODELS = ("deepseek-v3.2", "mimo-v2.5-pro")
 WORKLOADS = ("math", "coding", "general")
@@ -75,6 +80,10 @@ static grid is coarse (4 points: 1:7, 3:5, 5:3, 7:1, plus MiMo's paper ratio) on
 the bound: the bound's search runs every ratio itself, so a coarser grid saves a few
 simulations at most, and it makes the switching policies start off the best ratio (on
 MiMo general/2 and DeepSeek general/2 the 4-point grid misses the best, 4:4 and 6:2)."""
+
+START_TEXT = {"best": "its seed's best static ratio of the grid",
+              "paper": "the paper's fixed ratio (Fig. 7: 4:4 math, 5:3 coding, 3:5 general)"}
+"""The header's words for ``--start``; a P:D start is named as it is."""
 
 GAP_MIN = 0.01
 """A gap between the best fixed ratio and the bound under 1% of the best fixed ratio's
@@ -111,6 +120,15 @@ def paper_spec(model: str, workload: str) -> str | None:
 POLICIES = ["colocation", "static", *SWITCHING]
 
 
+def start_of(a, model: str, workload: str) -> tuple[int, int] | None:
+    """The split the switching policies start from on this setting (``--start``): the
+    paper's fixed ratio (``paper``), the one given (``P:D``), or None (``best``: each
+    seed's best static ratio, chosen by :func:`runner.run_matrix`)."""
+    if a.start == "paper":
+        return PAPER_FIXED[model][workload]
+    return a.start if isinstance(a.start, tuple) else None
+
+
 def run(a, version) -> Matrix:
     """Every setting in one :func:`runner.run_matrix` (the bound is each setting's own
     policy: its grid depends on the workload)."""
@@ -118,7 +136,7 @@ def run(a, version) -> Matrix:
     for m, w, s in settings_of(a):
         extra = paper_spec(m, w)
         sets.append(Setting(_cfg(a, m, w, s), statics=(extra,) if extra else (),
-                            policies=(a.bound[w],) if w in a.bound else ()))
+                            policies=(a.bound[w],) if w in a.bound else (), start=start_of(a, m, w)))
     seeds_for = {spec: a.bound_seeds for spec in a.bound.values()}
     with sweep_bar() as bar:
         return run_matrix(sets, POLICIES, a.seeds, a.jobs, "best", a.grid, a.out, bar.progress, bar.on_total,
@@ -216,7 +234,8 @@ def setting_record(a, mat: Matrix, i: int, m: str, w: str, s: int) -> dict:
         "paper_fixed": _ratio_of(pspec) if pspec else None,
         "bound_spec": bspec,
         "paper_speedup_range": paper_range(m, w),
-        "start_per_seed": {sd: _ratio_of(mat.best[(i, sd)][0]) for sd in seeds},
+        "start_per_seed": {sd: (f"{st[0]}:{st[1]}" if (st := start_of(a, m, w)) else _ratio_of(mat.best[(i, sd)][0]))
+                           for sd in seeds},
         "bound_gap_per_seed": gaps,
         "floor_s": _spread_of(floors),
         "headroom_over_floor": _spread_of({sd: _div(fixed[sd][1], floors[sd]) for sd in seeds}),
@@ -312,8 +331,8 @@ def to_markdown(rep: dict) -> str:
         "",
         f"{'QUICK preset (a preview, not the measurement); ' if m['quick'] else ''}{m['steps']} steps (1 warm-up, "
         f"reported apart, + {m['steps'] - 1} measured); seeds {', '.join(map(str, m['seeds']))}; static grid "
-        f"{m['grid']} (+ MiMo's paper ratio); batch {m['batch_size']}, {m['gpus']} GPUs; every PD policy starts "
-        f"from its seed's best static ratio of the grid.",
+        f"{m['grid']} (+ MiMo's paper ratio); batch {m['batch_size']}, {m['gpus']} GPUs; every switching policy "
+        f"starts from {START_TEXT.get(m['start'], m['start'])}.",
     ]
     if bound:
         specs = ", ".join(f"`{spec}` on {w}" for w, spec in m["bound"].items() if w in m["workloads"])
@@ -386,7 +405,7 @@ def to_markdown(rep: dict) -> str:
         lines.append(_row([r["model"], r["workload"], str(r["staleness"]), _t(c["colocation"]["warmup_step_s"]),
                            _t(c["best fixed"]["warmup_step_s"]), *(_t(c.get(p, {}).get("warmup_step_s")) for p in cols)]))
     notes = []
-    for r in rep["settings"]:
+    for r in rep["settings"] if m["start"] == "best" else []:
         c = r["columns"]
         for sd, by in c["best fixed"]["found_by"].items():
             if by != "sweep":
@@ -433,6 +452,10 @@ def parse(argv=None):
     ap.add_argument("--dp-routing", default="load", help="load (default) or prefix (a DP-aware router)")
     ap.add_argument("--router-policy", default="queue",
                     help="queue (default) or smg (SGLang Model Gateway's cache_aware rule; docs/simulator.md)")
+    ap.add_argument("--start", default="best",
+                    help="the split every switching policy starts from: best (default: each seed's best static "
+                    "ratio of the grid), paper (MiMo-V2.5-Pro's fixed ratio of the paper's Fig. 7 for the workload: "
+                    "the ratio a user would take from the paper) or P:D")
     ap.add_argument("--jobs", type=int, default=None, help="parallel processes (default: the CPU count)")
     ap.add_argument("--out", type=Path, default=Path(".prorsa/headline"),
                     help="cached runs (OUT/runs), headline.json and headline.md")
@@ -457,6 +480,21 @@ def parse(argv=None):
     for m in a.models:
         if m not in BASELINE:
             ap.error(f"unknown model {m!r}; choose from {', '.join(MODELS)}")
+    if a.start == "paper":
+        if missing := [m for m in a.models if m not in PAPER_FIXED]:
+            ap.error(f"--start paper: the paper gives no fixed ratio for {', '.join(missing)} (Fig. 7 is "
+                     f"MiMo-V2.5-Pro's); use --models {' '.join(PAPER_FIXED)} or --start P:D")
+    elif a.start != "best":
+        try:
+            st = parse_start(a.start)
+        except ValueError:
+            st = None
+        for m in a.models:
+            engines = get_profile(m).engines_in(a.gpus)
+            if not isinstance(st, tuple) or min(st) < 1 or sum(st) != engines:
+                ap.error(f"--start {a.start!r}: expected best, paper or P:D with P, D >= 1 and P + D = {engines} "
+                         f"(the {m} engines of {a.gpus} GPUs)")
+        a.start = st
     for w in a.workloads:
         if w not in WORKLOADS:
             ap.error(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
@@ -499,6 +537,7 @@ def main(argv=None) -> None:
             "seeds": a.seeds, "steps": a.steps, "measured_steps": a.steps - 1, "grid": a.grid, "bound": a.bound,
             "bound_seeds": a.bound_seeds if a.bound else [], "batch_size": a.batch_size, "gpus": a.gpus,
             "dp_routing": a.dp_routing, "router_policy": a.router_policy,
+            "start": a.start if isinstance(a.start, str) else f"{a.start[0]}:{a.start[1]}",
             "jobs": a.jobs, "code_version": version.sim, "allocator_code_version": version.allocator,
             "commit": git_commit(), "wall_s": round(wall, 1), "gap_min": GAP_MIN,
             "simulations": n_runs, "simulated_now": simulated,

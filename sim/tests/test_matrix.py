@@ -124,3 +124,17 @@ def test_the_allocator_key_covers_the_forecaster_terms_and_the_router_rule_keys_
         assert v(Job(TINY, spec)) == code_version(spec)
         assert v(Job(smg, spec)) == code_version(spec, "smg") == f"{v(Job(TINY, spec))}+smg{runner.router_version('smg')}"
     assert runner.router_version("queue") == ""
+
+
+def test_a_setting_s_own_start_overrides_the_sweep_s(tmp_path):
+    # The first setting starts its switching policies from 2:2 (e.g. the paper's ratio for
+    # its workload), which the 2-point grid (1:3, 3:1) cannot pick; the second from its
+    # seed's best static ratio, as the sweep says.
+    settings = [Setting(TINY, start=(2, 2)), Setting(replace(TINY, staleness=0))]
+    m = run_matrix(settings, ["static", "reactive"], [0], n_jobs=1, grid=2, cache_dir=tmp_path)
+    assert m.runs[(0, 0, "reactive")]["start"] == "2:2"
+    best = m.best[(1, 0)][0][len("static:"):]
+    assert m.runs[(1, 0, "reactive")]["start"] == best
+    # Without the static column, a setting with its own start needs no sweep at all.
+    m2 = run_matrix([Setting(TINY, start=(3, 1))], ["reactive"], [0], n_jobs=1, grid=2, cache_dir=tmp_path)
+    assert set(m2.runs) == {(0, 0, "reactive")} and m2.runs[(0, 0, "reactive")]["start"] == "3:1"

@@ -41,11 +41,14 @@ class Setting:
     """One setting of a sweep over several: its config (the seed is set per seed), fixed
     ratios (``static:P:D``) run besides the static grid (they count toward the best), and
     policies run on this setting only, besides the sweep's (e.g. a ``bound`` whose grid
-    suits this workload's steps)."""
+    suits this workload's steps), and the P:D split its switching policies start from
+    (``start``; None: the sweep's ``start``), e.g. a fixed ratio the paper gives for this
+    workload."""
 
     cfg: SimConfig
     statics: tuple[str, ...] = ()
     policies: tuple[str, ...] = ()
+    start: tuple[int, int] | None = None
 
 
 @dataclass
@@ -113,7 +116,8 @@ def run_matrix(settings: list[Setting], policies: list[str], seeds: list[int], n
     each setting, through :func:`run_jobs` (parallel, cached). Phase 1, every setting at
     once so the process pool stays full: the fixed policies (colocation, ``static:P:D``),
     the static grid and each setting's extra ``statics``. Phase 2: the switching policies,
-    started from ``start`` (``best``: that seed's best static ratio). Phase 3: a policy
+    started from the setting's own ``start`` where it has one, else from ``start``
+    (``best``: that seed's best static ratio). Phase 3: a policy
     that chooses its own start (``bound``), handed the phase-1 sweep of its setting and
     seed and every phase-2 run of them as seeds (candidates it counts: it is then never
     slower than any of them). ``seeds_for``: a policy run on fewer seeds (those of
@@ -130,7 +134,7 @@ def run_matrix(settings: list[Setting], policies: list[str], seeds: list[int], n
     for i, setting in enumerate(settings):
         switching = [p for p in dict.fromkeys(pols[i]) if p in own]
         fixed = [p for p in pols[i] if is_pd_fixed(p)]
-        need_sweep = "static" in pols[i] or (st == "best" and bool(switching))
+        need_sweep = "static" in pols[i] or (st == "best" and setting.start is None and bool(switching))
         sweeps[i] = list(dict.fromkeys((sweep_specs(setting.cfg, grid) if need_sweep else []) + list(setting.statics)))
         for s in seeds:
             c = replace(setting.cfg, seed=s)
@@ -148,7 +152,8 @@ def run_matrix(settings: list[Setting], policies: list[str], seeds: list[int], n
     for common, i, s, p in phase2:
         if not common:
             continue
-        split = pd_split(best[(i, s)][0]) if st == "best" else (st if isinstance(st, tuple) else None)
+        split = (settings[i].start if settings[i].start is not None else pd_split(best[(i, s)][0]) if st == "best"
+                 else st if isinstance(st, tuple) else None)
         jobs2.append((i, Job(replace(settings[i].cfg, seed=s), p, split)))
     for (i, j), summ in zip(jobs2, run_jobs([j for _, j in jobs2], n_jobs, cache_dir, progress, version)):
         runs[(i, j.cfg.seed, j.spec)] = summ
