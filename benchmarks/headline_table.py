@@ -228,14 +228,14 @@ def setting_record(a, mat: Matrix, i: int, m: str, w: str, s: int) -> dict:
     # policy: no schedule is faster, so the best fixed ratio over it is all any could gain.
     floors = {sd: ((runs.get((i, sd, "colocation")) or {}).get("trajectory_phases_s") or {}).get("floor_s")
               for sd in seeds}
+    start = start_of(a, m, w)
     return {
         "model": m, "workload": w, "staleness": s,
         "baseline": "colocation" if base_spec == "colocation" else f"paper fixed ({_ratio_of(base_spec)})",
         "paper_fixed": _ratio_of(pspec) if pspec else None,
         "bound_spec": bspec,
         "paper_speedup_range": paper_range(m, w),
-        "start_per_seed": {sd: (f"{st[0]}:{st[1]}" if (st := start_of(a, m, w)) else _ratio_of(mat.best[(i, sd)][0]))
-                           for sd in seeds},
+        "start_per_seed": {sd: f"{start[0]}:{start[1]}" if start else _ratio_of(mat.best[(i, sd)][0]) for sd in seeds},
         "bound_gap_per_seed": gaps,
         "floor_s": _spread_of(floors),
         "headroom_over_floor": _spread_of({sd: _div(fixed[sd][1], floors[sd]) for sd in seeds}),

@@ -152,8 +152,12 @@ def run_matrix(settings: list[Setting], policies: list[str], seeds: list[int], n
     for common, i, s, p in phase2:
         if not common:
             continue
-        split = (settings[i].start if settings[i].start is not None else pd_split(best[(i, s)][0]) if st == "best"
-                 else st if isinstance(st, tuple) else None)
+        if settings[i].start is not None:
+            split = settings[i].start
+        elif st == "best":
+            split = pd_split(best[(i, s)][0])
+        else:
+            split = st if isinstance(st, tuple) else None
         jobs2.append((i, Job(replace(settings[i].cfg, seed=s), p, split)))
     for (i, j), summ in zip(jobs2, run_jobs([j for _, j in jobs2], n_jobs, cache_dir, progress, version)):
         runs[(i, j.cfg.seed, j.spec)] = summ
