@@ -456,6 +456,9 @@ def parse(argv=None):
                     help="the split every switching policy starts from: best (default: each seed's best static "
                     "ratio of the grid), paper (MiMo-V2.5-Pro's fixed ratio of the paper's Fig. 7 for the workload: "
                     "the ratio a user would take from the paper) or P:D")
+    ap.add_argument("--with", dest="extra", nargs="+", default=[], metavar="POLICY",
+                    help="further switching policies, each a column after prorsa (e.g. prorsa:latency, the "
+                    "turn-latency objective)")
     ap.add_argument("--jobs", type=int, default=None, help="parallel processes (default: the CPU count)")
     ap.add_argument("--out", type=Path, default=Path(".prorsa/headline"),
                     help="cached runs (OUT/runs), headline.json and headline.md")
@@ -504,6 +507,14 @@ def parse(argv=None):
         ap.error(str(exc))
     from prorsa_sim.catalog import make_policy
 
+    a.extra = [x for x in _list(a.extra) if x not in SWITCHING]
+    for spec in a.extra:
+        try:
+            if spec.split(":")[0] not in ("prorsa", "reactive", "oracle"):
+                raise ValueError(f"--with takes switching policies (prorsa, reactive, oracle with options), not {spec!r}")
+            make_policy(spec)
+        except ValueError as exc:
+            ap.error(str(exc))
     for spec in a.bound.values():
         try:
             if spec.split(":")[0] != "bound":
@@ -515,7 +526,11 @@ def parse(argv=None):
 
 
 def main(argv=None) -> None:
+    global SWITCHING, POLICIES
     a = parse(argv)
+    # (the columns every table below iterates over)
+    SWITCHING = (*SWITCHING, *a.extra)
+    POLICIES = ["colocation", "static", *SWITCHING]
     a.out.mkdir(parents=True, exist_ok=True)
     version = code_versions()
     runs = a.out / "runs"

@@ -62,6 +62,19 @@ def test_prorsa_paper_keeps_the_papers_rule_and_prorsa_sees_the_updates():
     assert res.summary["trajectories_done"] > 0
     assert policy.driver.allocator.last_update_ts is not None
     assert policy.driver.allocator.config.rule == "priced"
+    assert policy.driver.allocator.config.objective == "capacity"
+
+
+def test_prorsa_latency_is_the_priced_rule_judging_moves_by_turn_latency():
+    assert make_policy("prorsa:latency").driver.rule == "latency"
+    assert make_policy("prorsa:latency:restart").driver.switch_mode == "restart"
+    with pytest.raises(ValueError):
+        make_policy("prorsa:paper:latency")  # one rule
+    policy = make_policy("prorsa:latency")
+    res = Simulator(SimConfig(workload="general", staleness=2, steps=2, batch_size=48), policy).run()
+    assert res.summary["trajectories_done"] > 0
+    cfg = policy.driver.allocator.config
+    assert (cfg.rule, cfg.objective) == ("priced", "turn_latency")
 
 
 def test_prorsa_learns_prefill_throughput_from_engine_stats():

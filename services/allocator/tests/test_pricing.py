@@ -878,3 +878,38 @@ def test_the_miss_ratio_is_measured_per_prefill_count() -> None:
                             cache_hit_rate=1.0))
     capped.handle(forecast(t=10.0, prefill_engines=2.0, decode_engines=2.0))
     assert capped.prefill_miss == {2: pytest.approx(0.05)}
+
+
+def test_turn_latency_objective_by_hand() -> None:
+    # 5:3 over 120 s (S = 10 s), prefill demand 1 engine now and later, decode KV 1 engine;
+    # decode step t(n) = 0.1 + 0.3/n s, a decode turn of 20 s measured at 3 engines
+    # (t(3) = 0.2 s). Idle engines: a move is dead 15 s.
+    cfg = _config(objective="turn_latency")
+    prices = [SwitchPrice(0.0, 15.0), SwitchPrice(0.0, 15.0)]
+    ctx = PricedContext(50_000.0, decode_turn_s=20.0)
+    dv = DemandView(1.0, 1.0, 1.0, 1.0, 10.0, decode_kv_now=1.0, decode_kv_later=1.0, decode_step=(0.1, 0.3))
+    f_new, f_old = priced_net(5, 3, "decode", prices, dv, cfg, 120.0, ctx)
+    # Now: prefill wait 1 x 10 / (2 x 5) = 1 s, decode 20 s: 21 s a turn.
+    assert f_old == pytest.approx(1 / 21)
+    # One engine to decode: 4 prefill engines (wait 1.25 s); decode 3 + 105/120 = 3.875
+    # engines on average, t = 0.1 + 0.3/3.875, turn 20 x t/0.2.
+    d1 = 20 * (0.1 + 0.3 / 3.875) / 0.2
+    assert f_new[0] == pytest.approx(1 / (1.25 + d1))
+    # Two: 3 prefill engines (wait 10/6 s), 4.75 decode engines.
+    d2 = 20 * (0.1 + 0.3 / 4.75) / 0.2
+    assert f_new[1] == pytest.approx(1 / (10 / 6 + d2))
+    # The capacity objective sees both roles past ratio_cap (2x their demand): no gain at all.
+    f_cap, f_cap_old = priced_net(5, 3, "decode", prices, dv, _config(), 120.0, ctx)
+    assert f_cap_old == pytest.approx(2.0) and f_cap[0] == pytest.approx(2.0)
+    # A prefill pool short of its work builds a backlog: 3 engines of work on 2 prefill
+    # engines wait 3 x 10 / 4 + (3 - 2) x 120 / 4 = 37.5 s.
+    short = DemandView(3.0, 1.0, 3.0, 1.0, 10.0, decode_kv_now=1.0, decode_kv_later=1.0, decode_step=(0.1, 0.3))
+    _, f_short = priced_net(2, 6, "prefill", prices, short, cfg, 120.0, PricedContext(50_000.0, decode_turn_s=20.0))
+    assert f_short == pytest.approx(1 / (37.5 + 20.0))
+    # Decode KV over the pool: admissions wait in proportion (KV 4 engines on 3: x 4/3).
+    kv = DemandView(1.0, 4.0, 1.0, 4.0, 10.0, decode_kv_now=4.0, decode_kv_later=4.0, decode_step=(0.1, 0.3))
+    _, f_kv = priced_net(5, 3, "decode", prices, kv, cfg, 120.0, ctx)
+    assert f_kv == pytest.approx(1 / (1.0 + 20.0 * 4 / 3))
+    # Without a measured decode turn the objective falls back to the capacity ratio.
+    f_fb, f_fb_old = priced_net(5, 3, "decode", prices, dv, cfg, 120.0, PricedContext(50_000.0))
+    assert (f_fb_old, f_fb[0]) == pytest.approx((2.0, 2.0))

@@ -123,6 +123,14 @@ class AllocatorConfig(BaseModel):
         "``drain_weight`` + switch time as the only cost (paper §4.2 with this allocator's "
         "switch execution; kept to compare).",
     )
+    objective: Literal["capacity", "turn_latency"] = Field(
+        default="capacity",
+        description="'priced' rule: what a move must improve. 'capacity': the time-averaged "
+        "bottleneck capacity-to-demand ratio (max-min, capped at ``ratio_cap``). 'turn_latency': "
+        "the seconds a turn spends in the model, prefill wait plus decode (pricing.turn_latency), "
+        "averaged over the horizon; needs a decode step model and falls back to 'capacity' "
+        "without one. Opt-in: docs/allocator.md measures both.",
+    )
     horizon_s: float = Field(
         default=120.0,
         gt=0,
@@ -287,6 +295,13 @@ class AllocatorConfig(BaseModel):
         ge=0,
         description="A switch must raise the time-averaged bottleneck capacity-to-demand ratio "
         "by at least this fraction (0.05: +5%), net of its cost.",
+    )
+    pause_hysteresis: float | None = Field(
+        default=None,
+        ge=0,
+        description="'priced' rule: the hysteresis of the weight-update pause's own decision, "
+        "where a switch drains nothing and the next pause can take it back at no cost "
+        "(None: ``hysteresis``).",
     )
     ratio_cap: float = Field(
         default=2.0,

@@ -328,6 +328,10 @@ class Allocator:
                 # the steady step's KV share and load: the engines are empty now
                 s_kv, s_load = self._steady[2], self._steady[3]
                 dv = replace(dv, decode_kv_now=s_kv, decode_kv_later=s_kv, decode_step=(step.fixed_s, s_load))
+            elif cfg.objective == "turn_latency" and step is not None:
+                # the steady step's KV share and load (the engines are empty now)
+                dv = replace(dv, decode_kv_now=self._steady[2], decode_kv_later=self._steady[2],
+                             decode_step=(step.fixed_s, self._steady[3]))
         else:
             later_raw = decode_step_demand(cfg, self.decode_step.value, load, decode_kv, a_p_later, fc.decode_kv_now,
                                            fc.decode_admit_tokens, decode_room(cfg, a_p_later, cap), capped=False)
@@ -342,6 +346,10 @@ class Allocator:
                 prefill_upper=self._prefill_upper(cap.prefill_tokens_per_s),
             )
             if by_step and turn_now > cfg.horizon_s:
+                dv = replace(dv, decode_kv_now=kv_total / kv_cap, decode_kv_later=decode_kv / kv_cap,
+                             decode_step=(step.fixed_s, step_load))
+            if cfg.objective == "turn_latency" and step is not None and cfg.rule == "priced":
+                # the turn-latency objective prices every move by the decode step it buys
                 dv = replace(dv, decode_kv_now=kv_total / kv_cap, decode_kv_later=decode_kv / kv_cap,
                              decode_step=(step.fixed_s, step_load))
             if cfg.decode_spread_cap:

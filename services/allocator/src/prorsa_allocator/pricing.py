@@ -279,10 +279,64 @@ def priced_net(
         cap_p, cap_d = p * horizon + live, (d - k) * horizon
     else:
         cap_p, cap_d = (p - k) * horizon, d * horizon + live
+    # A smaller count never measured is taken to lose the cache (cache_scale), except in the
+    # weight-update pause under the turn-latency objective: there every cache is flushed, the
+    # move is free and the next pause can take it back for free once the count is measured.
+    explore = cfg.objective == "turn_latency" and ctx.pause_left_s > 0
     cap_p = cap_p * cache_scale(p, p + (1 if to_role == "prefill" else -1) * k.astype(int), ctx.miss,
-                                1.0 - ctx.theta_hit)
+                                1.0 if explore else 1.0 - ctx.theta_hit)
+    if cfg.objective == "turn_latency" and step is not None and t0 > 0 and (ctx.decode_turn_s or 0.0) > 0:
+        lat = TurnLatency(demand.horizon_s, horizon, t0, load, spread, d, float(ctx.decode_turn_s),
+                          w_d if w_kv is None else w_kv)
+        f_old = 1.0 / float(lat(np.array([p * horizon], float), np.array([d * horizon], float), np.array([w_p]))[0])
+        return 1.0 / lat(cap_p, cap_d, w_p + extra), f_old
     f_old = float(f(np.array([p * horizon], float), np.array([d * horizon], float), np.array([w_p]))[0])
     return f(cap_p, cap_d, w_p + extra), f_old
+
+
+@dataclass(frozen=True, slots=True)
+class TurnLatency:
+    """The seconds a turn spends in the model at a split (the 'turn_latency' objective):
+    its prefill wait plus its decode, averaged over a horizon of H seconds, for prefill and
+    decode capacities given in engine-seconds over H (n = capacity / H engines, a switch's
+    dead time averaged in, as in the capacity objective).
+
+    * Prefill: a request waits on average half the time the window's work takes to drain,
+      aᴾ·S/(2·nᴾ) (aᴾ = Wᴾ/H engines of work; the latency-balance term's L_P, decode.py),
+      and, where the work exceeds the pool (aᴾ > nᴾ), half the backlog the horizon
+      builds, (aᴾ − nᴾ)·H/(2·nᴾ): a fluid queue, no Erlang-C tail.
+    * Decode: a turn's o output tokens at the decode step t(n) = t₀ + c/min(n, spread)
+      (``decode_step``, ``decode_spread``); o is what the turn measured now takes, L_D at
+      the current n_now: L_D(n) = L_D · t(n)/t(n_now). Where the KV demand exceeds the
+      pool (aᴷⱽ > nᴰ) admissions wait for KV in proportion: x aᴷⱽ/nᴰ.
+
+    What a turn does outside the model (tools, sandbox, reward) is the same at every split
+    and is left out, so a gain over the hysteresis is a gain in model time."""
+
+    window_s: float
+    horizon_s: float
+    t0: float
+    load: float
+    spread: float | None
+    d_now: float
+    turn_s: float
+    kv_work: float
+    """Decode KV demand in engine-seconds over the horizon."""
+
+    def step(self, n: np.ndarray) -> np.ndarray:
+        n = np.maximum(n, 1e-9)
+        if self.spread is not None:
+            n = np.minimum(n, self.spread)
+        return self.t0 + self.load / n
+
+    def __call__(self, cap_p: np.ndarray, cap_d: np.ndarray, work_p: np.ndarray) -> np.ndarray:
+        h = self.horizon_s
+        n_p, n_d = np.maximum(cap_p / h, 1e-9), np.maximum(cap_d / h, 1e-9)
+        a_p = np.maximum(work_p, 0.0) / h
+        wait = a_p * self.window_s / (2.0 * n_p) + np.maximum(0.0, a_p - n_p) * h / (2.0 * n_p)
+        decode = self.turn_s * self.step(n_d) / self.step(np.array([float(self.d_now)]))[0]
+        decode = decode * np.maximum(1.0, (self.kv_work / h) / n_d)
+        return wait + decode
 
 
 def cache_scale(p: int, counts: np.ndarray, miss: dict[int, float], below: float = 1.0) -> np.ndarray:
@@ -410,7 +464,10 @@ def select_priced(
     best = int(np.argmax(f_new))
     gain = float(f_new[best]) / max(f_old, 1e-9) - 1.0
     where = " in the pause" if ctx.pause_left_s > 0 else ""
-    if gain > cfg.hysteresis:
+    hysteresis = cfg.hysteresis
+    if ctx.pause_left_s > 0 and cfg.pause_hysteresis is not None:
+        hysteresis = cfg.pause_hysteresis
+    if gain > hysteresis:
         drains, switches = prices.drain_s.tolist(), prices.switch_s.tolist()
         moves = [Move(v, to_role, drains[i], switches[i]) for i, v in enumerate(candidates[: best + 1])]
         return Selection(
@@ -418,7 +475,7 @@ def select_priced(
             f"{best + 1} engine(s) to {to_role}{where}: priced bottleneck gain {gain:+.1%} over {horizon:.0f}s",
             float(f_new[best] - f_old) * horizon,
         )
-    return Selection(reason=f"priced gain {gain:+.3f} of switching to {to_role}{where} is below the hysteresis {cfg.hysteresis}")
+    return Selection(reason=f"priced gain {gain:+.3f} of switching to {to_role}{where} is below the hysteresis {hysteresis}")
 
 
 # Saturated and idle, as a load-based autoscaler reads them (the simulator's ``reactive``

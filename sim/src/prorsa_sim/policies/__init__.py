@@ -10,7 +10,9 @@ the paper's patched SGLang. Without one, a policy switches in place when the mod
 profile allows it (the paper's setting). ``prorsa`` and ``oracle`` also take
 ``paper`` first (``prorsa:paper``: the allocator's gain test as paper §4.2 states it, one
 window's capacity ratio, drain and switch time as the only cost; the default prices every
-switch, see docs/allocator.md), and ``tpot=<slack>`` (e.g. ``prorsa:tpot=0.1``, ``oracle:restart:tpot=0.1``): decode sized by step
+switch, see docs/allocator.md) or ``latency`` (``prorsa:latency``: the priced gain test
+judging each move by the seconds a turn spends in the model, the allocator's
+``objective = "turn_latency"``), and ``tpot=<slack>`` (e.g. ``prorsa:tpot=0.1``, ``oracle:restart:tpot=0.1``): decode sized by step
 time as well as KV, no decode step more than ``slack`` slower than an idle engine's
 (the allocator's ``decode_tpot_slack``; off by default, as in the paper)."""
 
@@ -28,20 +30,21 @@ SWITCH_MODES = ("in_place", "restart")
 
 
 def parse_spec(spec: str, options: bool = True) -> tuple[str | None, float | None]:
-    """(switch mode, TPOT slack) of ``name[:paper][:in_place|:restart][:tpot=<slack>]`` (None: default)."""
+    """(switch mode, TPOT slack) of ``name[:paper|:latency][:in_place|:restart][:tpot=<slack>]`` (None: default)."""
     return parse_options(spec, options)[:2]  # type: ignore[return-value]
 
 
 def parse_options(spec: str, options: bool = True) -> tuple[str | None, float | None, str]:
     """(switch mode, TPOT slack, gain-test rule) of
-    ``name[:paper][:in_place|:restart][:tpot=<slack>]``; the rule is ``paper`` or ``priced``."""
+    ``name[:paper|:latency][:in_place|:restart][:tpot=<slack>]``; the rule is ``paper``,
+    ``latency`` (the priced rule with the turn-latency objective) or ``priced``."""
     name, *parts = spec.split(":")
     expected = f"expected {name}, {name}:in_place or {name}:restart" + (
-        ", optionally :paper first, then optionally :tpot=<slack>" if options else "")
+        ", optionally :paper or :latency first, then optionally :tpot=<slack>" if options else "")
     mode = slack = None
     rule = "priced"
-    if options and parts and parts[0] == "paper":
-        rule, parts = "paper", parts[1:]
+    if options and parts and parts[0] in ("paper", "latency"):
+        rule, parts = parts[0], parts[1:]
     for i, part in enumerate(parts):
         if part in SWITCH_MODES and i == 0:
             mode = part

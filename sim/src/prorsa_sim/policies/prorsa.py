@@ -46,7 +46,8 @@ class AllocatorDriver:
     tpot_slack: float | None = None
     """The allocator's ``decode_tpot_slack`` (decode sized by step time too); None: off."""
     rule: str = "priced"
-    """The allocator's gain test: ``priced`` (default) or ``paper`` (``prorsa:paper``)."""
+    """The allocator's gain test: ``priced`` (default), ``paper`` (``prorsa:paper``) or
+    ``latency`` (``prorsa:latency``: ``priced`` with the ``turn_latency`` objective)."""
     overrides: dict | None = None
     """AllocatorConfig fields set over the defaults and the profile's priors (an ablation:
     ``benchmarks/allocator_trace.py --set``); ignored when ``config`` is given."""
@@ -69,7 +70,8 @@ class AllocatorDriver:
             fields = dict(
                 prefill_tokens_per_s=prefill_rate_computed(prof),
                 in_place_switch_s=prof.in_place_switch_s, restart_switch_s=prof.restart_switch_s,
-                decode_tpot_slack=self.tpot_slack, rule=self.rule, **decode_step_prior(prof),
+                decode_tpot_slack=self.tpot_slack, **decode_step_prior(prof),
+                **({"rule": "priced", "objective": "turn_latency"} if self.rule == "latency" else {"rule": self.rule}),
             )
             cfg = self.config or AllocatorConfig(**{**fields, **(self.overrides or {})})
             self.allocator = Allocator(cfg)
