@@ -906,6 +906,15 @@ def test_turn_latency_objective_by_hand() -> None:
     short = DemandView(3.0, 1.0, 3.0, 1.0, 10.0, decode_kv_now=1.0, decode_kv_later=1.0, decode_step=(0.1, 0.3))
     _, f_short = priced_net(2, 6, "prefill", prices, short, cfg, 120.0, PricedContext(50_000.0, decode_turn_s=20.0))
     assert f_short == pytest.approx(1 / (37.5 + 20.0))
+    # A backlog is cleared once: half of a window of 4 engines' work queued at its start
+    # (prefill_fed_share 0.5: 20 engine-seconds), then 1 engine's work a window. Arrivals
+    # over 120 s: 40 - 20 + 110 = 130 engine-seconds, a = 13/12 engines; 5 engines clear
+    # the backlog in T = 20/(5 - 13/12) s; the queue averages 20·T/(2·120) over the horizon.
+    backed = DemandView(4.0, 1.0, 1.0, 1.0, 10.0, prefill_fed_share=0.5, decode_kv_now=1.0, decode_kv_later=1.0,
+                        decode_step=(0.1, 0.3))
+    _, f_backed = priced_net(5, 3, "decode", prices, backed, cfg, 120.0, ctx)
+    t_clear = 20 / (5 - 13 / 12)
+    assert f_backed == pytest.approx(1 / ((13 / 12) * 10 / 10 + 20 * t_clear / 240 / 5 + 20.0))
     # Decode KV over the pool: admissions wait in proportion (KV 4 engines on 3: x 4/3).
     kv = DemandView(1.0, 4.0, 1.0, 4.0, 10.0, decode_kv_now=4.0, decode_kv_later=4.0, decode_step=(0.1, 0.3))
     _, f_kv = priced_net(5, 3, "decode", prices, kv, cfg, 120.0, ctx)

@@ -286,10 +286,14 @@ def priced_net(
     cap_p = cap_p * cache_scale(p, p + (1 if to_role == "prefill" else -1) * k.astype(int), ctx.miss,
                                 1.0 if explore else 1.0 - ctx.theta_hit)
     if cfg.objective == "turn_latency" and step is not None and t0 > 0 and (ctx.decode_turn_s or 0.0) > 0:
+        # The backlog queued at the window's start is cleared once; the rest of the work
+        # arrives over the horizon (``prefill_fed_share``).
+        backlog = (1.0 - demand.prefill_fed_share) * s * demand.prefill_now
         lat = TurnLatency(demand.horizon_s, horizon, t0, load, spread, d, float(ctx.decode_turn_s),
                           w_d if w_kv is None else w_kv)
-        f_old = 1.0 / float(lat(np.array([p * horizon], float), np.array([d * horizon], float), np.array([w_p]))[0])
-        return 1.0 / lat(cap_p, cap_d, w_p + extra), f_old
+        f_old = 1.0 / float(lat(np.array([p * horizon], float), np.array([d * horizon], float),
+                                np.array([w_p - backlog]), np.array([backlog]))[0])
+        return 1.0 / lat(cap_p, cap_d, np.full(len(k), w_p - backlog), backlog + extra), f_old
     f_old = float(f(np.array([p * horizon], float), np.array([d * horizon], float), np.array([w_p]))[0])
     return f(cap_p, cap_d, w_p + extra), f_old
 
@@ -301,10 +305,12 @@ class TurnLatency:
     decode capacities given in engine-seconds over H (n = capacity / H engines, a switch's
     dead time averaged in, as in the capacity objective).
 
-    * Prefill: a request waits on average half the time the window's work takes to drain,
-      aᴾ·S/(2·nᴾ) (aᴾ = Wᴾ/H engines of work; the latency-balance term's L_P, decode.py),
-      and, where the work exceeds the pool (aᴾ > nᴾ), half the backlog the horizon
-      builds, (aᴾ − nᴾ)·H/(2·nᴾ): a fluid queue, no Erlang-C tail.
+    * Prefill, a fluid queue: the backlog B (engine-seconds of work queued at the window's
+      start, with what a switch's drain aborts and its flip's lost cache) and arrivals of
+      aᴾ engines of work (the rest of the forecast over H). The queue q(t) = max(0, B +
+      (aᴾ − nᴾ)·t) is cleared at T = B/(nᴾ − aᴾ) when the pool outruns the arrivals; a
+      request waits q(t)/nᴾ, averaged over H, plus half a window's arrivals, aᴾ·S/(2·nᴾ)
+      (the latency-balance term's L_P, decode.py).
     * Decode: a turn's o output tokens at the decode step t(n) = t₀ + c/min(n, spread)
       (``decode_step``, ``decode_spread``); o is what the turn measured now takes, L_D at
       the current n_now: L_D(n) = L_D · t(n)/t(n_now). Where the KV demand exceeds the
@@ -329,11 +335,22 @@ class TurnLatency:
             n = np.minimum(n, self.spread)
         return self.t0 + self.load / n
 
-    def __call__(self, cap_p: np.ndarray, cap_d: np.ndarray, work_p: np.ndarray) -> np.ndarray:
+    def prefill_wait(self, n_p: np.ndarray, arriving: np.ndarray, backlog) -> np.ndarray:
+        """Mean wait over the horizon: ``arriving`` and ``backlog`` in engine-seconds."""
         h = self.horizon_s
-        n_p, n_d = np.maximum(cap_p / h, 1e-9), np.maximum(cap_d / h, 1e-9)
-        a_p = np.maximum(work_p, 0.0) / h
-        wait = a_p * self.window_s / (2.0 * n_p) + np.maximum(0.0, a_p - n_p) * h / (2.0 * n_p)
+        n_p = np.maximum(n_p, 1e-9)
+        a = np.maximum(arriving, 0.0) / h
+        b = np.maximum(np.broadcast_to(np.asarray(backlog, dtype=float), n_p.shape), 0.0)
+        drain = n_p - a  # engines left over for the backlog
+        growing = drain <= 0
+        t_clear = np.where(growing, np.inf, b / np.maximum(drain, 1e-12))
+        queue = np.where(growing | (t_clear >= h), b - drain * h / 2.0, b * np.minimum(t_clear, h) / (2.0 * h))
+        return a * self.window_s / (2.0 * n_p) + queue / n_p
+
+    def __call__(self, cap_p: np.ndarray, cap_d: np.ndarray, arriving: np.ndarray, backlog) -> np.ndarray:
+        h = self.horizon_s
+        n_d = np.maximum(cap_d / h, 1e-9)
+        wait = self.prefill_wait(cap_p / h, arriving, backlog)
         decode = self.turn_s * self.step(n_d) / self.step(np.array([float(self.d_now)]))[0]
         decode = decode * np.maximum(1.0, (self.kv_work / h) / n_d)
         return wait + decode
