@@ -915,6 +915,11 @@ def test_turn_latency_objective_by_hand() -> None:
     _, f_backed = priced_net(5, 3, "decode", prices, backed, cfg, 120.0, ctx)
     t_clear = 20 / (5 - 13 / 12)
     assert f_backed == pytest.approx(1 / ((13 / 12) * 10 / 10 + 20 * t_clear / 240 / 5 + 20.0))
+    # The smoothed forecast after the window counts the standing backlog of every window;
+    # where its arrival part is known, that is the rate (the same case: later 3 engines'
+    # forecast of which 1 arrives).
+    arrivals = replace(backed, prefill_later=3.0, prefill_arrivals_later=1.0)
+    assert priced_net(5, 3, "decode", prices, arrivals, cfg, 120.0, ctx)[1] == pytest.approx(f_backed)
     # Decode KV over the pool: admissions wait in proportion (KV 4 engines on 3: x 4/3).
     kv = DemandView(1.0, 4.0, 1.0, 4.0, 10.0, decode_kv_now=4.0, decode_kv_later=4.0, decode_step=(0.1, 0.3))
     _, f_kv = priced_net(5, 3, "decode", prices, kv, cfg, 120.0, ctx)

@@ -86,6 +86,9 @@ class Allocator:
         self.last_decision: Decision | None = None
         # Smoothed demand rates for the windows after the current one.
         self._prefill_rate: float | None = None  # Ŵᴾ / S, tokens/s
+        # The part of it arrivals bring (prefill_fed_share), smoothed alike: the turn-latency
+        # objective's arrival rate after the current window (a backlog is cleared once).
+        self._arrival_rate: float | None = None
         self._decode_kv: float | None = None  # Kᴰ + K̂ᴰ, tokens
         # The forecast prefill rates of the last provision_memory_s: (window start, Ŵᴾ / S).
         self._prefill_rates: deque[tuple[float, float]] = deque()
@@ -195,6 +198,9 @@ class Allocator:
         a = self.config.forecast_alpha
         rate, kv = fc.prefill_tokens / fc.horizon, fc.decode_kv_now + fc.decode_kv_tokens
         self._prefill_rate = rate if self._prefill_rate is None else (1 - a) * self._prefill_rate + a * rate
+        arrivals = rate * prefill_fed_share(fc)
+        self._arrival_rate = (arrivals if self._arrival_rate is None
+                              else (1 - a) * self._arrival_rate + a * arrivals)
         if self.config.provision_quantile is not None:
             self._prefill_rates.append((fc.t, rate))
             while self._prefill_rates and self._prefill_rates[0][0] <= fc.t - self.config.provision_memory_s:
@@ -344,6 +350,8 @@ class Allocator:
                 decode_fed_share=fc.decode_kv_tokens / kv_total if kv_total > 0 else 1.0,
                 prefill_fed_share=prefill_fed_share(fc),
                 prefill_upper=self._prefill_upper(cap.prefill_tokens_per_s),
+                prefill_arrivals_later=(None if self._arrival_rate is None
+                                        else self._arrival_rate / cap.prefill_tokens_per_s),
             )
             if by_step and turn_now > cfg.horizon_s:
                 dv = replace(dv, decode_kv_now=kv_total / kv_cap, decode_kv_later=decode_kv / kv_cap,

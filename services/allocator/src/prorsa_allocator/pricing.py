@@ -289,6 +289,11 @@ def priced_net(
         # The backlog queued at the window's start is cleared once; the rest of the work
         # arrives over the horizon (``prefill_fed_share``).
         backlog = (1.0 - demand.prefill_fed_share) * s * demand.prefill_now
+        if demand.prefill_arrivals_later is not None:
+            later_a = demand.prefill_arrivals_later
+            if to_role == "decode" and demand.prefill_upper is not None:
+                later_a = max(later_a, demand.prefill_upper * later_a / max(demand.prefill_later, 1e-12))
+            w_p = s * demand.prefill_now + (horizon - s) * later_a
         lat = TurnLatency(demand.horizon_s, horizon, t0, load, spread, d, float(ctx.decode_turn_s),
                           w_d if w_kv is None else w_kv)
         f_old = 1.0 / float(lat(np.array([p * horizon], float), np.array([d * horizon], float),
