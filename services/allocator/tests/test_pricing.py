@@ -924,6 +924,12 @@ def test_turn_latency_objective_by_hand() -> None:
     kv = DemandView(1.0, 4.0, 1.0, 4.0, 10.0, decode_kv_now=4.0, decode_kv_later=4.0, decode_step=(0.1, 0.3))
     _, f_kv = priced_net(5, 3, "decode", prices, kv, cfg, 120.0, ctx)
     assert f_kv == pytest.approx(1 / (1.0 + 20.0 * 4 / 3))
+    # Admissions come as fast as prefill serves: 10 engines of prefill work on 5 (half of it
+    # served; wait 10 x 10/10 + (10 - 5) x 120/(2 x 5) = 70 s) bring half the admitted KV,
+    # so KV 4 engines' worth, half of it admitted, needs 4 x (0.5 + 0.5 x 0.5) = 3: no wait.
+    fed = DemandView(10.0, 4.0, 10.0, 4.0, 10.0, decode_fed_share=0.5, decode_kv_now=4.0, decode_kv_later=4.0,
+                     decode_step=(0.1, 0.3))
+    assert priced_net(5, 3, "decode", prices, fed, cfg, 120.0, ctx)[1] == pytest.approx(1 / (70.0 + 20.0))
     # Without a measured decode turn the objective falls back to the capacity ratio.
     f_fb, f_fb_old = priced_net(5, 3, "decode", prices, dv, cfg, 120.0, PricedContext(50_000.0))
     assert (f_fb_old, f_fb[0]) == pytest.approx((2.0, 2.0))

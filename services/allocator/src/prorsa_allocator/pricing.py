@@ -295,7 +295,7 @@ def priced_net(
                 later_a = max(later_a, demand.prefill_upper * later_a / max(demand.prefill_later, 1e-12))
             w_p = s * demand.prefill_now + (horizon - s) * later_a
         lat = TurnLatency(demand.horizon_s, horizon, t0, load, spread, d, float(ctx.decode_turn_s),
-                          w_d if w_kv is None else w_kv)
+                          w_d if w_kv is None else w_kv, demand.decode_fed_share)
         f_old = 1.0 / float(lat(np.array([p * horizon], float), np.array([d * horizon], float),
                                 np.array([w_p - backlog]), np.array([backlog]))[0])
         return 1.0 / lat(cap_p, cap_d, np.full(len(k), w_p - backlog), backlog + extra), f_old
@@ -319,7 +319,10 @@ class TurnLatency:
     * Decode: a turn's o output tokens at the decode step t(n) = t₀ + c/min(n, spread)
       (``decode_step``, ``decode_spread``); o is what the turn measured now takes, L_D at
       the current n_now: L_D(n) = L_D · t(n)/t(n_now). Where the KV demand exceeds the
-      pool (aᴷⱽ > nᴰ) admissions wait for KV in proportion: x aᴷⱽ/nᴰ.
+      pool (aᴷⱽ > nᴰ) admissions wait for KV in proportion: x aᴷⱽ/nᴰ. The KV the
+      forecast's admissions bring (``decode_fed_share`` of it) comes only as fast as the
+      prefill pool serves its work, min(1, nᴾ/(its work per second)): the closed loop of
+      the capacity objective's coupling; the KV resident is there either way.
 
     What a turn does outside the model (tools, sandbox, reward) is the same at every split
     and is left out, so a gain over the hysteresis is a gain in model time."""
@@ -333,6 +336,8 @@ class TurnLatency:
     turn_s: float
     kv_work: float
     """Decode KV demand in engine-seconds over the horizon."""
+    kv_fed_share: float = 1.0
+    """The share of ``kv_work`` the forecast's admissions bring (the rest is resident)."""
 
     def step(self, n: np.ndarray) -> np.ndarray:
         n = np.maximum(n, 1e-9)
@@ -357,7 +362,11 @@ class TurnLatency:
         n_d = np.maximum(cap_d / h, 1e-9)
         wait = self.prefill_wait(cap_p / h, arriving, backlog)
         decode = self.turn_s * self.step(n_d) / self.step(np.array([float(self.d_now)]))[0]
-        decode = decode * np.maximum(1.0, (self.kv_work / h) / n_d)
+        n_p = np.maximum(cap_p / h, 1e-9)
+        work = (np.maximum(arriving, 0.0) + np.maximum(backlog, 0.0)) / h
+        served = np.minimum(1.0, n_p / np.maximum(work, 1e-12))
+        kv = self.kv_work / h * (1.0 - self.kv_fed_share + self.kv_fed_share * served)
+        decode = decode * np.maximum(1.0, kv / n_d)
         return wait + decode
 
 
