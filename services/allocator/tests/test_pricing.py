@@ -14,7 +14,7 @@ from prorsa_allocator.config import AllocatorConfig
 from prorsa_allocator.engines import EngineView
 from prorsa_allocator.planner import Allocator
 from prorsa_allocator.pricing import (
-    PricedContext, SwitchPrice, SwitchPrices, price_switch, price_switches, priced_net, role_pressed,
+    PricedContext, SwitchPrice, SwitchPrices, TurnLatency, price_switch, price_switches, priced_net, role_pressed,
 )
 from prorsa_allocator.served import CacheRegime
 from prorsa_allocator.switching import DemandView
@@ -880,6 +880,11 @@ def test_the_miss_ratio_is_measured_per_prefill_count() -> None:
     assert capped.prefill_miss == {2: pytest.approx(0.05)}
 
 
+def lat_kv(engines: float, fed: float = 1.0) -> TurnLatency:
+    """The TurnLatency of the hand-computed cases with a decode KV demand of ``engines``."""
+    return TurnLatency(10.0, 120.0, 0.1, 0.3, None, 3, 20.0, engines * 120.0, fed)
+
+
 def test_turn_latency_objective_by_hand() -> None:
     # 5:3 over 120 s (S = 10 s), prefill demand 1 engine now and later, decode KV 1 engine;
     # decode step t(n) = 0.1 + 0.3/n s, a decode turn of 20 s measured at 3 engines
@@ -902,10 +907,22 @@ def test_turn_latency_objective_by_hand() -> None:
     f_cap, f_cap_old = priced_net(5, 3, "decode", prices, dv, _config(), 120.0, ctx)
     assert f_cap_old == pytest.approx(2.0) and f_cap[0] == pytest.approx(2.0)
     # A prefill pool short of its work builds a backlog: 3 engines of work on 2 prefill
-    # engines wait 3 x 10 / 4 + (3 - 2) x 120 / 4 = 37.5 s.
+    # engines wait 3 x 10 / 4 + (3 - 2) x 120 / 4 = 37.5 s (TurnLatency over 120 s, window
+    # 10 s, the same step and turn; capacities and work in engine-seconds).
+    lat = TurnLatency(10.0, 120.0, 0.1, 0.3, None, 3, 20.0, 120.0)
+    one = np.array([1.0])
+    assert lat(2 * 120 * one, 3 * 120 * one, 360 * one, 0.0)[0] == pytest.approx(37.5 + 20.0)
+    # Such a split is saturated, and priced_net judges it by the capacity ratio (2/3): in a
+    # closed loop whose queues grow, what each role serves sets the pace.
     short = DemandView(3.0, 1.0, 3.0, 1.0, 10.0, decode_kv_now=1.0, decode_kv_later=1.0, decode_step=(0.1, 0.3))
+    assert lat.saturated(2 * 120 * one, 3 * 120 * one, 360 * one, 0.0)[0]
     _, f_short = priced_net(2, 6, "prefill", prices, short, cfg, 120.0, PricedContext(50_000.0, decode_turn_s=20.0))
-    assert f_short == pytest.approx(1 / (37.5 + 20.0))
+    assert f_short == pytest.approx(2 / 3)
+    # A move that would saturate a role scores 0 (never chosen): 5:3 with prefill work of
+    # 2.5 engines; two engines to decode leave 3 prefill engines, one 2.
+    near = DemandView(2.5, 1.0, 2.5, 1.0, 10.0, decode_kv_now=1.0, decode_kv_later=1.0, decode_step=(0.1, 0.3))
+    f_near, _ = priced_net(5, 3, "decode", [SwitchPrice(0.0, 0.0)] * 3, near, cfg, 120.0, ctx)
+    assert f_near[0] > 0 and f_near[1] > 0 and f_near[2] == 0.0
     # A backlog is cleared once: half of a window of 4 engines' work queued at its start
     # (prefill_fed_share 0.5: 20 engine-seconds), then 1 engine's work a window. Arrivals
     # over 120 s: 40 - 20 + 110 = 130 engine-seconds, a = 13/12 engines; 5 engines clear
@@ -920,16 +937,15 @@ def test_turn_latency_objective_by_hand() -> None:
     # forecast of which 1 arrives).
     arrivals = replace(backed, prefill_later=3.0, prefill_arrivals_later=1.0)
     assert priced_net(5, 3, "decode", prices, arrivals, cfg, 120.0, ctx)[1] == pytest.approx(f_backed)
-    # Decode KV over the pool: admissions wait in proportion (KV 4 engines on 3: x 4/3).
-    kv = DemandView(1.0, 4.0, 1.0, 4.0, 10.0, decode_kv_now=4.0, decode_kv_later=4.0, decode_step=(0.1, 0.3))
-    _, f_kv = priced_net(5, 3, "decode", prices, kv, cfg, 120.0, ctx)
-    assert f_kv == pytest.approx(1 / (1.0 + 20.0 * 4 / 3))
+    # Decode KV over the pool: admissions wait in proportion (KV 4 engines on 3: x 4/3), a
+    # saturated split.
+    assert lat_kv(4.0)(5 * 120 * one, 3 * 120 * one, 120 * one, 0.0)[0] == pytest.approx(1.0 + 20.0 * 4 / 3)
     # Admissions come as fast as prefill serves: 10 engines of prefill work on 5 (half of it
-    # served; wait 10 x 10/10 + (10 - 5) x 120/(2 x 5) = 70 s) bring half the admitted KV,
-    # so KV 4 engines' worth, half of it admitted, needs 4 x (0.5 + 0.5 x 0.5) = 3: no wait.
-    fed = DemandView(10.0, 4.0, 10.0, 4.0, 10.0, decode_fed_share=0.5, decode_kv_now=4.0, decode_kv_later=4.0,
-                     decode_step=(0.1, 0.3))
-    assert priced_net(5, 3, "decode", prices, fed, cfg, 120.0, ctx)[1] == pytest.approx(1 / (70.0 + 20.0))
+    # served) bring half the admitted KV, so KV 4 engines' worth, half of it admitted,
+    # needs 4 x (0.5 + 0.5 x 0.5) = 3 engines: no wait on 3.
+    fed = lat_kv(4.0, fed=0.5)
+    assert fed.decode_kv(5 * 120 * one, 1200 * one, 0.0)[0] == pytest.approx(3.0)
+    assert fed(5 * 120 * one, 3 * 120 * one, 1200 * one, 0.0)[0] == pytest.approx(10.0 + 60.0 + 20.0)
     # Without a measured decode turn the objective falls back to the capacity ratio.
     f_fb, f_fb_old = priced_net(5, 3, "decode", prices, dv, cfg, 120.0, PricedContext(50_000.0))
     assert (f_fb_old, f_fb[0]) == pytest.approx((2.0, 2.0))

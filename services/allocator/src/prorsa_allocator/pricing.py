@@ -289,16 +289,22 @@ def priced_net(
         # The backlog queued at the window's start is cleared once; the rest of the work
         # arrives over the horizon (``prefill_fed_share``).
         backlog = (1.0 - demand.prefill_fed_share) * s * demand.prefill_now
+        arriving = w_p - backlog
         if demand.prefill_arrivals_later is not None:
             later_a = demand.prefill_arrivals_later
             if to_role == "decode" and demand.prefill_upper is not None:
                 later_a = max(later_a, demand.prefill_upper * later_a / max(demand.prefill_later, 1e-12))
-            w_p = s * demand.prefill_now + (horizon - s) * later_a
+            arriving = s * demand.prefill_now + (horizon - s) * later_a - backlog
         lat = TurnLatency(demand.horizon_s, horizon, t0, load, spread, d, float(ctx.decode_turn_s),
                           w_d if w_kv is None else w_kv, demand.decode_fed_share)
-        f_old = 1.0 / float(lat(np.array([p * horizon], float), np.array([d * horizon], float),
-                                np.array([w_p - backlog]), np.array([backlog]))[0])
-        return 1.0 / lat(cap_p, cap_d, np.full(len(k), w_p - backlog), backlog + extra), f_old
+        here = (np.array([p * horizon], float), np.array([d * horizon], float), np.array([arriving]), backlog)
+        # A saturated split (a role short of its work) is judged by the capacity ratio: in a
+        # closed loop whose queues grow, what the roles serve sets the pace, not a sum of waits.
+        if not lat.saturated(*here)[0]:
+            work = np.full(len(k), arriving)
+            f_new = np.where(lat.saturated(cap_p, cap_d, work, backlog + extra), 0.0,
+                             1.0 / lat(cap_p, cap_d, work, backlog + extra))
+            return f_new, 1.0 / float(lat(*here)[0])
     f_old = float(f(np.array([p * horizon], float), np.array([d * horizon], float), np.array([w_p]))[0])
     return f(cap_p, cap_d, w_p + extra), f_old
 
@@ -357,16 +363,26 @@ class TurnLatency:
         queue = np.where(growing | (t_clear >= h), b - drain * h / 2.0, b * np.minimum(t_clear, h) / (2.0 * h))
         return a * self.window_s / (2.0 * n_p) + queue / n_p
 
+    def decode_kv(self, cap_p: np.ndarray, arriving: np.ndarray, backlog) -> np.ndarray:
+        """The decode KV demand in engines, its admitted share scaled by what prefill serves."""
+        h = self.horizon_s
+        n_p = np.maximum(cap_p / h, 1e-9)
+        work = (np.maximum(arriving, 0.0) + np.maximum(backlog, 0.0)) / h
+        served = np.minimum(1.0, n_p / np.maximum(work, 1e-12))
+        return self.kv_work / h * (1.0 - self.kv_fed_share + self.kv_fed_share * served)
+
+    def saturated(self, cap_p: np.ndarray, cap_d: np.ndarray, arriving: np.ndarray, backlog) -> np.ndarray:
+        """Whether a role is short of its work: arrivals at least the prefill pool (its queue
+        grows), or the decode KV demand at least the decode pool."""
+        h = self.horizon_s
+        return (np.maximum(arriving, 0.0) >= cap_p) | (self.decode_kv(cap_p, arriving, backlog) >= cap_d / h)
+
     def __call__(self, cap_p: np.ndarray, cap_d: np.ndarray, arriving: np.ndarray, backlog) -> np.ndarray:
         h = self.horizon_s
         n_d = np.maximum(cap_d / h, 1e-9)
         wait = self.prefill_wait(cap_p / h, arriving, backlog)
         decode = self.turn_s * self.step(n_d) / self.step(np.array([float(self.d_now)]))[0]
-        n_p = np.maximum(cap_p / h, 1e-9)
-        work = (np.maximum(arriving, 0.0) + np.maximum(backlog, 0.0)) / h
-        served = np.minimum(1.0, n_p / np.maximum(work, 1e-12))
-        kv = self.kv_work / h * (1.0 - self.kv_fed_share + self.kv_fed_share * served)
-        decode = decode * np.maximum(1.0, kv / n_d)
+        decode = decode * np.maximum(1.0, self.decode_kv(cap_p, arriving, backlog) / n_d)
         return wait + decode
 
 
