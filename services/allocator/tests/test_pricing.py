@@ -896,12 +896,12 @@ def test_turn_latency_objective_by_hand() -> None:
     f_new, f_old = priced_net(5, 3, "decode", prices, dv, cfg, 120.0, ctx)
     # Now: prefill wait 1 x 10 / (2 x 5) = 1 s, decode 20 s: 21 s a turn.
     assert f_old == pytest.approx(1 / 21)
-    # One engine to decode: 4 prefill engines (wait 1.25 s); decode 3 + 105/120 = 3.875
-    # engines on average, t = 0.1 + 0.3/3.875, turn 20 x t/0.2.
-    d1 = 20 * (0.1 + 0.3 / 3.875) / 0.2
+    # One engine to decode: 4 prefill engines at once (wait 1.25 s); decode on 3 engines
+    # for the move's 15 s of dead time, then on 4: t = 0.1 + 0.3/4, a turn 20 x t/0.2.
+    d1 = (15 * 20 + 105 * 20 * (0.1 + 0.3 / 4) / 0.2) / 120
     assert f_new[0] == pytest.approx(1 / (1.25 + d1))
-    # Two: 3 prefill engines (wait 10/6 s), 4.75 decode engines.
-    d2 = 20 * (0.1 + 0.3 / 4.75) / 0.2
+    # Two: 3 prefill engines (wait 10/6 s), 5 decode engines after 15 s.
+    d2 = (15 * 20 + 105 * 20 * (0.1 + 0.3 / 5) / 0.2) / 120
     assert f_new[1] == pytest.approx(1 / (10 / 6 + d2))
     # The capacity objective sees both roles past ratio_cap (2x their demand): no gain at all.
     f_cap, f_cap_old = priced_net(5, 3, "decode", prices, dv, _config(), 120.0, ctx)
@@ -940,6 +940,23 @@ def test_turn_latency_objective_by_hand() -> None:
     # Decode KV over the pool: admissions wait in proportion (KV 4 engines on 3: x 4/3), a
     # saturated split.
     assert lat_kv(4.0)(5 * 120 * one, 3 * 120 * one, 120 * one, 0.0)[0] == pytest.approx(1.0 + 20.0 * 4 / 3)
+    # A backlog the old split clears within the move's dead time gains nothing from it: 2:6
+    # with 25 engine-seconds queued (a sync batch) and 0.5 engine of arrivals. Moving 3
+    # decode engines to prefill (dead 25 s) leaves 2 prefill engines for those 25 s, which
+    # clear the queue in 25/1.5 s, and takes 3 decode engines away at once.
+    batch = DemandView(2.5, 1.0, 0.5, 1.0, 10.0, prefill_fed_share=0.0, decode_kv_now=1.0, decode_kv_later=1.0,
+                       decode_step=(0.1, 0.3))
+    b_ctx = PricedContext(50_000.0, decode_turn_s=20.0)
+    f_b, f_b_old = priced_net(2, 6, "prefill", [SwitchPrice(10.0, 15.0)] * 3, batch, cfg, 120.0, b_ctx)
+    assert f_b[2] < f_b_old
+    # By hand: the window's 25 engine-seconds are the backlog (prefill_fed_share 0), the
+    # 110 s after it bring 0.5 engine each (a = 55/120 engines over the horizon); the queue
+    # is gone at 25/(2 - a) s, within the dead time; decode runs on 3 engines throughout.
+    a = 55 / 120
+    area = 25 * 25 / (2 * (2 - a))
+    wait = (a * 10 / 2 * (25 / 2 + 95 / 5) + area / 2) / 120
+    step = lambda n: 20 * (0.1 + 0.3 / n) / (0.1 + 0.3 / 6)  # noqa: E731
+    assert f_b[2] == pytest.approx(1 / (wait + step(3)))
     # Admissions come as fast as prefill serves: 10 engines of prefill work on 5 (half of it
     # served) bring half the admitted KV, so KV 4 engines' worth, half of it admitted,
     # needs 4 x (0.5 + 0.5 x 0.5) = 3 engines: no wait on 3.

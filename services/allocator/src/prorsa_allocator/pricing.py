@@ -283,8 +283,9 @@ def priced_net(
     # weight-update pause under the turn-latency objective: there every cache is flushed, the
     # move is free and the next pause can take it back for free once the count is measured.
     explore = cfg.objective == "turn_latency" and ctx.pause_left_s > 0
-    cap_p = cap_p * cache_scale(p, p + (1 if to_role == "prefill" else -1) * k.astype(int), ctx.miss,
-                                1.0 if explore else 1.0 - ctx.theta_hit)
+    scale = cache_scale(p, p + (1 if to_role == "prefill" else -1) * k.astype(int), ctx.miss,
+                        1.0 if explore else 1.0 - ctx.theta_hit)
+    cap_p = cap_p * scale
     if cfg.objective == "turn_latency" and step is not None and t0 > 0 and (ctx.decode_turn_s or 0.0) > 0:
         # The backlog queued at the window's start is cleared once; the rest of the work
         # arrives over the horizon (``prefill_fed_share``).
@@ -301,12 +302,28 @@ def priced_net(
         # A saturated split (a role short of its work) is judged by the capacity ratio: in a
         # closed loop whose queues grow, what the roles serve sets the pace, not a sum of waits.
         if not lat.saturated(*here)[0]:
+            # Two phases: the moved engines' dead time (the donor role has lost them, the
+            # other has not gained them yet), then the new split.
+            dead = np.maximum.accumulate(np.minimum(prices.dead_s, horizon))
+            if to_role == "prefill":
+                n_p1, n_d1, n_p2, n_d2 = np.full(len(k), float(p)), d - k, (p + k) * scale, d - k
+            else:
+                n_p1 = n_p2 = (p - k) * scale
+                n_d1, n_d2 = np.full(len(k), float(d)), d + k
             work = np.full(len(k), arriving)
-            f_new = np.where(lat.saturated(cap_p, cap_d, work, backlog + extra), 0.0,
-                             1.0 / lat(cap_p, cap_d, work, backlog + extra))
+            f_new = np.where(lat.saturated(n_p2 * horizon, n_d2 * horizon, work, backlog + extra), 0.0,
+                             1.0 / lat.phased(n_p1, n_d1, n_p2, n_d2, dead, work, backlog + extra))
             return f_new, 1.0 / float(lat(*here)[0])
     f_old = float(f(np.array([p * horizon], float), np.array([d * horizon], float), np.array([w_p]))[0])
     return f(cap_p, cap_d, w_p + extra), f_old
+
+
+def _queue_area(b: np.ndarray, r: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """The integral over [0, t] of max(0, b − r·τ): a fluid queue of ``b`` drained at ``r``
+    (negative: growing)."""
+    t = np.broadcast_to(np.asarray(t, dtype=float), b.shape)
+    cleared = (r > 0) & (b < r * t)
+    return np.where(cleared, b * b / (2.0 * np.maximum(r, 1e-12)), b * t - r * t * t / 2.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,15 +370,23 @@ class TurnLatency:
 
     def prefill_wait(self, n_p: np.ndarray, arriving: np.ndarray, backlog) -> np.ndarray:
         """Mean wait over the horizon: ``arriving`` and ``backlog`` in engine-seconds."""
-        h = self.horizon_s
         n_p = np.maximum(n_p, 1e-9)
+        return self.phased_wait(n_p, n_p, np.zeros(n_p.shape), arriving, backlog)
+
+    def phased_wait(self, n_p1: np.ndarray, n_p2: np.ndarray, dead: np.ndarray, arriving: np.ndarray,
+                    backlog) -> np.ndarray:
+        """Mean wait over the horizon with ``n_p1`` prefill engines for ``dead`` seconds, then
+        ``n_p2``: the fluid queue's area in each phase over its engines, plus half a window's
+        arrivals."""
+        h = self.horizon_s
+        n1, n2 = np.maximum(n_p1, 1e-9), np.maximum(n_p2, 1e-9)
         a = np.maximum(arriving, 0.0) / h
-        b = np.maximum(np.broadcast_to(np.asarray(backlog, dtype=float), n_p.shape), 0.0)
-        drain = n_p - a  # engines left over for the backlog
-        growing = drain <= 0
-        t_clear = np.where(growing, np.inf, b / np.maximum(drain, 1e-12))
-        queue = np.where(growing | (t_clear >= h), b - drain * h / 2.0, b * np.minimum(t_clear, h) / (2.0 * h))
-        return a * self.window_s / (2.0 * n_p) + queue / n_p
+        b0 = np.maximum(np.broadcast_to(np.asarray(backlog, dtype=float), n1.shape), 0.0)
+        t1, t2 = dead, h - dead
+        b1 = np.maximum(0.0, b0 - (n1 - a) * t1)
+        area = _queue_area(b0, n1 - a, t1) / n1 + _queue_area(b1, n2 - a, t2) / n2
+        base = a * self.window_s / 2.0 * (t1 / n1 + t2 / n2)
+        return (base + area) / h
 
     def decode_kv(self, cap_p: np.ndarray, arriving: np.ndarray, backlog) -> np.ndarray:
         """The decode KV demand in engines, its admitted share scaled by what prefill serves."""
@@ -377,13 +402,25 @@ class TurnLatency:
         h = self.horizon_s
         return (np.maximum(arriving, 0.0) >= cap_p) | (self.decode_kv(cap_p, arriving, backlog) >= cap_d / h)
 
+    def decode_s(self, n_d: np.ndarray, kv: np.ndarray) -> np.ndarray:
+        """A turn's decode on ``n_d`` engines with a KV demand of ``kv`` engines."""
+        n_d = np.maximum(n_d, 1e-9)
+        decode = self.turn_s * self.step(n_d) / self.step(np.array([float(self.d_now)]))[0]
+        return decode * np.maximum(1.0, kv / n_d)
+
     def __call__(self, cap_p: np.ndarray, cap_d: np.ndarray, arriving: np.ndarray, backlog) -> np.ndarray:
         h = self.horizon_s
-        n_d = np.maximum(cap_d / h, 1e-9)
-        wait = self.prefill_wait(cap_p / h, arriving, backlog)
-        decode = self.turn_s * self.step(n_d) / self.step(np.array([float(self.d_now)]))[0]
-        decode = decode * np.maximum(1.0, self.decode_kv(cap_p, arriving, backlog) / n_d)
-        return wait + decode
+        kv = self.decode_kv(cap_p, arriving, backlog)
+        return self.prefill_wait(cap_p / h, arriving, backlog) + self.decode_s(cap_d / h, kv)
+
+    def phased(self, n_p1: np.ndarray, n_d1: np.ndarray, n_p2: np.ndarray, n_d2: np.ndarray, dead: np.ndarray,
+               arriving: np.ndarray, backlog) -> np.ndarray:
+        """The turn latency averaged over the horizon of a move: ``n_p1``, ``n_d1`` engines for
+        its ``dead`` seconds, then ``n_p2``, ``n_d2`` (engines, not engine-seconds)."""
+        h = self.horizon_s
+        kv = self.decode_kv(n_p2 * h, arriving, backlog)
+        decode = (dead * self.decode_s(n_d1, kv) + (h - dead) * self.decode_s(n_d2, kv)) / h
+        return self.phased_wait(n_p1, n_p2, dead, arriving, backlog) + decode
 
 
 def cache_scale(p: int, counts: np.ndarray, miss: dict[int, float], below: float = 1.0) -> np.ndarray:
