@@ -296,13 +296,6 @@ class AllocatorConfig(BaseModel):
         description="A switch must raise the time-averaged bottleneck capacity-to-demand ratio "
         "by at least this fraction (0.05: +5%), net of its cost.",
     )
-    pause_hysteresis: float | None = Field(
-        default=None,
-        ge=0,
-        description="'priced' rule: the hysteresis of the weight-update pause's own decision, "
-        "where a switch drains nothing and the next pause can take it back at no cost "
-        "(None: ``hysteresis``).",
-    )
     ratio_cap: float = Field(
         default=2.0,
         gt=1,

@@ -398,9 +398,9 @@ class TurnLatency:
 
     def saturated(self, cap_p: np.ndarray, cap_d: np.ndarray, arriving: np.ndarray, backlog) -> np.ndarray:
         """Whether a role is short of its work: arrivals at least the prefill pool (its queue
-        grows), or the decode KV demand at least the decode pool."""
+        grows), or the decode KV demand, admissions as forecast, at least the decode pool."""
         h = self.horizon_s
-        return (np.maximum(arriving, 0.0) >= cap_p) | (self.decode_kv(cap_p, arriving, backlog) >= cap_d / h)
+        return (np.maximum(arriving, 0.0) >= cap_p) | (self.kv_work >= cap_d)
 
     def decode_s(self, n_d: np.ndarray, kv: np.ndarray) -> np.ndarray:
         """A turn's decode on ``n_d`` engines with a KV demand of ``kv`` engines."""
@@ -548,10 +548,7 @@ def select_priced(
     best = int(np.argmax(f_new))
     gain = float(f_new[best]) / max(f_old, 1e-9) - 1.0
     where = " in the pause" if ctx.pause_left_s > 0 else ""
-    hysteresis = cfg.hysteresis
-    if ctx.pause_left_s > 0 and cfg.pause_hysteresis is not None:
-        hysteresis = cfg.pause_hysteresis
-    if gain > hysteresis:
+    if gain > cfg.hysteresis:
         drains, switches = prices.drain_s.tolist(), prices.switch_s.tolist()
         moves = [Move(v, to_role, drains[i], switches[i]) for i, v in enumerate(candidates[: best + 1])]
         return Selection(
@@ -559,7 +556,7 @@ def select_priced(
             f"{best + 1} engine(s) to {to_role}{where}: priced bottleneck gain {gain:+.1%} over {horizon:.0f}s",
             float(f_new[best] - f_old) * horizon,
         )
-    return Selection(reason=f"priced gain {gain:+.3f} of switching to {to_role}{where} is below the hysteresis {hysteresis}")
+    return Selection(reason=f"priced gain {gain:+.3f} of switching to {to_role}{where} is below the hysteresis {cfg.hysteresis}")
 
 
 # Saturated and idle, as a load-based autoscaler reads them (the simulator's ``reactive``
