@@ -397,10 +397,12 @@ class TurnLatency:
         return self.kv_work / h * (1.0 - self.kv_fed_share + self.kv_fed_share * served)
 
     def saturated(self, cap_p: np.ndarray, cap_d: np.ndarray, arriving: np.ndarray, backlog) -> np.ndarray:
-        """Whether a role is short of its work: arrivals at least the prefill pool (its queue
-        grows), or the decode KV demand, admissions as forecast, at least the decode pool."""
+        """Whether a role is short of its work over the horizon: the backlog and the arrivals at
+        least what the prefill pool serves in it (the queue is not cleared), or the decode KV
+        demand, admissions as forecast, at least the decode pool."""
         h = self.horizon_s
-        return (np.maximum(arriving, 0.0) >= cap_p) | (self.kv_work >= cap_d)
+        b = np.broadcast_to(np.maximum(np.asarray(backlog, dtype=float), 0.0), np.shape(cap_p))
+        return (np.maximum(arriving, 0.0) + b >= cap_p) | (self.kv_work >= cap_d)
 
     def decode_s(self, n_d: np.ndarray, kv: np.ndarray) -> np.ndarray:
         """A turn's decode on ``n_d`` engines with a KV demand of ``kv`` engines."""
