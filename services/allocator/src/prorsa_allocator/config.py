@@ -127,7 +127,7 @@ class AllocatorConfig(BaseModel):
         default="capacity",
         description="'priced' rule: what a move must improve. 'capacity': the time-averaged "
         "bottleneck capacity-to-demand ratio (max-min, capped at ``ratio_cap``). 'turn_latency': "
-        "the seconds a turn spends in the model, prefill wait plus decode (pricing.turn_latency), "
+        "the seconds a turn spends in the model, prefill wait plus decode (pricing.TurnLatency), "
         "averaged over the horizon; needs a decode step model and falls back to 'capacity' "
         "without one. Opt-in: docs/allocator.md measures both.",
     )

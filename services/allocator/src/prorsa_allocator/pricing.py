@@ -329,9 +329,11 @@ def _queue_area(b: np.ndarray, r: np.ndarray, t: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True, slots=True)
 class TurnLatency:
     """The seconds a turn spends in the model at a split (the 'turn_latency' objective):
-    its prefill wait plus its decode, averaged over a horizon of H seconds, for prefill and
-    decode capacities given in engine-seconds over H (n = capacity / H engines, a switch's
-    dead time averaged in, as in the capacity objective).
+    its prefill wait plus its decode, averaged over a horizon of H seconds. Called with a
+    split's capacities in engine-seconds over H (n = capacity / H engines), it prices the
+    split held; :meth:`phased` prices a move, its dead time (the donor role has lost the
+    engines, the other has not gained them) then the new split. :meth:`saturated` says
+    where :func:`priced_net` judges by the capacity ratio instead.
 
     * Prefill, a fluid queue: the backlog B (engine-seconds of work queued at the window's
       start, with what a switch's drain aborts and its flip's lost cache) and arrivals of
