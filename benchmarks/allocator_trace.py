@@ -9,7 +9,8 @@ explanations were read from).
 
 One line per window, and one per weight update whose pause the allocator decides at the
 update ("update"): the prefill engines now, the demands in instances (aᴾ, aᴰ), the
-target P:D, the forecast (Ŵᴾ, Kᴰ, Âᴰ), the decode engines' sequences, θᴾ, the engines
+target P:D, the forecast (Ŵᴾ, Kᴰ, Âᴰ, and ``arr``, the share of Ŵᴾ its arrival terms bring:
+``planner.prefill_fed_share``), the decode engines' sequences, θᴾ, the engines
 commanded and the reason. ``--quiet-band`` leaves out the windows whose prefill count is
 already inside the target band. The last line is the rollout time, the switch count and the
 number of decisions the decode spread cap could change (``Decision.spread_binds``).
@@ -21,6 +22,7 @@ import argparse
 import math
 
 from prorsa_allocator.config import AllocatorConfig
+from prorsa_allocator.planner import prefill_fed_share
 from prorsa_allocator.served import pool_hit
 from prorsa_sim.catalog import make_policy
 from prorsa_sim.runner import StartAt
@@ -97,7 +99,7 @@ def main() -> None:
         moves = [(m.engine.engine, m.to_role) for m in d.selection.moves] if d.selection else []
         print(f"t={obs.t:7.0f} P={n_p} aP={a.prefill_demand:6.2f} aD={a.decode_demand:5.2f} "
               f"target={a.n_prefill}:{a.n_decode} W={fc.prefill_tokens / 1e6:6.2f}M Kd={fc.decode_kv_now / 1e6:5.2f}M "
-              f"Ad={fc.decode_admit_tokens / 1e6:5.2f}M seqs={seqs} theta={alloc.theta.value:7.0f} "
+              f"Ad={fc.decode_admit_tokens / 1e6:5.2f}M arr={prefill_fed_share(fc):4.2f} seqs={seqs} theta={alloc.theta.value:7.0f} "
               f"moves={moves} {reason}")
         if args.served:
             rates = " ".join(f"{p}:{v[0] / 1e3:.0f}k/{v[1]}" for p, v in sorted(alloc.served.items()))
