@@ -26,10 +26,11 @@ from prometheus_client.core import CounterMetricFamily
 PREFIX_BYTES = 256
 """Bytes of the message kept in the log line (the size and the hash name the rest)."""
 
-Kind = Literal["invalid", "subject", "conflict", "handler"]
+Kind = Literal["invalid", "subject", "conflict", "handler", "future"]
 """``invalid``: not a valid event; ``subject``: a valid event on a subject its type does not
 belong to; ``conflict``: an id already applied with other content; ``handler``: a valid
-event the service failed on."""
+event the service failed on; ``future``: a valid event (or watermark) stamped further ahead
+of the consumer's clock than it accepts (:mod:`prorsa_runtime.clock`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +93,6 @@ class DeadLetters:
         fam = CounterMetricFamily(f"prorsa_{self.service.replace('-', '_')}_dead_letters",
                                   "messages dead-lettered (acknowledged without being applied), by kind",
                                   labels=["kind"])
-        for kind in ("invalid", "subject", "conflict", "handler"):
+        for kind in ("invalid", "subject", "conflict", "handler", "future"):
             fam.add_metric([kind], self.counts.get(kind, 0))
         yield fam

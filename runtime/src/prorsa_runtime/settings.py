@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from prorsa_schemas import Namespace
 
 from .bus import Credentials
+from .clock import DEFAULT_MAX_CLOCK_AHEAD_S
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 NATS_SCHEMES = ("nats://", "tls://", "ws://", "wss://")
@@ -63,6 +64,11 @@ class ServiceSettings(BaseSettings):
     log_json: bool = Field(default=False, description="one JSON object per log line")
     metrics_port: int | None = Field(
         default=None, ge=0, le=65535, description="Prometheus /metrics port (None: off)"
+    )
+    max_clock_ahead_s: float = Field(
+        default=DEFAULT_MAX_CLOCK_AHEAD_S, ge=0, le=365 * 86400,
+        description="an event (or watermark) whose ts is more than this many seconds ahead of this host's clock "
+        "is dead-lettered (kind 'future') instead of moving event time (0: no check); prorsa_runtime.clock",
     )
 
     @field_validator("nats_url")

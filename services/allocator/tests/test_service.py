@@ -4,6 +4,7 @@ tracking to engine.switched / deadline, restart without re-issuing, bad input su
 from __future__ import annotations
 
 import asyncio
+import time
 from contextlib import AsyncExitStack
 
 import pytest
@@ -159,12 +160,17 @@ async def test_stale_forecast_and_bad_messages_are_survived(nats_url: str, ns: N
         await h.publish(stats("p0", "prefill", ts=500.0))
         await h.nc.publish(ns.subject_for_type("engine.stats"), b'{"type": "engine.stats", "engine": 7}')
         await h.nc.publish(ns.subject_for_type("engine.stats"), b"not json")
+        # A valid event stamped a year ahead of this host's clock: applied, it would make
+        # every forecast stale and expire every deadline from then on.
+        await h.publish(stats("p0", "prefill", ts=time.time() + 365 * 86400))
         await h.publish(forecast(t=100.0, prefill_engines=6.0, decode_engines=1.0))  # 400 s old
         await h.publish(forecast(t=495.0, prefill_engines=1.0, decode_engines=1.0))
         await async_wait_until(lambda: h.of(AllocationPlan), 10, what="plan for the fresh forecast")
         assert [p.t for p in h.of(AllocationPlan)] == [495.0]
-        # Both malformed messages reached the stream; each was counted with its reason.
-        assert svc.state.invalid == 2 and "not valid JSON" in svc.state.last_invalid
+        # The three bad messages reached the stream; each was counted with its reason.
+        assert svc.state.invalid == 3 and "ahead of this host's clock" in svc.state.last_invalid
+        assert svc.state.dead_letters.counts == {"invalid": 2, "future": 1}
+        assert svc.state.allocator.now == 500.0
         assert svc.state.allocator.counters.stale == 1
         assert len(svc.state.allocator.table.engines) == 8
 
@@ -187,10 +193,13 @@ async def test_deadlines_expire_on_the_tracker_watermark_alone(nats_url: str, ns
         await h.nc.publish(ns.watermark(), b'{"ts": null, "seq": 0}')  # no event yet: ignored
         await h.nc.publish(ns.watermark(), b"garbage")
         await h.nc.publish(ns.watermark(), b'{"ts": "soon"}')
+        future = Watermark(ts=time.time() + 365 * 86400, seq=19)  # would expire everything at once
+        await h.nc.publish(ns.watermark(), future.model_dump_json().encode())
         await h.nc.publish(ns.watermark(), Watermark(ts=cmd.deadline + 1.0, seq=20).model_dump_json().encode())
         await async_wait_until(lambda: svc.state.watermarks == 1, 10, what="watermark applied")
         assert len(h.of(EngineCommand)) == 1  # inside the grace period: nothing yet
-        assert svc.state.invalid == 2 and "watermark" in svc.state.last_invalid
+        assert svc.state.invalid == 3 and "watermark" in svc.state.last_invalid
+        assert svc.state.dead_letters.counts["future"] == 1
         await h.nc.publish(ns.watermark(), Watermark(ts=cmd.deadline + 6.0, seq=21).model_dump_json().encode())
         await async_wait_until(lambda: len(h.of(EngineCommand)) == 2, 10, what="retry on the watermark")
         retry = h.of(EngineCommand)[1]

@@ -50,7 +50,11 @@ async def test_a_restart_after_a_weight_update_comes_back_on_the_updated_weights
         assert failed.role == "decode" and not events.of("engine.switching", cmd=cmd)
         assert (await router_workers(router.url))[url] == "decode"
 
-        # policy.updated names where version 4 lives: the restart loads it.
+        # policy.updated names where version 4 lives: the restart loads it. One stamped a
+        # year ahead of the clock (a wrong producer clock) would win as the newest and pin
+        # the weights for good: it is ignored.
+        await publish_event(events.js, ns, PolicyUpdated(id="pu-9", ts=time.time() + 365 * 86400, run="rl",
+                                                         version=9, model_path="/ckpt/step-9"))
         await publish_event(events.js, ns, PolicyUpdated(id="pu-4", ts=time.time(), run="rl", version=4,
                                                          model_path="/ckpt/step-4"))
         await _post(url, "/update_weight_version", {"new_version": "4"})

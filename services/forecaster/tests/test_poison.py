@@ -3,6 +3,7 @@ are dead-lettered (a log line with subject, stream sequence and hash; a counter)
 following events still make forecasts; a restart replays past them without stopping."""
 
 import asyncio
+import time
 
 from prometheus_client import generate_latest
 
@@ -26,12 +27,16 @@ async def test_poison_mid_run_is_dead_lettered_and_a_restart_replays_past_it(nat
     s = ForecasterSettings(nats_url=nats_url, subject_prefix=ns.prefix, stream=ns.stream)
     svc, stop = Forecaster(s), asyncio.Event()
     task = asyncio.create_task(svc.run(stop))
-    # Mid-run: JSON nested 1,000 deep, bytes that are not UTF-8, a rollout event on an engine subject.
+    # Mid-run: JSON nested 1,000 deep, bytes that are not UTF-8, a rollout event on an engine
+    # subject, and a valid event stamped a year ahead of this host's clock (which would close
+    # three million windows at once).
     wrong = events[half]
+    year = time.time() + 365 * 86400
     poison = [
         (ns.subject_for_type("request.queued"), b"[" * 1000),
         (ns.subject_for_type("engine.stats"), b"\xff\xfe\x00"),
         (f"{ns.prefix}.engine.{wrong.type}", encode_event(wrong.model_copy(update={"id": "forged"}))),
+        (ns.subject_for_type(wrong.type), encode_event(wrong.model_copy(update={"id": "from-the-future", "ts": year}))),
     ]
     seqs = [(await js.publish(subject, data)).seq for subject, data in poison]
     for e in events[half:]:
@@ -40,20 +45,26 @@ async def test_poison_mid_run_is_dead_lettered_and_a_restart_replays_past_it(nat
     await async_wait_until(lambda: svc.published >= n_windows + 1 or task.done(), timeout=30, what="forecasts")
     assert not task.done(), task.exception()
     assert svc.published >= n_windows + 1  # the events after the poison made their forecasts
-    assert svc.dead_letters.counts == {"invalid": 2, "subject": 1}
+    assert svc.dead_letters.counts == {"invalid": 2, "subject": 1, "future": 1}
+    assert "ahead of this host's clock" in svc.dead_letters.recent[3].reason
     assert [d.seq for d in svc.dead_letters.recent] == seqs
     assert [d.subject for d in svc.dead_letters.recent] == [p[0] for p in poison]
     assert "nested too deeply" in svc.dead_letters.recent[0].reason
     text = generate_latest(svc.registry).decode()
     assert 'prorsa_forecaster_dead_letters_total{kind="invalid"} 2.0' in text
     assert 'prorsa_forecaster_dead_letters_total{kind="subject"} 1.0' in text
+    assert 'prorsa_forecaster_dead_letters_total{kind="future"} 1.0' in text
     assert any("dead letter (invalid)" in r.getMessage() and f"seq={seqs[0]}" in r.getMessage() for r in caplog.records)
     # a watermark no parser takes is skipped too
-    await nc.publish(ns.watermark(), b'{"ts": ' + b"[" * 1000 + b"}")
-    await nc.publish(ns.watermark(), b'{"ts": %f}' % (events[-1].ts + 25))
+    # a watermark no parser takes is skipped too, and so is one from the future
     before = svc.published
+    await nc.publish(ns.watermark(), b'{"ts": ' + b"[" * 1000 + b"}")
+    await nc.publish(ns.watermark(), b'{"ts": %f}' % year)
+    await nc.publish(ns.watermark(), b'{"ts": %f}' % (events[-1].ts + 25))
     await async_wait_until(lambda: svc.published >= before + 2 or task.done(), timeout=10, what="watermark windows")
     assert not task.done()
+    assert svc.dead_letters.counts["future"] == 2 and "watermark" in svc.dead_letters.recent[-1].reason
+    assert svc.loop.window_start < events[-1].ts + 60  # event time moved by the good watermark only
     stop.set()
     await asyncio.wait_for(task, 10)
 
@@ -61,7 +72,7 @@ async def test_poison_mid_run_is_dead_lettered_and_a_restart_replays_past_it(nat
     svc2, stop2 = Forecaster(s), asyncio.Event()
     task2 = asyncio.create_task(svc2.run(stop2))
     await async_wait_until(lambda: (svc2.ready.is_set() and svc2.loop.state.live == svc.loop.state.live
-                                    and svc2.dead_letters.total == 3) or task2.done(), timeout=30, what="replay")
+                                    and svc2.dead_letters.total == 4) or task2.done(), timeout=30, what="replay")
     assert not task2.done(), task2.exception()
     stop2.set()
     await asyncio.wait_for(task2, 10)

@@ -7,6 +7,7 @@ metrics count what the tables hold."""
 from __future__ import annotations
 
 import asyncio
+import time
 from contextlib import asynccontextmanager
 
 import pytest
@@ -122,6 +123,43 @@ async def test_poison_mid_run_is_dead_lettered_and_a_restart_carries_on(nats_url
         assert tracker.dead_letters.total == 0
     assert snapshot(db_url)["trajectories"] == clean(tmp_path, first + second + third)["trajectories"]
     assert rows(db_url, AnomalyRow, AnomalyRow.id)[1] == 3
+
+
+async def test_an_event_from_the_future_is_an_anomaly_and_never_moves_the_watermark(nats_url, ns, db_url) -> None:
+    """Live (wall clock), an event stamped more than max_clock_ahead_s ahead of the tracker's
+    clock is kept whole as an anomaly row, dead-lettered (kind future), and neither stored
+    nor applied: the watermark the forecaster and allocator follow stays where the real
+    events put it (a year ahead, it would close three million forecast windows)."""
+    events = workload(20, run="r1", seed=4)
+    ahead = events[5].model_copy(update={"id": "from-the-future", "ts": time.time() + 365 * 86400})
+    s = TrackerSettings(nats_url=nats_url, subject_prefix=ns.prefix, stream=ns.stream, db_url=db_url, clock="wall",
+                        batch_max=200)
+    async with running(s) as tracker:
+        seq = (await send(nats_url, ns, ev_items(ns, [ahead])))[0]
+        await send(nats_url, ns, ev_items(ns, events))
+        await async_wait_until(lambda: tracker.written >= len(events) + 1, timeout=60, what="every message committed")
+        assert tracker.state.watermark == max(e.ts for e in events)
+        assert metric(tracker, "prorsa_tracker_dead_letters_total", '{kind="future"}') == 1
+        assert metric(tracker, "prorsa_tracker_events_stored_total") == len(events)
+    got, n = rows(db_url, AnomalyRow, AnomalyRow.seq, AnomalyRow.raw, AnomalyRow.reason, AnomalyRow.event_id)
+    assert n == 1 and got[0].seq == seq and got[0].event_id == "from-the-future"
+    assert bytes(got[0].raw) == encode_event(ahead) and "this tracker's clock plus max_clock_ahead_s" in got[0].reason
+
+
+def test_the_future_bound_is_the_callers_and_off_it_applies_like_any_event() -> None:
+    from prorsa_tracker import projection
+    from prorsa_tracker.core import new_state
+
+    events = workload(3, run="r1", seed=5)
+    last = max(e.ts for e in events)
+    items = [(i, encode_event(e)) for i, e in enumerate(events)]
+    bounded = projection.decode_items(items, not_after=last - 0.5)
+    kinds = [d[5] for d in bounded]
+    assert kinds == [None if e.ts <= last - 0.5 else "future" for e in events] and "future" in kinds
+    # No bound (the tracker in clock="event" mode, `prorsa tracker load`): every event applies.
+    st = new_state()
+    b = projection.fold(st, "c", projection.decode_items(items))
+    assert len(b.events) == len(events) and not b.rejected and st.watermark == last
 
 
 def _trajectory_paused_in_tool(f: EventFactory) -> tuple[list, list]:

@@ -16,7 +16,9 @@
   silent is retried or abandoned even when no other event arrives. Watermarks are ignored
   until the replay has caught up (the table is not complete before).
 * A message it cannot handle (not a valid event, on a subject its type does not belong to,
-  or one the planner fails on) and a malformed watermark are dead-lettered
+  one stamped more than ``max_clock_ahead_s`` ahead of this host's clock, which would
+  expire every deadline at once: :mod:`prorsa_runtime.clock`, or one the planner fails on)
+  and a malformed or future watermark are dead-lettered
   (:mod:`prorsa_runtime.deadletter`: a log line with subject, stream sequence, reason, size
   and hash; ``prorsa_allocator_dead_letters_total{kind}``) and skipped; nothing a message
   holds stops the service or its replay after a restart.
@@ -28,11 +30,13 @@ import asyncio
 import json
 import logging
 import math
+import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
 
 from prorsa_runtime import ReliablePublisher, connect, open_stream
+from prorsa_runtime.clock import ahead_of_clock
 from prorsa_runtime.reader import OrderedReader
 from prorsa_runtime.deadletter import DeadLetters
 from prorsa_schemas import (
@@ -101,6 +105,7 @@ class AllocatorService:
         self.ns: Namespace = settings.namespace()
         self.state = ServiceState(allocator or Allocator(settings.allocator_config()))
         self._queue: asyncio.Queue = asyncio.Queue()
+        self.clock = time.time  # the host's clock, which no event's ts may run too far ahead of
 
     async def run(self, stack: AsyncExitStack, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set (the shape :func:`run_until_stopped` expects)."""
@@ -173,6 +178,12 @@ class AllocatorService:
             st.last_invalid = reason
             st.dead_letters.record("invalid", subject, None, data, reason)
             return
+        future = None if ts is None else ahead_of_clock(float(ts), self.clock(), self.settings.max_clock_ahead_s)
+        if future is not None:
+            st.invalid += 1
+            st.last_invalid = f"watermark {future}"
+            st.dead_letters.record("future", subject, None, data, st.last_invalid)
+            return
         if ts is None or not st.caught_up.is_set():
             return  # no event yet, or the replay is not complete: nothing to expire against
         st.watermarks += 1
@@ -204,6 +215,12 @@ class AllocatorService:
             st.invalid += 1
             st.last_invalid = exc.reason
             st.dead_letters.record("invalid", subject, seq, data, exc.reason)
+            return
+        future = ahead_of_clock(event.ts, self.clock(), self.settings.max_clock_ahead_s)
+        if future is not None:
+            st.invalid += 1
+            st.last_invalid = future
+            st.dead_letters.record("future", subject, seq, data, future)
             return
         st.processed += 1
         self._publish(self._handle(event, act, data, seq, subject), pub)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
+from prorsa_runtime.clock import ahead_of_clock
 from prorsa_runtime.reader import OrderedReader
 from prorsa_schemas import EngineRegistered, Event, EventError, Namespace, PolicyUpdated, decode_message
 from prorsa_schemas.fold import Mutators
@@ -80,6 +82,11 @@ class BusWatchers:
                 ev = decode_message(msg.data, msg.subject, self.ns)
             except EventError:
                 return  # the tracker records it
+            future = ahead_of_clock(ev.ts, time.time(), self.settings.max_clock_ahead_s)
+            if future is not None:
+                # The newest update by ts wins: one from the future would pin the weights.
+                log.warning("policy.updated %s ignored: %s", ev.id, future)
+                return
             _mutate(self, ev)
 
         reader = OrderedReader(js, self.ns, policy_consumer(self.ns, self.settings.server),

@@ -18,7 +18,9 @@ re-publish inside the stream's duplicate window is dropped, and windows at or be
 last ``forecast.window`` already in the stream are not published again.
 
 A message it cannot handle (not a valid event, on a subject its type does not belong to,
-or one the core fails on) is dead-lettered (:mod:`prorsa_runtime.deadletter`: a log line
+one stamped more than ``max_clock_ahead_s`` ahead of this host's clock, which would close
+every window up to its ``ts`` at once: :mod:`prorsa_runtime.clock`, or one the core fails
+on) is dead-lettered (:mod:`prorsa_runtime.deadletter`: a log line
 with subject, stream sequence, reason, size and hash; ``prorsa_forecaster_dead_letters_total``)
 and skipped, so a restart's replay passes it again without stopping.
 
@@ -32,12 +34,14 @@ import asyncio
 import json
 import logging
 import math
+import time
 from collections import deque
 
 from nats.js.errors import NotFoundError
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from prorsa_runtime import ReliablePublisher, connect, open_stream
+from prorsa_runtime.clock import ahead_of_clock
 from prorsa_runtime.metrics import consumer_metrics
 from prorsa_runtime.reader import OrderedReader
 from prorsa_runtime.deadletter import DeadLetters
@@ -133,6 +137,7 @@ class Forecaster:
             ["series", "predictor"], registry=self.registry,
         )
         self.dead_letters = DeadLetters("forecaster", log)
+        self.clock = time.time  # the host's clock, which no event's ts may run too far ahead of
         self.registry.register(self.dead_letters)
         self.registry.register(_ConsumerCollector(self))
         self.wape = {"prefill": OnlineWape(), "decode": OnlineWape()}
@@ -203,6 +208,10 @@ class Forecaster:
             return []
         if ev.type.startswith(("forecast.", "allocation.", "engine.command")):
             return []
+        future = ahead_of_clock(ev.ts, self.clock(), self.settings.max_clock_ahead_s)
+        if future is not None:
+            self.dead_letters.record("future", subject, _stream_seq(msg), data, future)
+            return []
         if self.run_id is None and hasattr(ev, "traj"):
             self.run_id = ev.run
         self.m_events.inc()
@@ -243,6 +252,10 @@ class Forecaster:
                         raise ValueError(f"ts {ts} is not finite")
                 except Exception as exc:  # noqa: BLE001 - any bad watermark (even one nested too deep) is skipped
                     log.warning("forecaster: invalid watermark ignored: %s", str(exc)[:200])
+                    return
+                future = ahead_of_clock(ts, self.clock(), s.max_clock_ahead_s)
+                if future is not None:
+                    self.dead_letters.record("future", msg.subject, None, msg.data, f"watermark {future}")
                     return
                 self._buf.append(("watermark", ts))
                 self._wake.set()

@@ -9,7 +9,8 @@ exact in-memory state) and the consumer resumes after the stored position.
 A batch goes through three steps (:func:`process` runs them all):
 
 1. :func:`decode_items`: each message becomes an event, or a rejection with its reason
-   (not a valid event; a valid event on a subject its type does not belong to);
+   (not a valid event; a valid event on a subject its type does not belong to; live, an
+   event stamped further ahead of the tracker's clock than ``max_clock_ahead_s``);
 2. :func:`unknown_ids` / :func:`stored_events`: the ids that the in-memory cache of recent
    ids cannot decide are looked up in the ``events`` table, the authority on duplicates
    (its ``event_id`` is unique): an event the log already holds is never applied again,
@@ -110,16 +111,19 @@ def _expected_subjects(ns: Namespace) -> dict[str, str]:
     return {t: ns.subject_for_type(t) for t in EVENT_TYPES}
 
 
-def decode_items(items: Iterable[tuple], validated: bool = False, ns: Namespace | None = None) -> list[tuple]:
-    """``(pos, raw, event, reason, subject)`` for each ``(pos, raw[, reason[, subject]])`` item.
+def decode_items(items: Iterable[tuple], validated: bool = False, ns: Namespace | None = None,
+                 not_after: float | None = None) -> list[tuple]:
+    """``(pos, raw, event, reason, subject, kind)`` for each ``(pos, raw[, reason[, subject]])`` item.
 
     ``event`` is set and ``reason`` None for an event to apply; ``reason`` says why a message
-    is rejected: ``event`` None when it is no valid event, set when it is a valid event on a
-    subject its type does not belong to (checked when ``ns`` and the item's subject are
-    given). ``raw`` None (an unreadable log line the caller recorded) only moves the
-    position. With ``validated``, ``reason`` comes from the receiver, which ran
-    :func:`prorsa_schemas.decode_event` already (valid bytes are read back with
-    :func:`~prorsa_tracker.validated.load_validated`).
+    is rejected and ``kind`` (a dead letter's) what it is: ``invalid``, ``event`` None, when
+    it is no valid event; ``subject`` when it is a valid event on a subject its type does
+    not belong to (checked when ``ns`` and the item's subject are given); ``future`` when
+    its ``ts`` is after ``not_after`` (the live tracker's clock plus ``max_clock_ahead_s``:
+    :mod:`prorsa_runtime.clock`), so that it never moves the watermark. ``raw`` None (an
+    unreadable log line the caller recorded) only moves the position. With ``validated``,
+    ``reason`` comes from the receiver, which ran :func:`prorsa_schemas.decode_event`
+    already (valid bytes are read back with :func:`~prorsa_tracker.validated.load_validated`).
     """
     expected = _expected_subjects(ns) if ns is not None else None
     out = []
@@ -128,7 +132,7 @@ def decode_items(items: Iterable[tuple], validated: bool = False, ns: Namespace 
         pos, raw = item[0], item[1]
         subject = item[3] if len(item) > 3 else None
         if raw is None:
-            append((pos, None, None, None, None))
+            append((pos, None, None, None, None, None))
             continue
         ev = None
         if validated:
@@ -142,13 +146,17 @@ def decode_items(items: Iterable[tuple], validated: bool = False, ns: Namespace 
             except EventError as exc:
                 invalid = exc.reason
         if invalid is not None:
-            append((pos, raw, None, f"invalid event: {invalid}", subject))
+            append((pos, raw, None, f"invalid event: {invalid}", subject, "invalid"))
             continue
         if expected is not None and subject is not None and subject != expected[ev.type]:
             append((pos, raw, ev, f"rejected: event of type {ev.type} on subject {subject!r}; events of that type are "
-                                  f"published on {expected[ev.type]!r}", subject))
+                                  f"published on {expected[ev.type]!r}", subject, "subject"))
             continue
-        append((pos, raw, ev, None, subject))
+        if not_after is not None and ev.ts > not_after:
+            append((pos, raw, ev, f"rejected: ts {ev.ts:.3f} is after {not_after:.3f}, this tracker's clock plus "
+                                  f"max_clock_ahead_s (a producer's clock or units are wrong)", subject, "future"))
+            continue
+        append((pos, raw, ev, None, subject, None))
     return out
 
 
@@ -253,7 +261,7 @@ def fold(state: TrackerState, consumer: str, decoded: list[tuple], known: dict[s
     known = known or {}
     last = b.position
     pending: dict[tuple[str, str], tuple] = {}  # (run, traj) -> (last transition, its event, dispatched_ts)
-    for pos, raw, ev, reason, subject in decoded:
+    for pos, raw, ev, reason, subject, kind in decoded:
         if pos is not None:
             last = pos
         if raw is None:  # already recorded by the caller (an unreadable log line)
@@ -265,7 +273,7 @@ def fold(state: TrackerState, consumer: str, decoded: list[tuple], known: dict[s
                 note = _duplicate_anomaly(ev, reason)
             b.anomaly_notes.append(note)
             b.anomalies.append(anomaly_row(consumer, pos, reason, raw, note if ev is not None else None, subject))
-            b.rejected.append((pos, subject, raw, reason, "invalid" if ev is None else "subject"))
+            b.rejected.append((pos, subject, raw, reason, kind))
             continue
         eid = ev.id
         original = known.get(eid) if known else None

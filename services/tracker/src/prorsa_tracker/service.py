@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import time
 from collections import deque
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -294,7 +295,10 @@ class Tracker:
         if not items:
             self._credit(taken)
             return None
-        decoded = projection.decode_items(items, validated=True, ns=self.ns)
+        s = self.settings
+        # Live (wall clock), an event stamped too far ahead never moves the watermark.
+        not_after = time.time() + s.max_clock_ahead_s if s.clock == "wall" and s.max_clock_ahead_s else None
+        decoded = projection.decode_items(items, validated=True, ns=self.ns, not_after=not_after)
         ids = projection.unknown_ids(self.state, decoded)
         lookup = None
         if ids:  # the durable log decides what the window cannot
