@@ -96,6 +96,70 @@ def test_router_worker_api_shapes(cluster):
         assert out.status_code == 200 and out.json()["meta_info"]["completion_tokens"] == 3
 
 
+def test_a_worker_field_of_the_wrong_type_is_refused_at_once(cluster):
+    """sglang-router deserialises POST /workers into typed fields: a wrong type is a 422
+    naming the field, the emulated router alike (before, a string of labels was accepted
+    and made every GET /workers a 500, a string time-out left its job 'processing')."""
+    base = {"url": "http://127.0.0.1:1"}
+    bad = [{"labels": "gpu=h100"}, {"health_check_timeout_secs": "soon"}, {"bootstrap_port": "abc"},
+           {"bootstrap_port": 70000}, {"priority": -1}, {"cost": "x"}]
+    with httpx.Client(timeout=30) as c:
+        for fields in bad:
+            r = c.post(f"{cluster.router.url}/workers", json=dict(base, **fields))
+            assert r.status_code == 422 and list(fields)[0] in r.text, (fields, r.status_code, r.text)
+        listing = c.get(f"{cluster.router.url}/workers")
+        assert listing.status_code == 200 and all(w["url"] != base["url"] for w in listing.json()["workers"])
+        if cluster.router_kind == "emulated":  # (the real router queues these and their jobs fail)
+            for url in ("http://[::1", "http://127.0.0.1:99999"):
+                r = c.post(f"{cluster.router.url}/workers", json={"url": url})
+                assert r.status_code == 400 and "Invalid worker URL" in r.text, r.text
+
+
+def test_a_prompt_no_rank_can_hold_is_refused_and_the_engine_serves_on():
+    """SGLang refuses an input longer than what a DP rank's KV pool holds (its
+    max_req_input_len); queued, it would wait at the head of the queue for good, and every
+    request behind it with it."""
+    port = free_port()
+    p = EmulatedProcess("e", engine_command(port, "prefill", extra=["--max-total-tokens", "20000"]),
+                        f"http://127.0.0.1:{port}").start()
+    try:
+        p.wait_healthy(20)
+        with httpx.Client(timeout=30) as c:
+            limit = c.get(f"{p.url}/get_server_info").json()["max_total_num_tokens"] - 1
+            for body in ({"prompt_tokens": 50_000}, {"prompt_tokens": 400_000_000},
+                         {"text": "0123456789abcdef <999999999 emulated tokens>"}, {"input_ids": [1] * 20_000}):
+                r = c.post(f"{p.url}/generate", json=dict(body, sampling_params={"max_new_tokens": 2}))
+                assert r.status_code == 400 and f"maximum allowed length ({limit} tokens)" in r.text, r.text
+            ok = c.post(f"{p.url}/generate", json={"input_ids": [1] * limit, "sampling_params": {"max_new_tokens": 1}})
+            assert ok.status_code == 200, ok.text
+            assert c.get(f"{p.url}/v1/loads").json()["loads"][0]["num_waiting_reqs"] == 0
+    finally:
+        p.stop()
+
+
+def test_emulation_knobs_of_the_wrong_type_or_range_change_nothing():
+    port = free_port()
+    p = EmulatedProcess("e", engine_command(port, "prefill"), f"http://127.0.0.1:{port}").start()
+    try:
+        p.wait_healthy(20)
+        with httpx.Client(timeout=30) as c:
+            before = c.post(f"{p.url}/_emu/config", json={}).json()
+            for body in ({"speed": 0}, {"speed": "fast"}, {"speed": None}, {"switch_seconds": -1},
+                         {"fail_switch": "yes"}, {"bogus": 1}):
+                assert c.post(f"{p.url}/_emu/config", json=body).status_code == 422, body
+            assert c.post(f"{p.url}/_emu/config", json={}).json() == before
+            assert c.get(f"{p.url}/v1/loads").status_code == 200
+            r = c.post(f"{p.url}/generate", json={"text": "a b", "sampling_params": {"max_new_tokens": 2}})
+            assert r.status_code == 200
+            assert c.post(f"{p.url}/_emu/config", json={"switch_seconds": 2}).json()["switch_seconds"] == 2
+            assert c.get(f"{p.url}/_emu/kv/1", params={"timeout": "inf"}).status_code == 422
+            r = c.post(f"{p.url}/pd_role_switch", json={"new_role": "decode", "decode_cuda_graph_memory_gb": "NaN"})
+            assert r.status_code == 400 and "non-negative" in r.text and \
+                c.get(f"{p.url}/model_info").json()["disaggregation_mode"] == "prefill"
+    finally:
+        p.stop()
+
+
 def test_pd_pair_meets_at_the_prefill_bootstrap_port(cluster):
     """The router sends a request to a prefill and a decode engine with bootstrap_host/port/
     room; the decode engine waits for that room's prefill at the prefill's bootstrap port and

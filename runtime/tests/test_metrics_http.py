@@ -24,6 +24,10 @@ def test_metrics_health_and_unknown_paths_over_http() -> None:
         assert samples[("prorsa_test_backlog", (("consumer", "c1"),))] == 7.0
         assert samples[("prorsa_test_events_total", ())] == 2.0
 
+        # A malformed Accept header (prometheus-client's parser fails on it) gets the text format.
+        r = httpx.get(f"{base}/metrics", headers={"Accept": "application/openmetrics-text; version=abc"}, timeout=5)
+        assert r.status_code == 200 and "prorsa_test_events_total 2.0" in r.text
+
         r = httpx.get(f"{base}/health", timeout=5)
         assert (r.status_code, r.json()) == (200, {"ok": True, "lag": 3})
         state["ok"] = False

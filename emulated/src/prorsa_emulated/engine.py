@@ -111,6 +111,12 @@ class EmulatedEngine:
     def capacity_tokens(self) -> int:
         return sum(r.capacity for r in self.ranks)
 
+    @property
+    def max_input_tokens(self) -> int:
+        """The longest prompt a request may have: one DP rank's KV pool less one token
+        (SGLang's ``max_req_input_len`` when the context length is not the smaller)."""
+        return min(r.capacity for r in self.ranks) - 1
+
     def kv_used(self) -> int:
         return sum(r.used_tokens() for r in self.ranks)
 

@@ -23,6 +23,10 @@ from dataclasses import dataclass
 from aiohttp import web
 
 MAX_ROOMS = 10_000
+MAX_WAIT_S = 3600.0
+"""The longest a decode peer may wait for a room (``timeout`` of ``/_emu/kv``): a KV
+transfer the driver gives up on long before; an unbounded one would hold a connection and
+its room for good."""
 log = logging.getLogger("prorsa.emulated")
 
 
@@ -72,6 +76,8 @@ class RoomBoard:
         try:
             result = await asyncio.wait_for(asyncio.shield(fut), timeout_s)
         except asyncio.TimeoutError:
+            if self._rooms.get(room) is fut and not fut.done():
+                self._rooms.pop(room)  # nobody prefilled it: no room kept for a waiter that left
             return {"ok": False, "message": "no prefill for this room"}
         self._rooms.pop(room, None)
         return result
@@ -116,6 +122,7 @@ class BootstrapServer:
             timeout = float(request.query.get("timeout", "600"))
         except ValueError:
             return web.json_response({"ok": False, "message": "room and timeout must be numbers"}, status=400)
-        if not timeout > 0:
-            return web.json_response({"ok": False, "message": "timeout must be > 0"}, status=400)
+        if not 0 < timeout <= MAX_WAIT_S:
+            return web.json_response({"ok": False, "message": f"timeout must be > 0 and at most {MAX_WAIT_S:g} s"},
+                                     status=400)
         return web.json_response(await self.rooms.wait(room, timeout))

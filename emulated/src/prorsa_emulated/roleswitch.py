@@ -45,7 +45,7 @@ async def role_switch(eng: EmulatedEngine, new_role: str, graph_gb: float | None
         return out(True, "already in target role")
     if not eng.is_fully_idle():
         return out(False, "instance is not idle; drain all requests before switching", True)
-    if graph_gb is not None and graph_gb < 0:
+    if graph_gb is not None and not graph_gb >= 0:  # NaN too
         return out(False, "decode_cuda_graph_memory_gb must be non-negative", True)
     eng.switch_in_progress = True
     try:

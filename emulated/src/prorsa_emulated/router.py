@@ -12,6 +12,7 @@ as the PD router does) or to a regular worker.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 import uuid
@@ -28,6 +29,8 @@ from .prefix_cache import parse_emulated_prompt
 from .server import SSE_DONE, sse
 
 WORKER_TYPES = ("regular", "prefill", "decode")
+
+log = logging.getLogger("prorsa.emulated.router")
 
 
 @dataclass
@@ -57,6 +60,34 @@ class Worker:
         if self.labels:
             out["metadata"] = dict(self.labels)
         return out
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# POST /workers's optional fields and what each must hold (sglang-router's WorkerConfigRequest:
+# null is the field left out). A wrong type is refused at once, not found later by a job that
+# never ends or by a GET /workers that fails for every caller.
+_FIELDS: dict[str, tuple[str, object]] = {
+    "worker_type": ("a string", lambda v: isinstance(v, str)),
+    "model_id": ("a string", lambda v: isinstance(v, str)),
+    "bootstrap_port": ("an integer from 1 to 65535", lambda v: _is_int(v) and 1 <= v <= 65535),
+    "priority": ("a non-negative integer", lambda v: _is_int(v) and v >= 0),
+    "cost": ("a finite non-negative number", lambda v: (_is_int(v) or isinstance(v, float)) and 0 <= v < float("inf")),
+    "health_check_timeout_secs": ("a non-negative integer", lambda v: _is_int(v) and v >= 0),
+    "labels": ("a map of strings to strings",
+               lambda v: isinstance(v, dict) and all(isinstance(x, str) for kv in v.items() for x in kv)),
+}
+
+
+def _bad_field(body: dict) -> str | None:
+    """What is wrong with ``body``'s optional fields (None: nothing)."""
+    for name, (want, ok) in _FIELDS.items():
+        v = body.get(name)
+        if v is not None and not ok(v):  # type: ignore[operator]
+            return f"{name}: invalid value {v!r}, expected {want}"
+    return None
 
 
 def _error(status: int, message: str, code: str) -> JSONResponse:
@@ -90,6 +121,13 @@ def create_router_app(health_timeout_s: float = 30.0, health_interval_s: float =
             return False
 
     async def add_job(wid: str, body: dict) -> None:
+        try:
+            await _add(wid, body)
+        except Exception as exc:  # noqa: BLE001 - a job never stays "processing" for good
+            log.exception("add worker %s failed", body.get("url"))
+            jobs[wid] = dict(jobs.get(wid, {}), status="failed", message=f"Adding worker failed: {exc!r}")
+
+    async def _add(wid: str, body: dict) -> None:
         url = body["url"]
         jobs[wid] = {"job_type": "AddWorker", "worker_url": url, "status": "processing",
                      "message": None, "timestamp": int(time.time())}
@@ -147,8 +185,19 @@ def create_router_app(health_timeout_s: float = 30.0, health_interval_s: float =
             # As sglang-router 0.3.2: a body that does not deserialise is a plain-text 422.
             return Response("Failed to deserialize the JSON body into the target type: missing field `url`",
                             422, media_type="text/plain")
+        bad = _bad_field(body)
+        if bad is not None:
+            # sglang-router deserialises the body into typed fields (serde): a wrong type is
+            # a plain-text 422 naming the field, as a missing url is.
+            return Response(f"Failed to deserialize the JSON body into the target type: {bad}", 422,
+                            media_type="text/plain")
         url = body["url"].rstrip("/")
-        if urlparse(url).scheme not in ("http", "https") or not urlparse(url).netloc:
+        try:
+            parsed = urlparse(url)
+            parsed.port  # noqa: B018 - raises ValueError for a port outside 0-65535
+        except ValueError:
+            return _error(400, f"Invalid worker URL: {url}", "BAD_REQUEST")
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
             return _error(400, f"Invalid worker URL: {url}", "BAD_REQUEST")
         wtype = body.get("worker_type") or "regular"
         if wtype not in WORKER_TYPES:

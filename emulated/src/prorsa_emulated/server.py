@@ -15,12 +15,12 @@ from typing import Any, Literal, Optional
 
 from fastapi import Body, FastAPI, HTTPException, Query
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .engine import EmulatedEngine, NotAccepted
 from .options import EngineOptions
 from .roleswitch import role_switch
-from .pd import PdLink
+from .pd import MAX_WAIT_S, PdLink
 from .weights import add_weight_routes
 from .prefix_cache import page_keys, parse_emulated_prompt, synthetic_keys
 
@@ -48,30 +48,62 @@ class PdRoleSwitchReq(BaseModel):
     rid: Optional[str] = None
 
 
+class EmuConfigReq(BaseModel):
+    """``POST /_emu/config`` (not SGLang: the emulation's run-time knobs)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    switch_seconds: Optional[float] = Field(default=None, ge=0)
+    fail_switch: Optional[bool] = None
+    speed: Optional[float] = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _not_null(self) -> "EmuConfigReq":
+        if any(getattr(self, k) is None for k in self.model_fields_set):
+            raise ValueError(f"a knob cannot be null: {sorted(self.model_fields_set)}")
+        return self
+
+
 class AbortReq(BaseModel):
     rid: Optional[str] = ""
     abort_all: bool = False
 
 
-def _prompt(req: GenerateReq) -> tuple[int, list[int], object]:
+def _too_long(n: int, max_input: int) -> HTTPException:
+    # SGLang's scheduler answers an input no DP rank's KV pool can hold in the same words
+    # (max_req_input_len: the pool's token capacity less one).
+    return HTTPException(400, f"Input length ({n} tokens) exceeds the maximum allowed length ({max_input} tokens). "
+                              "Use a shorter input or enable --allow-auto-truncate.")
+
+
+def _prompt(req: GenerateReq, max_input: int) -> tuple[int, list[int], object]:
     """(prompt tokens, page keys, keys of prompt + n outputs) of a generate request.
 
     Tokens are ``input_ids``, or the words of ``text``; a prompt known only by length has
     synthetic tokens named by its conversation (turns of one conversation share them): a
     ``text`` made by ``emulated_prompt_text`` (what the driver sends; it passes any router),
-    or the fields ``prompt_tokens`` and ``emulated_prefix_id`` (without it, by ``rid``)."""
+    or the fields ``prompt_tokens`` and ``emulated_prefix_id`` (without it, by ``rid``).
+
+    A prompt longer than ``max_input`` tokens (what one DP rank's KV pool holds, less one) is
+    refused with 400 before any key is built: queued, it would wait at the head of its
+    rank's queue for room that never comes, and every request behind it with it."""
     extra = req.model_extra or {}
     emulated = parse_emulated_prompt(req.text)
     if emulated is not None:
         pid, n = emulated
+        if n > max_input:
+            raise _too_long(n, max_input)
         return n, synthetic_keys(pid, n), lambda k: synthetic_keys(pid, n + k)
     if req.input_ids is not None or isinstance(req.text, str):
         tokens: list = list(req.input_ids) if req.input_ids is not None else req.text.split()
         if not tokens:
             tokens = [""]
+        if len(tokens) > max_input:
+            raise _too_long(len(tokens), max_input)
         return len(tokens), page_keys(tokens), lambda n: page_keys(tokens + list(range(n)))
     n = extra.get("prompt_tokens")
     if isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+        if n > max_input:
+            raise _too_long(n, max_input)
         pid = str(extra.get("emulated_prefix_id") or req.rid or uuid.uuid4().hex)
         return n, synthetic_keys(pid, n), lambda k: synthetic_keys(pid, n + k)
     raise HTTPException(400, "Either text or input_ids should be provided.")
@@ -208,7 +240,7 @@ def create_engine_app(options: EngineOptions, engine: EmulatedEngine | None = No
     @app.post("/generate")
     @app.put("/generate")
     async def generate(req: GenerateReq) -> Any:
-        n_prompt, keys, out_keys = _prompt(req)
+        n_prompt, keys, out_keys = _prompt(req, eng.max_input_tokens)
         params = req.sampling_params or {}
         max_new = params.get("max_new_tokens", 128)
         if not isinstance(max_new, int) or isinstance(max_new, bool) or max_new < 0:
@@ -259,7 +291,7 @@ def create_engine_app(options: EngineOptions, engine: EmulatedEngine | None = No
 
     # -- test controls and PD pairing (not SGLang) ------------------------------------------
     @app.get("/_emu/kv/{room}")
-    async def emu_kv(room: int, timeout: float = Query(600.0, gt=0.0)) -> dict:
+    async def emu_kv(room: int, timeout: float = Query(600.0, gt=0.0, le=MAX_WAIT_S)) -> dict:
         """Answers when this prefill engine's request of ``room`` is prefilled (see pd.py)."""
         return await eng.rooms.wait(room, timeout)
 
@@ -272,11 +304,11 @@ def create_engine_app(options: EngineOptions, engine: EmulatedEngine | None = No
                 "emulated_model": eng.profile.name, "speed": options.speed}
 
     @app.post("/_emu/config")
-    async def emu_config(body: dict = Body(...)) -> dict:
-        """Change emulation knobs at run time: switch_seconds, fail_switch, speed."""
-        for key in ("switch_seconds", "fail_switch", "speed"):
-            if key in body:
-                setattr(options, key, body[key])
+    async def emu_config(body: EmuConfigReq = Body(...)) -> dict:
+        """Change emulation knobs at run time: switch_seconds, fail_switch, speed (a knob
+        of the wrong type, out of range or unknown: 422, nothing changed)."""
+        for key, value in body.model_dump(exclude_unset=True).items():
+            setattr(options, key, value)
         return {"switch_seconds": options.switch_seconds, "fail_switch": options.fail_switch,
                 "speed": options.speed}
 

@@ -35,7 +35,13 @@ def metrics_app(registry: CollectorRegistry, health: HealthFn) -> Callable:
     def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         if path == "/metrics":
-            return prometheus(environ, start_response)
+            try:
+                return prometheus(environ, start_response)
+            except Exception:  # noqa: BLE001 - prometheus_client fails on some malformed Accept headers
+                if "HTTP_ACCEPT" not in environ:
+                    raise
+                # ("application/openmetrics-text; version=abc": a TypeError in its parser)
+                return prometheus({k: v for k, v in environ.items() if k != "HTTP_ACCEPT"}, start_response)
         if path == "/health":
             ok, detail = health()
             status, body = ("200 OK" if ok else "503 Service Unavailable"), json.dumps({"ok": ok, **detail}).encode()

@@ -126,6 +126,10 @@ def test_http_api_token_pagination_and_4xx(tmp_path) -> None:
     assert len(seen) == 25 == len(set(seen))
     assert c.get("/v1/runs/r1/trajectories", params={"state": "flying"}, headers=h).status_code == 400
     assert c.get("/v1/runs/r1/trajectories", params={"limit": "many"}, headers=h).status_code == 422
+    # An offset past the databases' 64-bit integers (SQLite: OverflowError) is a 422, not a 500.
+    for path in ("/v1/runs/r1/trajectories", "/v1/anomalies"):
+        assert c.get(path, params={"offset": 2**63}, headers=h).status_code == 422
+        assert c.get(path, params={"offset": 2**63 - 1}, headers=h).json()["items"] == []
     assert c.get("/v1/runs/r1/trajectories", params={"since": 5, "until": 1}, headers=h).status_code == 400
     assert c.get("/v1/runs/r1/trajectories/nope", headers=h).status_code == 404
     assert c.get("/v1/runs/r1/trajectories/t3", headers=h).json()["trajectory"]["state"] == "done"

@@ -21,6 +21,10 @@ from .db import make_engine
 
 _bearer = HTTPBearer(auto_error=False)
 
+MAX_OFFSET = 2**63 - 1
+"""The largest offset a page may start at: the databases' 64-bit integer (SQLite refuses a
+larger one with an OverflowError, which would be a 500)."""
+
 
 def create_app(db_url: str, token: str | SecretStr | None, hub=None) -> FastAPI:
     """The API app over ``db_url``; ``token`` None disables authentication (local use only);
@@ -53,7 +57,7 @@ def create_app(db_url: str, token: str | SecretStr | None, hub=None) -> FastAPI:
         since: float | None = Query(None, ge=0),
         until: float | None = Query(None, ge=0),
         limit: int = Query(100, ge=1, le=10_000),
-        offset: int = Query(0, ge=0),
+        offset: int = Query(0, ge=0, le=MAX_OFFSET),
     ) -> dict:
         """A page of the run's trajectories (``next_offset`` is null on the last page)."""
         items = guard(queries.trajectories, engine, run, state, since, until, limit, offset)
@@ -66,7 +70,7 @@ def create_app(db_url: str, token: str | SecretStr | None, hub=None) -> FastAPI:
         return guard(queries.history, engine, run, traj)
 
     @app.get("/v1/anomalies", dependencies=[Depends(auth)])
-    def list_anomalies(run: str | None = None, limit: int = Query(100, ge=1, le=10_000), offset: int = Query(0, ge=0)) -> dict:
+    def list_anomalies(run: str | None = None, limit: int = Query(100, ge=1, le=10_000), offset: int = Query(0, ge=0, le=MAX_OFFSET)) -> dict:
         items = guard(queries.anomalies, engine, run, limit, offset)
         return {"items": items, "limit": limit, "offset": offset,
                 "next_offset": offset + limit if len(items) == limit else None}
