@@ -50,6 +50,7 @@ from prorsa_sim.progress import sweep_bar
 from prorsa_sim.compare import Matrix, Setting, run_matrix, spread
 from prorsa_sim.runner import FULL_GRID, code_versions, default_jobs
 from prorsa_sim.simconfig import SimConfig, build_config
+from prorsa_sim.catalog import check_split
 from prorsa_sim.simulation import parse_start
 
 MODELS = ("deepseek-v3.2", "mimo-v2.5-pro")
@@ -489,14 +490,16 @@ def parse(argv=None):
                      f"MiMo-V2.5-Pro's); use --models {' '.join(PAPER_FIXED)} or --start P:D")
     elif a.start != "best":
         try:
-            st = parse_start(a.start)
+            st = parse_start(a.start) if a.start != "own" else None
         except ValueError:
             st = None
-        for m in a.models:
-            engines = get_profile(m).engines_in(a.gpus)
-            if not isinstance(st, tuple) or min(st) < 1 or sum(st) != engines:
-                ap.error(f"--start {a.start!r}: expected best, paper or P:D with P, D >= 1 and P + D = {engines} "
-                         f"(the {m} engines of {a.gpus} GPUs)")
+        try:
+            if not isinstance(st, tuple):
+                raise ValueError(f"--start {a.start!r}: expected best, paper or P:D (e.g. 4:4)")
+            for m in a.models:
+                check_split(*st, get_profile(m).engines_in(a.gpus), m, f"--start {a.start}")
+        except ValueError as exc:
+            ap.error(str(exc))
         a.start = st
     for w in a.workloads:
         if w not in WORKLOADS:

@@ -130,6 +130,14 @@ def test_cli_compare_json_and_bad_input():
     assert bad.exit_code == 2 and "unknown dp routing" in bad.output
     bad = runner.invoke(app, ["sim", "run", "--router-policy", "random", "--out", "/tmp/x"])
     assert bad.exit_code == 2 and "unknown router policy" in bad.output
+    # A split that is not one of the cluster's (8 deepseek-v3.2 engines of 128 GPUs) is one
+    # line before anything runs, not a traceback from a worker process.
+    for args in (["sim", "compare", "--policies", "colocation,static:9:9"],
+                 ["sim", "compare", "--policies", "prorsa", "--start", "0:8"],
+                 ["sim", "run", "--policy", "static:2:2", "--out", "/tmp/x"],
+                 ["sim", "paper", "--models", "deepseek-v3.2", "--pd-policy", "static:5:5", "--out", "/tmp/x"]):
+        bad = runner.invoke(app, args)
+        assert bad.exit_code == 2 and "P + D = 8 (the deepseek-v3.2 engines" in bad.output, (args, bad.output)
 
 
 def test_cli_compare_takes_the_dp_routing():

@@ -74,6 +74,20 @@ def _check(cfg):
         fail(f"--gpus {cfg.total_gpus} holds fewer than two {cfg.model} engines")
 
 
+def _check_specs(cfg, specs: list[str], start: str) -> None:
+    """ValueError naming the first policy or ``--start`` that does not fit ``cfg``'s cluster."""
+    from prorsa_emulated.costmodel import get_profile
+
+    from .catalog import check_specs, check_split
+    from .runner import parse_start
+
+    n = get_profile(cfg.model).engines_in(cfg.total_gpus)
+    check_specs(specs, n, cfg.model)
+    st = parse_start(start)
+    if isinstance(st, tuple):
+        check_split(*st, n, cfg.model, f"--start {start}")
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``sim`` group to the ``prorsa`` app."""
     sim = typer.Typer(help="Discrete-event rollout-cluster simulator.", no_args_is_help=True)
@@ -109,16 +123,13 @@ def register(app: typer.Typer) -> None:
         from prorsa_runtime.cli import console, fail, out as stdout
         from rich.progress import Progress
 
-        from .catalog import make_policy
-        from .runner import default_jobs, parse_start, run_to_dir
+        from .runner import default_jobs, run_to_dir
 
         cfg = _config(workload, model, staleness, steps, seed, batch_size, gpus, dp_routing,
                       max_turns, max_output, no_group_prefix, router_policy, train_s)
         _check(cfg)
         try:
-            if policy != "static":
-                make_policy(policy)
-            parse_start(start)
+            _check_specs(cfg, [policy], start)
         except ValueError as exc:
             fail(str(exc))
         if out.exists() and not out.is_dir():
@@ -164,10 +175,10 @@ def register(app: typer.Typer) -> None:
         from prorsa_runtime.cli import console, fail, out as stdout
         from rich.table import Table
 
-        from .catalog import expand_policies, make_policy
+        from .catalog import expand_policies
         from .progress import sweep_bar
         from .compare import compare_seeds
-        from .runner import default_jobs, parse_start
+        from .runner import default_jobs
 
         cfg = _config(workload, model, staleness, steps, 0, batch_size, gpus, dp_routing,
                       max_turns, max_output, no_group_prefix, router_policy, train_s)
@@ -177,10 +188,7 @@ def register(app: typer.Typer) -> None:
             fail("--policies is empty")
         seed_list = [seed] if seed is not None else _ints(seeds, "--seeds")
         try:
-            for s in specs:
-                if s != "static":
-                    make_policy(s)
-            parse_start(start)
+            _check_specs(cfg, specs, start)
         except ValueError as exc:
             fail(str(exc))
         if grid < 1:
@@ -278,7 +286,13 @@ def register(app: typer.Typer) -> None:
         if o.steps < 1 or o.grid < 1 or o.batch_size < 1:
             fail("--steps, --grid and --batch-size must be >= 1")
         for m in o.models:
-            _check(_config("coding", m, 0, 1, 0, batch_size, gpus, dp_routing, router_policy=router_policy))
+            mcfg = _config("coding", m, 0, 1, 0, batch_size, gpus, dp_routing, router_policy=router_policy)
+            _check(mcfg)
+            if pd_policy is not None:
+                try:
+                    _check_specs(mcfg, [pd_policy], "own")
+                except ValueError as exc:
+                    fail(str(exc))
         if out.exists() and not out.is_dir():
             fail(f"--out {out} exists and is not a folder")
         with sweep_bar(console) as bar:
