@@ -115,6 +115,21 @@ def test_validate_never_crashes_on_garbage(tmp_path: Path, content: bytes) -> No
     assert (summary["invalid"] == 0) == (content == b"" )
 
 
+def test_user_text_is_printed_as_it_is_never_as_markup_or_emoji(tmp_path: Path) -> None:
+    # rich reads "[/x]" as a closing tag (a MarkupError) and ":a:" as an emoji code: an event
+    # field, a path or a policy name that holds them is printed as written.
+    folder = tmp_path / "runs[" / "x]"
+    folder.mkdir(parents=True)
+    log = folder / "odd.jsonl"
+    log.write_text('{"type":"[/nope]","v":1}\n{"type":":thumbs_down: [bold]hi","v":1}\n')
+    res = run("validate", str(log))
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert f"{log}:1: field 'type': value '[/nope]'" in res.stdout
+    assert "value ':thumbs_down: [bold]hi'" in res.stdout
+    res = run("sim", "run", "--policy", "static:a:b", "--out", str(tmp_path / "o"))
+    assert res.returncode == 2 and "'static:a:b'" in res.stderr, res.stderr
+
+
 def test_validate_missing_file(tmp_path: Path) -> None:
     res = run("validate", str(tmp_path / "nope.jsonl"))
     assert res.returncode == 2 and "no such file" in res.stderr

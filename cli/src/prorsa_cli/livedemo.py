@@ -19,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -82,12 +83,12 @@ def run_up(opts: UpOptions, keep_running: bool = False, fresh: bool = False) -> 
     try:
         plan = plan_stack(opts)
     except UpError as exc:
-        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True)
         return 2
     wd = opts.workdir.resolve()
     for f in (plan.driver_out, plan.progress):
         f.unlink(missing_ok=True)
-    sup = Supervisor(wd / "logs", wd / "up-state.json", on_event=lambda m: console.print(f"[yellow]{m}[/]"),
+    sup = Supervisor(wd / "logs", wd / "up-state.json", on_event=lambda m: console.print(f"[yellow]{escape(m)}[/]", markup=True),
                      max_restarts=opts.max_restarts)
     stop = threading.Event()
 
@@ -121,13 +122,13 @@ def run_up(opts: UpOptions, keep_running: bool = False, fresh: bool = False) -> 
                 _watch(sup)
                 stop.wait(0.25)
     except GaveUp as exc:
-        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True)
         code = 1
     except StartError as exc:
-        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True)
         code = 1
     except UpError as exc:
-        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True)
         code = 2
     except KeyboardInterrupt:
         console.print("stopping (Ctrl-C)")
@@ -170,7 +171,7 @@ def _follow_run(opts: UpOptions, plan: StackPlan, sup: Supervisor, stop: threadi
     rc = sup.returncode("driver")
     if rc != 0:
         console.print(f"[bold red]error:[/] the rollout driver failed (exit {rc}); last lines of its log:\n"
-                      + sup.tail("driver"), highlight=False)
+                      + escape(sup.tail("driver")), highlight=False, markup=True)
         return 1
     driver = _read_json(plan.driver_out) or {}
     return _finish(opts, plan, driver, stop, sup)
@@ -231,7 +232,7 @@ def _finish(opts: UpOptions, plan: StackPlan, driver: dict, stop: threading.Even
     _print_summary(summary, plan, opts)
     ok = stored[0] == want and stored[1] == 0
     if not ok:
-        console.print(f"[bold red]the tracker holds {stored[0]} of {want} events, {stored[1]} anomalies[/]")
+        console.print(f"[bold red]the tracker holds {stored[0]} of {want} events, {stored[1]} anomalies[/]", markup=True)
     return 0 if ok else 1
 
 

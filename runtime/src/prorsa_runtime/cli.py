@@ -10,8 +10,11 @@ from typing import Annotated, NoReturn
 import typer
 from rich.console import Console
 
-console = Console(stderr=True)
-out = Console()
+# No markup and no emoji codes: what the commands print is mostly the user's data (event
+# fields, paths, policy names), and "[/x]" in it must not raise nor ":a:" become an emoji.
+# A styled line asks for markup itself and escapes what it interpolates (see fail).
+console = Console(stderr=True, markup=False, emoji=False)
+out = Console(markup=False, emoji=False)
 
 def check_nats_url(value: str) -> str:
     """``value`` if it is a NATS URL (one server, or several separated by commas); a clear
@@ -82,7 +85,7 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
     from prorsa_runtime.redact import mask_secrets
 
-    console.print(f"[bold red]error:[/] {escape(mask_secrets(message))}", highlight=False, soft_wrap=True)
+    console.print(f"[bold red]error:[/] {escape(mask_secrets(message))}", highlight=False, soft_wrap=True, markup=True)
     raise typer.Exit(code)
 
 

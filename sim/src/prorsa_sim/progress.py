@@ -25,7 +25,7 @@ def sweep_bar(console=None, description: str = "simulations", transient: bool = 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
         TimeRemainingColumn
 
-    console = console or Console(stderr=True)
+    console = console or Console(stderr=True, markup=False, emoji=False)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TimeRemainingColumn(), console=console, transient=transient) as bar:
         task = bar.add_task(description, total=None)
