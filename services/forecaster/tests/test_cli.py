@@ -98,6 +98,32 @@ def test_bad_arguments_get_clear_errors(tmp_path):
     log.write_text("")
     res = runner.invoke(app, ["forecast-eval", str(log), "--horizon", "0"])
     assert res.exit_code == 2 and "horizon" in res.output
+    res = runner.invoke(app, ["forecast-eval", str(log), "--horizon", "1e-9"])  # would never finish
+    assert res.exit_code == 2 and "horizon must be a number of seconds >= 0.1" in res.output
+    # A log with lines and no valid event is an error, not an empty report that looks fine.
+    log.write_text("not an event\n{}\n")
+    res = runner.invoke(app, ["forecast-eval", str(log)])
+    assert res.exit_code == 1 and "holds no valid event (2 invalid lines)" in res.output
+    # --windows that cannot be written is found before the evaluation, not after it.
+    good = tmp_path / "good.jsonl"
+    write(good, rollout(seed=3, concurrency=8, duration=30))
+    res = runner.invoke(app, ["forecast-eval", str(good), "--windows", str(tmp_path / "no" / "w.csv")])
+    assert res.exit_code == 2 and "cannot write --windows" in res.output
+
+
+def test_a_truncated_log_is_scored_up_to_its_end_and_says_so(tmp_path):
+    import gzip
+
+    full = tmp_path / "full.jsonl"
+    write(full, rollout(seed=3, concurrency=8, duration=60))
+    data = gzip.compress(full.read_bytes())
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(data[: len(data) // 2])
+    res = runner.invoke(app, ["forecast-eval", str(cut)])
+    assert res.exit_code == 0 and "warning: the log ends early (line" in res.output and "truncated" in res.output
+    report = json.loads(runner.invoke(app, ["forecast-eval", str(cut), "--json"]).stdout)
+    assert report["truncated"].startswith("line ") and report["windows"] > 0
+    assert json.loads(runner.invoke(app, ["forecast-eval", str(full), "--json"]).stdout)["truncated"] is None
 
 
 def test_option_overrides_a_config_field_and_rejects_bad_ones(tmp_path):

@@ -65,6 +65,12 @@ async def test_poison_mid_run_is_dead_lettered_and_a_restart_replays_past_it(nat
     assert not task.done()
     assert svc.dead_letters.counts["future"] == 2 and "watermark" in svc.dead_letters.recent[-1].reason
     assert svc.loop.window_start < events[-1].ts + 60  # event time moved by the good watermark only
+    # A jump of a thousand windows (an idle bus, or clocks that disagree) is passed over at
+    # once, not closed window by window.
+    await nc.publish(ns.watermark(), b'{"ts": %f}' % (events[-1].ts + 10_000))
+    await async_wait_until(lambda: svc.loop.skipped > 0 or task.done(), timeout=10, what="the jump")
+    assert svc.loop.skipped >= 990 and svc.loop.window_start >= events[-1].ts + 9_990
+    assert "prorsa_forecaster_windows_skipped_total %.1f" % svc.loop.skipped in generate_latest(svc.registry).decode()
     stop.set()
     await asyncio.wait_for(task, 10)
 

@@ -208,3 +208,30 @@ def test_two_runs_in_one_log_keep_their_trajectories_apart():
     st.apply(ev("prefill.finished", 4.0, "b", traj="t0", req="q0"))
     snap = st.snapshot(5.0)
     assert snap.ready_prompt.tolist() == [1000.0] and snap.decode_prompt.tolist() == [3000.0]
+
+
+def test_a_long_jump_live_closes_one_window_and_reopens_at_the_new_time():
+    """Live (max_gap_windows), a jump past the cap (a quiet bus, a stream whose clocks
+    disagree) closes the current window and reopens where the jump lands, without a forecast
+    for each window between; offline every window is closed, as scoring needs."""
+    f = F()
+    first = [f("trajectory.dispatched", 3.0, traj="a", prompt_tokens=100),
+             f("request.queued", 4.0, traj="a", req="a0", turn=0, prompt_tokens=1000)]
+    late = f("request.queued", 1004.0, traj="b", req="b0", turn=0, prompt_tokens=50)
+    live = WindowLoop(CFG, gate=False, max_gap_windows=5)
+    for ev in first:
+        live.feed(ev)
+    closed = live.feed(late)
+    assert [w.t for w in closed] == [0.0] and live.skipped == 99 and live.window_start == 1000.0
+    assert live.advance(1050.0)[-1].t == 1040.0 and live.skipped == 99  # within the cap: one by one
+    offline = WindowLoop(CFG, gate=False)
+    for ev in first:
+        offline.feed(ev)
+    assert [w.t for w in offline.feed(late)] == [10.0 * k for k in range(100)] and offline.skipped == 0
+
+
+@pytest.mark.parametrize("bad", [{"horizon": 1e-6}, {"horizon": float("nan")}, {"duration_half_life": 0.0},
+                                 {"bias_prior_windows": float("nan")}, {"bias_prior_windows": -1.0}])
+def test_a_knob_that_would_hang_or_crash_the_forecaster_is_refused(bad):
+    with pytest.raises(ValueError, match=list(bad)[0]):
+        ForecastConfig(**bad)

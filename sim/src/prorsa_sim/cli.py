@@ -70,6 +70,8 @@ def _check(cfg):
 
     if cfg.steps < 1 or cfg.batch_size < 1 or cfg.staleness < 0:
         fail("--steps and --batch-size must be >= 1 and --staleness >= 0")
+    if cfg.seed < 0:
+        fail(f"--seed must be >= 0, got {cfg.seed}")
     if get_profile(cfg.model).engines_in(cfg.total_gpus) < 2:
         fail(f"--gpus {cfg.total_gpus} holds fewer than two {cfg.model} engines")
 
@@ -186,7 +188,7 @@ def register(app: typer.Typer) -> None:
         specs = expand_policies(policies)
         if not specs:
             fail("--policies is empty")
-        seed_list = [seed] if seed is not None else _ints(seeds, "--seeds")
+        seed_list = _ints(str(seed), "--seed") if seed is not None else _ints(seeds, "--seeds")
         try:
             _check_specs(cfg, specs, start)
         except ValueError as exc:
@@ -306,6 +308,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _ints(text: str, opt: str) -> list[int]:
+    """Comma-separated integers >= 0 (seeds, staleness), or a clear error."""
     from prorsa_runtime.cli import fail
 
     try:
@@ -314,6 +317,8 @@ def _ints(text: str, opt: str) -> list[int]:
         fail(f"{opt} takes comma-separated integers, got {text!r}")
     if not vals:
         fail(f"{opt} is empty")
+    if min(vals) < 0:
+        fail(f"{opt} must be >= 0, got {min(vals)}")
     return vals
 
 

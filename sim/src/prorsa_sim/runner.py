@@ -300,9 +300,17 @@ def run_to_dir(cfg: SimConfig, policy_spec: str, out: Path, progress=None, plot:
             policy_spec = best
         if st == "best":
             st = pd_split(best)
-    with LogWriter(out / "events.jsonl.gz") as sink:
-        res = simulate(cfg, policy_spec, sink=sink, progress=progress, start=st if isinstance(st, tuple) else None,
-                       search_progress=search_progress)
+    # Written aside and moved into place once the run has ended: a run that fails (or is
+    # interrupted) leaves the folder's last complete log, not an empty one beside its summary.
+    part = out / ".events.partial.jsonl.gz"
+    try:
+        with LogWriter(part) as sink:
+            res = simulate(cfg, policy_spec, sink=sink, progress=progress,
+                           start=st if isinstance(st, tuple) else None, search_progress=search_progress)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+    part.replace(out / "events.jsonl.gz")
     if sweep is not None:
         res.summary["static_sweep"] = sweep
     (out / "summary.json").write_text(json.dumps(res.summary, indent=2, sort_keys=True) + "\n")

@@ -56,13 +56,22 @@ def forecast_eval(
         _fail(f"no such file: {log}")
     if log.is_dir():
         _fail(f"{log} is a directory, not an event log")
+    fh = None
+    if windows_csv is not None:
+        try:  # before the evaluation, which may take minutes, not after it
+            fh = open(windows_csv, "w", newline="")
+        except OSError as exc:
+            _fail(f"cannot write --windows {windows_csv}: {exc.strerror or exc}")
     try:
         ev = evaluate_log(log, cfg, keep_windows=windows_csv is not None)
     except OSError as exc:
         _fail(f"cannot read {log}: {exc}")
+    if ev.events == 0 and ev.invalid:  # (an empty log is an empty report)
+        _fail(f"{log} holds no valid event ({ev.invalid} invalid lines"
+              f"{'; ' + ev.truncated if ev.truncated else ''}): `prorsa validate {log}` lists them", code=1)
     report = ev.report()
-    if windows_csv is not None:
-        with open(windows_csv, "w", newline="") as fh:
+    if fh is not None:
+        with fh:
             out_csv = csv.writer(fh)
             out_csv.writerow(
                 ["t", "prefill_forecast", "prefill_actual", "decode_forecast", "decode_actual", *COMPONENTS, "bias",
@@ -156,6 +165,8 @@ def _print_table(report: dict, console, out) -> None:
     for name, c in report["decode"].get("components", {}).items():
         dec.add_row(name, pct(c["wape"]), f"{c['forecast_tokens']:,}", f"{c['actual_tokens']:,}")
     out.print(dec)
+    if report.get("truncated"):
+        console.print(f"warning: the log ends early ({report['truncated']}): the figures cover what came before it")
     if report["invalid_lines"] or report["ignored_events"] or report["out_of_order"]:
         console.print(
             f"{report['invalid_lines']} invalid lines skipped, {report['ignored_events']} events ignored "

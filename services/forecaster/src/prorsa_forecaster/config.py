@@ -7,6 +7,11 @@ from dataclasses import dataclass, fields, replace
 
 from prorsa_schemas.events import DEFAULT_WINDOW_S
 
+MIN_WINDOW_S = 0.1
+"""The shortest window S (CHOICE): a tenth of the live demo's shortest (1 s of wall time at
+10x). Each window is a forecast (about 2 ms on a simulator log); at S = 1e-6 s one second
+of a log is a million of them, and the forecaster never catches up."""
+
 
 @dataclass(frozen=True)
 class ForecastConfig:
@@ -75,8 +80,12 @@ class ForecastConfig:
     prior_prompt_tokens: int = 2048
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.horizon) and self.horizon > 0):
-            raise ValueError(f"horizon must be a positive number of seconds, got {self.horizon!r}")
+        for f in fields(self):  # no knob is NaN (it passes every comparison below)
+            v = getattr(self, f.name)
+            if isinstance(v, float) and math.isnan(v):
+                raise ValueError(f"{f.name} must be a number, got nan")
+        if not (math.isfinite(self.horizon) and self.horizon >= MIN_WINDOW_S):
+            raise ValueError(f"horizon must be a number of seconds >= {MIN_WINDOW_S:g}, got {self.horizon!r}")
         if not (1 <= self.steps <= 1000):
             raise ValueError(f"steps must be in 1..1000, got {self.steps!r}")
         if not (0 < self.tool_ema_alpha <= 1):
@@ -91,6 +100,12 @@ class ForecastConfig:
             raise ValueError(f"tool_turn_pseudo must be >= 0 (inf: one share for every turn), got {self.tool_turn_pseudo!r}")
         if not (self.share_half_life >= 0 and math.isfinite(self.share_half_life)):
             raise ValueError(f"share_half_life must be >= 0 (0: off), got {self.share_half_life!r}")
+        if self.duration_half_life is not None and not (math.isfinite(self.duration_half_life)
+                                                         and self.duration_half_life > 0):
+            raise ValueError(f"duration_half_life must be > 0 observations (None: never forget), "
+                             f"got {self.duration_half_life!r}")
+        if not (self.bias_prior_windows >= 0 and math.isfinite(self.bias_prior_windows)):
+            raise ValueError(f"bias_prior_windows must be >= 0, got {self.bias_prior_windows!r}")
         if self.kv_page_tokens < 1:
             raise ValueError(f"kv_page_tokens must be >= 1, got {self.kv_page_tokens!r}")
         for name in (

@@ -76,6 +76,9 @@ class Evaluation:
     noise: float = 0.0
     decode_noise: float = 0.0
     keep_windows: bool = False
+    truncated: str | None = None
+    """Why the log ended early (a truncated or corrupt gzip stream; None: it did not): the
+    figures then cover only what came before that line."""
 
     def add(self, w: WindowResult) -> None:
         f = w.forecast
@@ -136,6 +139,7 @@ class Evaluation:
             },
             "events": self.events,
             "invalid_lines": self.invalid,
+            "truncated": self.truncated,
             "out_of_order": self.out_of_order,
             "ignored_events": self.ignored,
             "partial_windows": self.partial,
@@ -168,6 +172,8 @@ def evaluate_log(
     for line in read_log(path):
         if line.event is None:
             ev_out.invalid += 1
+            if line.error is not None and "truncated or corrupt" in line.error.reason:
+                ev_out.truncated = f"line {line.lineno}: {line.error.reason}"
             continue
         ev_out.events += 1
         for w in loop.feed(line.event):

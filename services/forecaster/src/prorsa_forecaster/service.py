@@ -118,10 +118,14 @@ class Forecaster:
         self.settings = settings
         self.ns = settings.namespace()
         self.config = ForecastConfig(horizon=settings.horizon, steps=settings.steps).time_scaled(settings.time_scale)
-        self.loop = WindowLoop(self.config, gate=settings.tracker_gate)
+        self.loop = WindowLoop(self.config, gate=settings.tracker_gate, max_gap_windows=settings.max_catch_up_windows)
         self.registry = CollectorRegistry()
         self.m_wape = Gauge("prorsa_forecaster_wape", "cumulative WAPE of closed windows", ["series"], registry=self.registry)
         self.m_windows = Counter("prorsa_forecaster_windows", "windows closed", registry=self.registry)
+        self.m_skipped = Counter("prorsa_forecaster_windows_skipped",
+                                 "windows a long jump of event time passed over without a forecast "
+                                 "(max_catch_up_windows)", registry=self.registry)
+        self._skipped_seen = 0
         self.m_events = Counter("prorsa_forecaster_events", "events applied", registry=self.registry)
         self.m_invalid = Counter("prorsa_forecaster_invalid", "messages that are not valid events", registry=self.registry)
         self.m_forecast = Gauge("prorsa_forecaster_forecast_tokens", "latest forecast", ["series"], registry=self.registry)
@@ -152,6 +156,11 @@ class Forecaster:
 
     # -- window handling --------------------------------------------------------------
     def _closed(self, windows: list[WindowResult]) -> None:
+        if self.loop.skipped > self._skipped_seen:
+            log.warning("forecaster: event time jumped; %d windows skipped without a forecast",
+                        self.loop.skipped - self._skipped_seen)
+            self.m_skipped.inc(self.loop.skipped - self._skipped_seen)
+            self._skipped_seen = self.loop.skipped
         for w in windows:
             self.m_windows.inc()
             for series, f, a in (

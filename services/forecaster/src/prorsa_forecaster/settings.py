@@ -7,9 +7,18 @@ from pydantic import Field
 from prorsa_runtime.settings import ServiceSettings, settings_for
 from prorsa_schemas.events import DEFAULT_WINDOW_S
 
+from .config import MIN_WINDOW_S
+
 
 class _ForecasterFields(ServiceSettings):
-    horizon: float = Field(default=DEFAULT_WINDOW_S, gt=0, le=3600, description="window length S in seconds")
+    horizon: float = Field(default=DEFAULT_WINDOW_S, ge=MIN_WINDOW_S, le=3600,
+                           description="window length S in seconds")
+    max_catch_up_windows: int = Field(
+        default=360, ge=1, le=1_000_000,
+        description="most windows one event or watermark closes one by one; a longer jump (a bus quiet for an hour "
+        "at S = 10 s, a stream whose clocks disagree) closes the current window and reopens at the new time, "
+        "without forecasts for the windows between (none would be fresh enough to act on)",
+    )
     steps: int = Field(default=10, ge=1, le=1000, description="sub-steps per window")
     time_scale: float = Field(
         default=1.0, gt=0, le=1000,

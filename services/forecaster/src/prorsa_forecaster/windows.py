@@ -140,7 +140,7 @@ class WindowLoop:
 
     def __init__(
         self, config: ForecastConfig | None = None, state: LiveState | None = None, gate: bool = True,
-        spread: bool = False,
+        spread: bool = False, max_gap_windows: int | None = None,
     ) -> None:
         self.gate = TrackerGate() if gate else None
         self.config = config or (state.config if state else ForecastConfig())
@@ -158,6 +158,10 @@ class WindowLoop:
         self._sources: dict[str, float] = {}
         self._arrivals_by_step: list[float] = []
         self.spread = spread
+        # Live: the most windows one advance closes one by one (None: all, as an offline
+        # replay must to score every window); past it the gap is skipped (``skipped``).
+        self.max_gap_windows = max_gap_windows
+        self.skipped = 0
         self._sd: float | None = None
         self._dsd: float | None = None
 
@@ -223,6 +227,17 @@ class WindowLoop:
         if self._t0 is None or not math.isfinite(ts):
             return out
         S = self.config.horizon
+        gap = math.floor((ts - self._t0) / S) - self._k  # windows that end at or before ts
+        if self.max_gap_windows is not None and gap > self.max_gap_windows:
+            # A long jump (a quiet bus, a stream whose clocks disagree): close the current
+            # window and reopen at ts, with no forecast for the windows between: closing
+            # each would take the loop ~2 ms a window (an hour at S = 1 s: seconds), and
+            # none would be fresh enough for the allocator to act on.
+            out.append(self._close(reopen=False))  # (the next window's index now)
+            self.skipped += gap - 1
+            self._k += gap - 1
+            self._open()
+            return out
         while ts >= self._t0 + (self._k + 1) * S:
             out.append(self._close())
         return out
