@@ -130,6 +130,15 @@ def test_user_text_is_printed_as_it_is_never_as_markup_or_emoji(tmp_path: Path) 
     assert res.returncode == 2 and "'static:a:b'" in res.stderr, res.stderr
 
 
+def test_a_path_that_cannot_be_written_is_one_error_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    res = run("sim", "run", "--policy", "static:4:4", "--steps", "1", "--batch-size", "8", "--no-plot",
+              "--out", str(blocker / "run"))
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert f"error: Not a directory: {blocker / 'run'}" in res.stderr
+
+
 def test_validate_missing_file(tmp_path: Path) -> None:
     res = run("validate", str(tmp_path / "nope.jsonl"))
     assert res.returncode == 2 and "no such file" in res.stderr

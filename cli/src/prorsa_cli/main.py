@@ -268,7 +268,19 @@ _register_plugins()
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except OSError as exc:
+        # What no command checked for itself (a path under /proc, a folder where a file goes,
+        # a disk that is full): one line naming the path and the reason, not a traceback.
+        import sys
+
+        from prorsa_runtime.cli import console
+        from prorsa_runtime.redact import mask_secrets
+
+        what = f"{exc.strerror}: {exc.filename}" if exc.strerror and exc.filename else str(exc) or type(exc).__name__
+        console.print(f"error: {mask_secrets(what)}", highlight=False, soft_wrap=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

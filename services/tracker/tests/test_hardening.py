@@ -146,6 +146,22 @@ async def test_an_event_from_the_future_is_an_anomaly_and_never_moves_the_waterm
     assert bytes(got[0].raw) == encode_event(ahead) and "this tracker's clock plus max_clock_ahead_s" in got[0].reason
 
 
+async def test_a_taken_api_port_stops_the_tracker_with_the_reason(nats_url, ns, db_url) -> None:
+    """Asked for its query API on a port something else holds, the tracker stops with the
+    reason (it ran on without the API, and a stop then ended in a CancelledError)."""
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        s = TrackerSettings(nats_url=nats_url, subject_prefix=ns.prefix, stream=ns.stream, db_url=db_url,
+                            clock="event", http_port=port, api_token="t")
+        with pytest.raises(OSError, match=f"cannot serve the query API on 127.0.0.1:{port}"):
+            async with running(s):
+                pass
+
+
 def test_the_future_bound_is_the_callers_and_off_it_applies_like_any_event() -> None:
     from prorsa_tracker import projection
     from prorsa_tracker.core import new_state

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import threading
+import time
 from collections.abc import Iterator
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
@@ -93,6 +94,15 @@ def serve_api(db_url: str, token, host: str, port: int, hub=None) -> Iterator["o
     server = uvicorn.Server(uvicorn.Config(create_app(db_url, token, hub), host=host, port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="tracker-api", daemon=True)
     thread.start()
+    # uvicorn that cannot bind logs it and ends its thread: the tracker must not go on
+    # without the API it was asked for.
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise OSError(f"cannot serve the query API on {host}:{port} (the port is taken, or the address "
+                          "is not this host's)")
+        time.sleep(0.01)
     try:
         yield server
     finally:

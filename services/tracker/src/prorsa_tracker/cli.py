@@ -109,7 +109,7 @@ def register(app: typer.Typer) -> None:
                       f"{counts['duplicates']} duplicates, {counts['skipped']} lines already loaded", soft_wrap=True)
 
     @tracker.command("api")
-    def api_cmd(db: DbOpt, port: Annotated[int, typer.Option(help="Port.")] = 8470,
+    def api_cmd(db: DbOpt, port: Annotated[int, typer.Option(help="Port.", min=1, max=65535)] = 8470,
                 host: Annotated[str, typer.Option(help="Bind address.")] = "127.0.0.1",
                 token: Annotated[Optional[str], typer.Option(envvar="PRORSA_TRACKER_API_TOKEN", help="Bearer token.")] = None,
                 no_auth: Annotated[bool, typer.Option("--no-auth", help="Serve without a token (local use).")] = False) -> None:
