@@ -215,7 +215,11 @@ def test_publish_to_a_dead_bus_fails_clearly(tmp_path: Path) -> None:
 def test_bad_speed_and_bad_prefix_are_refused(tmp_path: Path) -> None:
     log = tmp_path / "ex.jsonl"
     _example_log(log, 1)
-    assert "--speed must be > 0" in run("publish", str(log), "--speed", "0").stderr
+    for bad in ("0", "nan", "-1"):  # NaN passed a `<= 0` check and published at full speed
+        res = run("publish", str(log), "--speed", bad)
+        assert res.returncode == 2 and "must be a finite number > 0" in res.stderr, res.stderr
+    res = run("switch", "e0", "--to", "decode", "--timeout", "nan")  # it hung
+    assert res.returncode == 2 and "must be a finite number > 0" in res.stderr
     res = run("publish", str(log), "--prefix", "bad prefix")
     assert res.returncode == 2 and "subject prefix" in res.stderr
 

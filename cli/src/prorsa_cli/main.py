@@ -15,7 +15,7 @@ from typing import Annotated, Optional
 import typer
 
 from prorsa_runtime.cli import (CONNECT_TIMEOUT_S, DEFAULT_NATS, NatsOpt, PrefixOpt, StreamOpt, console, fail,
-                                flags_show_no_type, namespace, out)
+                                flags_show_no_type, namespace, non_negative, out, positive)
 
 app = typer.Typer(
     name="prorsa",
@@ -75,7 +75,7 @@ app.add_typer(nats_app, name="nats")
 def nats_cmd(
     ctx: typer.Context,
     data: Annotated[Path, typer.Option(help="JetStream store folder.")] = Path(".prorsa/nats"),
-    port: Annotated[int, typer.Option(help="Client port (0: pick a free one).")] = 4222,
+    port: Annotated[int, typer.Option(help="Client port (0: pick a free one).", min=0, max=65535)] = 4222,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
 ) -> None:
     """Run a local JetStream nats-server on a data folder (Ctrl-C stops it)."""
@@ -106,14 +106,14 @@ def nats_setup_cmd(
     nats_url: NatsOpt = DEFAULT_NATS,
     prefix: PrefixOpt = "prorsa",
     stream: StreamOpt = "PRORSA",
-    duplicate_window: Annotated[float, typer.Option(help="Seconds within which a re-sent event id is dropped.")] = 600.0,
-    max_age: Annotated[float, typer.Option(help="Seconds a message is kept (0: for ever).")] = 0.0,
+    duplicate_window: Annotated[float, typer.Option(help="Seconds within which a re-sent event id is dropped.", callback=positive)] = 600.0,
+    max_age: Annotated[float, typer.Option(help="Seconds a message is kept (0: for ever).", callback=non_negative)] = 0.0,
     replicas: Annotated[int | None, typer.Option(
         min=1, max=5, envvar="PRORSA_STREAM_REPLICAS",
         help="Stream replicas: 3 on a three-node cluster (each message stored on 3 servers before it is "
              "acknowledged). Set on creation and on an existing stream; unset: 1 for a new stream, an existing "
              "one keeps its count.")] = None,
-    connect_timeout: Annotated[float, typer.Option(help="Seconds to wait for the bus.")] = 30.0,
+    connect_timeout: Annotated[float, typer.Option(help="Seconds to wait for the bus.", callback=positive)] = 30.0,
 ) -> None:
     """Create the JetStream stream, or repair it (the admin step; services only check it).
 
@@ -142,7 +142,7 @@ def nats_setup_cmd(
 def validate_cmd(
     log: Annotated[Path, typer.Argument(help="Event log (.jsonl or .jsonl.gz).")],
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON summary.")] = False,
-    max_line_bytes: Annotated[int, typer.Option(help="Longest acceptable line.")] = 1 << 20,
+    max_line_bytes: Annotated[int, typer.Option(help="Longest acceptable line.", min=1)] = 1 << 20,
     quiet: Annotated[bool, typer.Option("-q", help="Do not list invalid lines.")] = False,
     strict: Annotated[bool, typer.Option("--strict", help="Also report fields an event's type does not name "
                                          "(accepted and kept otherwise: the contract's forward compatibility).")] = False,
@@ -197,12 +197,12 @@ def publish_cmd(
     log: Annotated[Path, typer.Argument(help="Event log (.jsonl or .jsonl.gz).")],
     nats_url: NatsOpt = DEFAULT_NATS,
     speed: Annotated[
-        Optional[float], typer.Option(help="Pace at X times the event-time rate (default: as fast as possible).")
+        Optional[float], typer.Option(help="Pace at X times the event-time rate (default: as fast as possible).", callback=positive)
     ] = None,
     prefix: PrefixOpt = "prorsa",
     stream: StreamOpt = "PRORSA",
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for the last acks.")] = 120.0,
-    connect_timeout: Annotated[float, typer.Option(help="Seconds to wait for the bus (a server that is starting).")] = CONNECT_TIMEOUT_S,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the last acks.", callback=positive)] = 120.0,
+    connect_timeout: Annotated[float, typer.Option(help="Seconds to wait for the bus (a server that is starting).", callback=positive)] = CONNECT_TIMEOUT_S,
 ) -> None:
     """Publish a log's events to the bus, byte for byte, with de-duplication by event id.
 
@@ -236,12 +236,12 @@ def publish_cmd(
 def replay_cmd(
     log: Annotated[Path, typer.Argument(help="Event log (.jsonl or .jsonl.gz), e.g. from `prorsa export`.")],
     nats_url: NatsOpt = DEFAULT_NATS,
-    speed: Annotated[float, typer.Option(help="X times the event-time pace (1.0: as recorded).")] = 1.0,
+    speed: Annotated[float, typer.Option(help="X times the event-time pace (1.0: as recorded).", callback=positive)] = 1.0,
     fast: Annotated[bool, typer.Option("--fast", help="Ignore event time; publish as fast as possible.")] = False,
     prefix: PrefixOpt = "prorsa",
     stream: StreamOpt = "PRORSA",
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for the last acks.")] = 120.0,
-    connect_timeout: Annotated[float, typer.Option(help="Seconds to wait for the bus (a server that is starting).")] = CONNECT_TIMEOUT_S,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the last acks.", callback=positive)] = 120.0,
+    connect_timeout: Annotated[float, typer.Option(help="Seconds to wait for the bus (a server that is starting).", callback=positive)] = CONNECT_TIMEOUT_S,
 ) -> None:
     """Re-publish a log at its recorded pace so live services can be debugged against it.
 

@@ -18,7 +18,7 @@ import typer
 
 from prorsa_runtime.settings import NATS_SCHEMES
 
-from prorsa_runtime.cli import console, fail, out
+from prorsa_runtime.cli import console, fail, out, positive
 
 WorkdirOpt = Annotated[Path, typer.Option(help="Where the bus store, the SQLite log, process logs and results go.")]
 StalenessOpt = Annotated[int, typer.Option(help="0: synchronous steps; N > 0: asynchronous rollout with at most N "
@@ -46,17 +46,18 @@ def register(app: typer.Typer) -> None:
         prefill: Annotated[Optional[int], typer.Option(help="Engines that start as prefill (default: a third).")] = None,
         agents: Annotated[int, typer.Option(help="Engine agents the engines are spread over.")] = 2,
         policy: Annotated[str, typer.Option(help="prorsa (switching), static (PD, no switching) or colocation.")] = "prorsa",
-        speed: Annotated[float, typer.Option(help="Simulated seconds per wall second (workload and engines).")] = 10.0,
+        speed: Annotated[float, typer.Option(help="Simulated seconds per wall second (workload and engines).", callback=positive)] = 10.0,
         workload: Annotated[str, typer.Option(help="math, coding or general.")] = "general",
         batch_size: Annotated[int, typer.Option(help="Trajectories per rollout step.")] = 24,
         steps: Annotated[int, typer.Option(help="Rollout steps.")] = 2,
         staleness: StalenessOpt = 0,
         max_turns: Annotated[int, typer.Option(help="Cap on turns per trajectory.")] = 6,
-        seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
+        seed: Annotated[int, typer.Option(help="Workload seed.", min=0)] = 0,
         emulated_model: Annotated[str, typer.Option(help="Cost-model profile of the emulated engines.")] = "deepseek-v3.2",
         run: Annotated[str, typer.Option(help="Run id of the driver's events.")] = "demo",
         horizon: Annotated[Optional[float], typer.Option(help="Forecast window S in wall seconds (default: 10 s of the "
-                                                        "cluster's time, i.e. 10/--speed with --emulated-cluster).")] = None,
+                                                        "cluster's time, i.e. 10/--speed with --emulated-cluster).",
+                                                        callback=positive)] = None,
         port_base: Annotated[Optional[int], typer.Option(help="Put every port in a block from N (0: any free block).")] = None,
         keep_running: Annotated[bool, typer.Option("--keep-running", help="With --emulated-cluster: keep the services up after the run.")] = False,
         fresh: Annotated[bool, typer.Option("--fresh", help="Delete the workdir first.")] = False,
@@ -82,7 +83,7 @@ def register(app: typer.Typer) -> None:
     def demo_cmd(
         workdir: WorkdirOpt = Path(".prorsa/demo"),
         policy: Annotated[str, typer.Option(help="prorsa (switching), static or colocation (for comparison).")] = "prorsa",
-        speed: Annotated[float, typer.Option(help="Simulated seconds per wall second (5: what two CPU cores keep up with; see docs/demo.md).")] = 5.0,
+        speed: Annotated[float, typer.Option(help="Simulated seconds per wall second (5: what two CPU cores keep up with; see docs/demo.md).", callback=positive)] = 5.0,
         engines: Annotated[int, typer.Option(help="Emulated engines.")] = 4,
         batch_size: Annotated[int, typer.Option(help="Trajectories per rollout step (256: 4 per attention-DP rank of 4 DeepSeek-V3.2 engines, the paper's load per rank).")] = 256,
         steps: Annotated[int, typer.Option(help="Rollout steps (async: policy updates).")] = 2,

@@ -89,6 +89,25 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+def positive(value: float | None) -> float | None:
+    """typer callback: a finite number > 0 (None: the option's unset default). NaN passes
+    every ``x <= 0`` check, and a NaN time-out or speed hangs a command or paces nothing."""
+    import math
+
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise typer.BadParameter(f"must be a finite number > 0, got {value}")
+    return value
+
+
+def non_negative(value: float | None) -> float | None:
+    """typer callback: a finite number >= 0 (None: unset)."""
+    import math
+
+    if value is not None and not (math.isfinite(value) and value >= 0):
+        raise typer.BadParameter(f"must be a finite number >= 0, got {value}")
+    return value
+
+
 def namespace(prefix: str, stream: str):
     from prorsa_schemas import Namespace
 

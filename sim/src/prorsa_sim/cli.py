@@ -16,7 +16,7 @@ StepsOpt = Annotated[int, typer.Option(
 StartOpt = Annotated[str, typer.Option(
     "--start", help="P:D split the switching policies start from: best (the best static ratio, found by the "
     "sweep), own (the policy's own, n/2 : n/2) or P:D.")]
-JobsOpt = Annotated[int | None, typer.Option("--jobs", help="Parallel processes (default: the CPU count).")]
+JobsOpt = Annotated[int | None, typer.Option("--jobs", help="Parallel processes (default: the CPU count).", min=1)]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Workload seed (same seed, same trajectories).")]
 BatchOpt = Annotated[int, typer.Option("--batch-size", help="Trajectories per step.")]
 GpusOpt = Annotated[int, typer.Option("--gpus", help="Cluster GPUs (paper: 128).")]

@@ -62,7 +62,7 @@ def run_cmd(
 def solve_cmd(
     prefill_tokens: Annotated[float, typer.Option(help="Ŵᴾ: prompt tokens to prefill in the window.")],
     decode_kv_tokens: Annotated[float, typer.Option(help="Kᴰ + K̂ᴰ: decode KV tokens now plus admitted.")],
-    gpus: Annotated[int, typer.Option(help="G: the GPU budget.")],
+    gpus: Annotated[int, typer.Option(help="G: the GPU budget.", min=1, max=1_000_000)],
     horizon: Annotated[float, typer.Option(help="S: window length, seconds.")] = DEFAULT_WINDOW_S,
     theta: Annotated[float, typer.Option(help="θᴾ: full-prompt tokens/s per prefill instance.")] = 40_000.0,
     kv_capacity: Annotated[float, typer.Option(help="C_KVᴰ: KV tokens per decode instance.")] = 1_000_000.0,

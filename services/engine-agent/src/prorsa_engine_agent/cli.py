@@ -7,6 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from prorsa_runtime.cli import positive
+
 NATS_DEFAULT = "nats://127.0.0.1:4222"
 
 
@@ -34,8 +36,8 @@ def register(app: typer.Typer) -> None:
         engine: Annotated[str, typer.Argument(help="Engine id.")],
         to: Annotated[str, typer.Option("--to", help="prefill or decode.")],
         nats: Annotated[str, typer.Option("--nats", envvar="PRORSA_NATS_URL", help="NATS URL.")] = NATS_DEFAULT,
-        deadline: Annotated[float, typer.Option(help="Seconds the agent has to finish.")] = 600.0,
-        timeout: Annotated[Optional[float], typer.Option(help="Seconds to wait for the outcome.")] = None,
+        deadline: Annotated[float, typer.Option(help="Seconds the agent has to finish.", callback=positive)] = 600.0,
+        timeout: Annotated[Optional[float], typer.Option(help="Seconds to wait for the outcome.", callback=positive)] = None,
         prefix: Annotated[str, typer.Option(envvar="PRORSA_SUBJECT_PREFIX")] = "prorsa",
         stream: Annotated[str, typer.Option(envvar="PRORSA_STREAM")] = "PRORSA",
         run: Annotated[str, typer.Option(help="Run id of the command event.")] = "cli",
@@ -72,7 +74,7 @@ def register(app: typer.Typer) -> None:
     def emulated_up(
         n: Annotated[int, typer.Option("-n", help="Number of engines.")] = 2,
         prefill: Annotated[Optional[int], typer.Option(help="How many start as prefill (default n/2).")] = None,
-        speed: Annotated[float, typer.Option(help="Emulated seconds per wall second.")] = 1.0,
+        speed: Annotated[float, typer.Option(help="Emulated seconds per wall second.", callback=positive)] = 1.0,
         register_workers: Annotated[bool, typer.Option("--register", help="Register engines with the router.")] = False,
         log_dir: Annotated[Path, typer.Option(help="Where process logs go.")] = Path(".prorsa/emulated"),
         no_switch: Annotated[bool, typer.Option("--no-switch", help="Without --enable-pd-role-switch.")] = False,

@@ -71,7 +71,7 @@ def register(app: typer.Typer) -> None:
 
     @tracker.command("load")
     def load_cmd(log: Annotated[Path, typer.Argument(help="Event log (.jsonl / .jsonl.gz).")], db: DbOpt,
-                 batch: Annotated[int, typer.Option(help="Lines per transaction.")] = 5000) -> None:
+                 batch: Annotated[int, typer.Option(help="Lines per transaction.", min=1)] = 5000) -> None:
         """Bulk-apply a log into a database offline (resumable: re-run to continue).
 
         A line that is not applied (invalid, or an id already loaded with other content) is
@@ -86,8 +86,10 @@ def register(app: typer.Typer) -> None:
         from .db import error_line, migrate
         from .tools import load
 
-        if not log.exists() or log.is_dir():
+        if not log.exists():
             _fail(f"no such log file: {log}")
+        if log.is_dir():
+            _fail(f"{log} is a directory, not an event log")
         eng = _engine(db, must_exist=False)
         try:
             migrate(eng)
