@@ -20,6 +20,7 @@ windows closed before it). Prints the decode WAPE of each:
 from __future__ import annotations
 
 import argparse
+import os
 
 import numpy as np
 
@@ -32,6 +33,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("logs", nargs="+")
     args = ap.parse_args()
+    for log in args.logs:
+        if not os.path.isfile(log):
+            ap.error(f"no such log file: {log}")
     cfg = ForecastConfig()
     makers = {
         "off": None,

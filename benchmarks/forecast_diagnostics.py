@@ -37,6 +37,8 @@ Prints:
 from __future__ import annotations
 
 import argparse
+import math
+import os
 from dataclasses import replace
 
 import numpy as np
@@ -271,6 +273,10 @@ def main() -> None:
     ap.add_argument("--horizon", type=float, default=10.0)
     ap.add_argument("--revealed", action="store_true", help="also replay with the known requests' cache outcomes revealed (a second replay)")
     args = ap.parse_args()
+    if not os.path.isfile(args.log):
+        ap.error(f"no such log file: {args.log}")
+    if not (math.isfinite(args.horizon) and args.horizon > 0):
+        ap.error("--horizon must be a finite number > 0")
     update_ts = cache_by_engine(args.log)
     prefill_balance(args.log, args.horizon)
 

@@ -40,7 +40,7 @@ def _events(path: str):
                     yield json.loads(line)
                 except ValueError:
                     sys.exit(f"{path}:{n}: not a JSON line")
-    except OSError as exc:
+    except (OSError, EOFError) as exc:  # EOFError: a gzip log cut short
         sys.exit(f"{path}: cannot read: {exc}")
 
 
