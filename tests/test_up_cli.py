@@ -43,7 +43,10 @@ def test_a_missing_nats_server_is_explained(tmp_path: Path):
 
 @pytest.mark.parametrize("args,needle", [
     (["--policy", "magic"], "--policy must be"),
-    (["--speed", "0"], "--speed must be > 0"),
+    (["--speed", "0"], "must be a finite number > 0, got 0.0"),
+    (["--speed", "nan"], "must be a finite number > 0, got nan"),
+    (["--horizon", "0.01"], "--horizon 0.01 is under the forecaster's shortest window, 0.1 s"),
+    (["--emulated-cluster", "--speed", "500"], "the forecast window would be 0.02 s of wall time"),
     (["--engines", "1"], "at least 2 engines"),
     (["--nats", "http://x"], "nats:// URL"),
     (["--workload", "chess"], "unknown workload"),

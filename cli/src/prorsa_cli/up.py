@@ -162,7 +162,15 @@ def _options(cls, given: dict):
         pass
     except ValueError as exc:
         fail(str(exc))
-    return cls(**fields)
+    opts = cls(**fields)
+    from prorsa_forecaster.config import MIN_WINDOW_S
+
+    if opts.horizon is not None and opts.horizon < MIN_WINDOW_S:
+        fail(f"--horizon {opts.horizon:g} is under the forecaster's shortest window, {MIN_WINDOW_S:g} s")
+    if opts.window_s < MIN_WINDOW_S:
+        fail(f"the forecast window would be {opts.window_s:g} s of wall time (10 s of the cluster's at --speed "
+             f"{opts.speed:g}), under the forecaster's {MIN_WINDOW_S:g} s: give --horizon {MIN_WINDOW_S:g} or more")
+    return opts
 
 
 __all__ = ["register", "console", "out"]
