@@ -50,7 +50,7 @@ from prorsa_sim.progress import sweep_bar
 from prorsa_sim.compare import Matrix, Setting, run_matrix, spread
 from prorsa_sim.runner import FULL_GRID, code_versions, default_jobs
 from prorsa_sim.simconfig import SimConfig, build_config
-from prorsa_sim.catalog import check_split
+from prorsa_sim.runner import check_split
 from prorsa_sim.simulation import parse_start
 
 MODELS = ("deepseek-v3.2", "mimo-v2.5-pro")

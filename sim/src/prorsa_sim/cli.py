@@ -80,8 +80,7 @@ def _check_specs(cfg, specs: list[str], start: str) -> None:
     """ValueError naming the first policy or ``--start`` that does not fit ``cfg``'s cluster."""
     from prorsa_emulated.costmodel import get_profile
 
-    from .catalog import check_specs, check_split
-    from .runner import parse_start
+    from .runner import check_specs, check_split, parse_start
 
     n = get_profile(cfg.model).engines_in(cfg.total_gpus)
     check_specs(specs, n, cfg.model)

@@ -322,3 +322,27 @@ def run_to_dir(cfg: SimConfig, policy_spec: str, out: Path, progress=None, plot:
         plot_timeline(res, out / "timeline.png", title=title)
         plot_ideal_split(res, out / "ideal_split.png", title=title)
     return res
+
+
+def check_split(p: int, d: int, n_engines: int, model: str, what: str) -> None:
+    """ValueError unless P:D is a split of the cluster's ``n_engines`` engines (``what`` names
+    the option, e.g. ``static:9:9`` or ``--start 9:9``): checked before any simulation runs,
+    so a wrong one is one line, not a traceback from a worker process."""
+    if p < 1 or d < 1 or p + d != n_engines:
+        raise ValueError(f"{what}: expected P:D with P, D >= 1 and P + D = {n_engines} (the {model} engines "
+                         f"of this cluster)")
+
+
+def check_specs(specs: list[str], n_engines: int, model: str) -> None:
+    """Build every spec (:func:`~prorsa_sim.catalog.make_policy`; ``static`` is the sweep)
+    and check each fixed ratio's split against the cluster; ValueError with the first
+    problem."""
+    from .catalog import make_policy
+    from .policy import StaticPD
+
+    for spec in specs:
+        if spec == "static":
+            continue
+        pol = make_policy(spec)
+        if isinstance(pol, StaticPD):
+            check_split(pol.n_prefill, pol.n_decode, n_engines, model, spec)
