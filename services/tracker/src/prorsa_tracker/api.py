@@ -92,7 +92,13 @@ def serve_api(db_url: str, token, host: str, port: int, hub=None) -> Iterator["o
     import uvicorn
 
     server = uvicorn.Server(uvicorn.Config(create_app(db_url, token, hub), host=host, port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, name="tracker-api", daemon=True)
+    def run() -> None:
+        try:
+            server.run()
+        except SystemExit:  # uvicorn could not bind (it logged why): reported below, not as a thread's traceback
+            pass
+
+    thread = threading.Thread(target=run, name="tracker-api", daemon=True)
     thread.start()
     # uvicorn that cannot bind logs it and ends its thread: the tracker must not go on
     # without the API it was asked for.
