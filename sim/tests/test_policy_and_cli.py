@@ -134,10 +134,14 @@ def test_cli_compare_json_and_bad_input():
     # line before anything runs, not a traceback from a worker process.
     for args in (["sim", "compare", "--policies", "colocation,static:9:9"],
                  ["sim", "compare", "--policies", "prorsa", "--start", "0:8"],
-                 ["sim", "run", "--policy", "static:2:2", "--out", "/tmp/x"],
-                 ["sim", "paper", "--models", "deepseek-v3.2", "--pd-policy", "static:5:5", "--out", "/tmp/x"]):
+                 ["sim", "run", "--policy", "static:2:2", "--out", "/tmp/x"]):
         bad = runner.invoke(app, args)
         assert bad.exit_code == 2 and "P + D = 8 (the deepseek-v3.2 engines" in bad.output, (args, bad.output)
+    for fixed in ("colocation", "static", "static:4:4"):
+        bad = runner.invoke(app, ["sim", "paper", "--pd-policy", fixed, "--out", "/tmp/x"])
+        assert bad.exit_code == 2 and "--pd-policy takes a switching policy" in bad.output, bad.output
+    bad = runner.invoke(app, ["sim", "compare", "--seeds", "0,-1"])
+    assert bad.exit_code == 2 and "--seeds must be >= 0, got -1" in bad.output
 
 
 def test_cli_compare_takes_the_dp_routing():

@@ -132,5 +132,8 @@ def test_http_api_token_pagination_and_4xx(tmp_path) -> None:
         assert c.get(path, params={"offset": 2**63 - 1}, headers=h).json()["items"] == []
     assert c.get("/v1/runs/r1/trajectories", params={"since": 5, "until": 1}, headers=h).status_code == 400
     assert c.get("/v1/runs/r1/trajectories/nope", headers=h).status_code == 404
+    assert c.get("/v1/runs/nope/trajectories", headers=h).status_code == 404  # a run the log never held
+    empty = c.get("/v1/runs/r1/trajectories", params={"state": "live"}, headers=h)
+    assert empty.status_code == 200 and empty.json()["items"] == []  # a run it holds, nothing matching
     assert c.get("/v1/runs/r1/trajectories/t3", headers=h).json()["trajectory"]["state"] == "done"
     assert "/v1/runs/{run}/trajectories" in c.get("/openapi.json").json()["paths"]

@@ -277,6 +277,11 @@ def register(app: typer.Typer) -> None:
         if st and any(s < 0 for s in st):
             fail("--staleness must be >= 0")
         if pd_policy is not None:
+            from .simulation import is_pd_fixed
+
+            if pd_policy == "static" or is_pd_fixed(pd_policy):
+                fail(f"--pd-policy takes a switching policy (e.g. prorsa, reactive), not {pd_policy!r}: without it "
+                     "the PD column is the best fixed ratio of the sweep")
             try:
                 make_policy(pd_policy)
             except ValueError as exc:
@@ -287,13 +292,7 @@ def register(app: typer.Typer) -> None:
         if o.steps < 1 or o.grid < 1 or o.batch_size < 1:
             fail("--steps, --grid and --batch-size must be >= 1")
         for m in o.models:
-            mcfg = _config("coding", m, 0, 1, 0, batch_size, gpus, dp_routing, router_policy=router_policy)
-            _check(mcfg)
-            if pd_policy is not None:
-                try:
-                    _check_specs(mcfg, [pd_policy], "own")
-                except ValueError as exc:
-                    fail(str(exc))
+            _check(_config("coding", m, 0, 1, 0, batch_size, gpus, dp_routing, router_policy=router_policy))
         if out.exists() and not out.is_dir():
             fail(f"--out {out} exists and is not a folder")
         with sweep_bar(console) as bar:

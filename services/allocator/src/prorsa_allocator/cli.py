@@ -7,6 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from prorsa_runtime.cli import non_negative, positive
+
 from prorsa_schemas.events import DEFAULT_WINDOW_S
 
 allocator_app = typer.Typer(help="Forecast-driven prefill/decode allocation and role switching (paper §4.2).",
@@ -60,12 +62,12 @@ def run_cmd(
 
 @allocator_app.command("solve")
 def solve_cmd(
-    prefill_tokens: Annotated[float, typer.Option(help="Ŵᴾ: prompt tokens to prefill in the window.")],
-    decode_kv_tokens: Annotated[float, typer.Option(help="Kᴰ + K̂ᴰ: decode KV tokens now plus admitted.")],
+    prefill_tokens: Annotated[float, typer.Option(help="Ŵᴾ: prompt tokens to prefill in the window.", callback=non_negative)],
+    decode_kv_tokens: Annotated[float, typer.Option(help="Kᴰ + K̂ᴰ: decode KV tokens now plus admitted.", callback=non_negative)],
     gpus: Annotated[int, typer.Option(help="G: the GPU budget.", min=1, max=1_000_000)],
-    horizon: Annotated[float, typer.Option(help="S: window length, seconds.")] = DEFAULT_WINDOW_S,
-    theta: Annotated[float, typer.Option(help="θᴾ: full-prompt tokens/s per prefill instance.")] = 40_000.0,
-    kv_capacity: Annotated[float, typer.Option(help="C_KVᴰ: KV tokens per decode instance.")] = 1_000_000.0,
+    horizon: Annotated[float, typer.Option(help="S: window length, seconds.", callback=positive)] = DEFAULT_WINDOW_S,
+    theta: Annotated[float, typer.Option(help="θᴾ: full-prompt tokens/s per prefill instance.", callback=positive)] = 40_000.0,
+    kv_capacity: Annotated[float, typer.Option(help="C_KVᴰ: KV tokens per decode instance.", callback=positive)] = 1_000_000.0,
     gpus_prefill: Annotated[int, typer.Option(help="mᴾ: GPUs per prefill instance.")] = 8,
     gpus_decode: Annotated[int, typer.Option(help="mᴰ: GPUs per decode instance.")] = 8,
 ) -> None:

@@ -51,7 +51,10 @@ def trajectories(
         q = q.where(or_(t.ended_ts.is_(None), t.ended_ts >= since))
     q = q.order_by(t.dispatched_ts, t.traj).limit(limit).offset(offset)
     with engine.connect() as conn:
-        return [_traj(dict(r._mapping)) for r in conn.execute(q.with_only_columns(*t.__table__.c))]
+        rows = [_traj(dict(r._mapping)) for r in conn.execute(q.with_only_columns(*t.__table__.c))]
+        if not rows and conn.execute(select(RunRow.run).where(RunRow.run == run)).first() is None:
+            raise QueryError(f"no run {run!r}")  # (a run with no trajectory matching: an empty page)
+        return rows
 
 
 def _traj(d: dict) -> dict:
