@@ -48,9 +48,8 @@ from prorsa_emulated.costmodel import get_profile
 from prorsa_sim.paper import FIG5_MATH_NORM, FIG5_SPEEDUP, FIG7_BEST, git_commit
 from prorsa_sim.progress import sweep_bar
 from prorsa_sim.compare import Matrix, Setting, run_matrix, spread
-from prorsa_sim.runner import FULL_GRID, code_versions, default_jobs
+from prorsa_sim.runner import FULL_GRID, check_split, code_versions, default_jobs
 from prorsa_sim.simconfig import SimConfig, build_config
-from prorsa_sim.runner import check_split
 from prorsa_sim.simulation import parse_start
 
 MODELS = ("deepseek-v3.2", "mimo-v2.5-pro")
@@ -490,16 +489,16 @@ def parse(argv=None):
                      f"MiMo-V2.5-Pro's); use --models {' '.join(PAPER_FIXED)} or --start P:D")
     elif a.start != "best":
         try:
-            st = parse_start(a.start) if a.start != "own" else None
-        except ValueError:
-            st = None
-        try:
+            st = parse_start(a.start)  # ("own" is None here: not a start this script takes)
             if not isinstance(st, tuple):
-                raise ValueError(f"--start {a.start!r}: expected best, paper or P:D (e.g. 4:4)")
-            for m in a.models:
+                raise ValueError
+        except ValueError:
+            ap.error(f"--start {a.start!r}: expected best, paper or P:D (e.g. 4:4)")
+        for m in a.models:
+            try:
                 check_split(*st, get_profile(m).engines_in(a.gpus), m, f"--start {a.start}")
-        except ValueError as exc:
-            ap.error(str(exc))
+            except ValueError as exc:
+                ap.error(str(exc))
         a.start = st
     for w in a.workloads:
         if w not in WORKLOADS:

@@ -127,8 +127,6 @@ def nats_setup_cmd(
 
     from .natssetup import StreamSetupError, setup_stream
 
-    if duplicate_window <= 0 or max_age < 0:
-        fail("--duplicate-window must be > 0 and --max-age >= 0")
     ns = namespace(prefix, stream)
     try:
         line = asyncio.run(setup_stream(nats_url, ns, Credentials.from_env(), duplicate_window_s=duplicate_window,
@@ -214,8 +212,6 @@ def publish_cmd(
 
     from .publishing import publish_log
 
-    if speed is not None and speed <= 0:
-        fail("--speed must be > 0")
     if not log.exists():
         fail(f"no such file: {log}")
     ns = namespace(prefix, stream)

@@ -123,9 +123,6 @@ def _options(cls, given: dict):
     policy = given.get("policy", "prorsa")
     if policy not in ("prorsa", "static", "colocation"):
         fail(f"--policy must be prorsa, static or colocation, got {policy!r}")
-    for name in ("speed", "horizon"):
-        if given.get(name) is not None and given[name] <= 0:
-            fail(f"--{name} must be > 0")
     if given.get("router", "sglang") not in ("sglang", "emulated"):
         fail(f"--router must be sglang or emulated, got {given['router']!r}")
     if given.get("max_restarts", 0) < 0:

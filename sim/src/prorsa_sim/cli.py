@@ -274,8 +274,6 @@ def register(app: typer.Typer) -> None:
             if w not in WORKLOADS:
                 fail(f"unknown workload {w!r}; choose one of: {', '.join(sorted(WORKLOADS))}")
         st = _ints(staleness, "--staleness") if staleness else None
-        if st and any(s < 0 for s in st):
-            fail("--staleness must be >= 0")
         if pd_policy is not None:
             from .simulation import is_pd_fixed
 

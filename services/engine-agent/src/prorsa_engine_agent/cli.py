@@ -51,8 +51,6 @@ def register(app: typer.Typer) -> None:
 
         if to not in ("prefill", "decode"):
             _fail(f"--to must be prefill or decode, got {to!r}")
-        if deadline <= 0:
-            _fail("--deadline must be > 0")
         try:
             ns = Namespace(prefix=prefix, stream=stream)
         except ValueError as exc:
@@ -88,8 +86,8 @@ def register(app: typer.Typer) -> None:
         except ImportError:
             _fail("the emulated cluster needs the prorsa-emulated package (not installed on this host: "
                   "pip install 'prorsa-engine-agent[emulated]')")
-        if n < 1 or speed <= 0:
-            _fail("-n must be >= 1 and --speed > 0")
+        if n < 1:
+            _fail("-n must be >= 1")
         k = n // 2 if prefill is None else prefill
         if not 0 <= k <= n:
             _fail("--prefill must be between 0 and -n")
