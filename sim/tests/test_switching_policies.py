@@ -62,7 +62,18 @@ def test_prorsa_paper_keeps_the_papers_rule_and_prorsa_sees_the_updates():
     assert res.summary["trajectories_done"] > 0
     assert policy.driver.allocator.last_update_ts is not None
     assert policy.driver.allocator.config.rule == "priced"
+    # The 'auto' objective, resolved by the run's run.started: asynchronous here.
+    assert policy.driver.allocator.requested.objective == "auto"
     assert policy.driver.allocator.config.objective == "capacity"
+
+
+def test_prorsa_judges_a_sync_run_by_turn_latency_unless_told_capacity():
+    for spec, objective in (("prorsa", "turn_latency"), ("prorsa:capacity", "capacity")):
+        policy = make_policy(spec)
+        res = Simulator(SimConfig(workload="general", staleness=0, steps=2, batch_size=48), policy).run()
+        assert res.summary["trajectories_done"] > 0
+        cfg = policy.driver.allocator.config
+        assert (cfg.rule, cfg.objective) == ("priced", objective), spec
 
 
 def test_prorsa_latency_is_the_priced_rule_judging_moves_by_turn_latency():

@@ -331,6 +331,34 @@ def test_the_prefill_share_arrivals_bring_comes_from_the_forecasts_components() 
         sampler=0.0, sandbox=0.0, tool=0.0, ready=0.0, inflight=0.0)})) == 1.0
 
 
+def test_the_auto_objective_follows_the_runs_modes() -> None:
+    from prorsa_allocator.testing import RUN
+    from prorsa_schemas import RunStarted
+
+    def started(run: str, mode: str) -> RunStarted:
+        return RunStarted(id=f"rs-{run}", ts=1.0, run=run, mode=mode, batch_size=8)
+
+    alloc = Allocator(AllocatorConfig(prefill_tokens_per_s=THETA))
+    assert alloc.config.objective == "capacity"  # no run.started yet
+    alloc.handle(started("a", "sync"), act=False)  # a replay folds it in too
+    assert alloc.config.objective == "turn_latency"
+    assert alloc.requested.objective == "auto"
+    alloc.handle(started("b", "async"))  # one asynchronous run among them
+    assert alloc.config.objective == "capacity"
+    # Bound to a run, another run's mode is not its concern.
+    bound = Allocator(AllocatorConfig(prefill_tokens_per_s=THETA, run=RUN))
+    bound.handle(started("other-run", "async"))
+    assert bound.run_modes == {} and bound.config.objective == "capacity"
+    bound.handle(started(RUN, "sync"))
+    assert bound.config.objective == "turn_latency"
+    # An objective set by hand is kept whatever the runs.
+    fixed = Allocator(AllocatorConfig(prefill_tokens_per_s=THETA, objective="capacity"))
+    fixed.handle(started("a", "sync"))
+    assert fixed.config.objective == "capacity"
+    # Every other field is the configuration given.
+    assert alloc.config.model_dump(exclude={"objective"}) == alloc.requested.model_dump(exclude={"objective"})
+
+
 def test_a_policy_update_of_another_run_opens_no_pause() -> None:
     from prorsa_allocator.testing import RUN
     from prorsa_schemas import PolicyUpdated

@@ -14,7 +14,7 @@ from prorsa_allocator.settings import AllocatorSettings
 from prorsa_allocator.testing import RUN, THETA, forecast, registered, stats, switched
 from prorsa_runtime import connect, ensure_stream, publish_event
 from prorsa_runtime.testing import async_wait_until
-from prorsa_schemas import AllocationPlan, EngineCommand, Namespace, PolicyUpdated, decode_event
+from prorsa_schemas import AllocationPlan, EngineCommand, Namespace, PolicyUpdated, RunStarted, decode_event
 from prorsa_tracker.outputs import Watermark
 
 
@@ -290,3 +290,16 @@ async def test_a_policy_update_on_the_rollout_subject_opens_the_pause_and_the_op
         assert "holding through the step's opening" in lines[1], lines
         assert len(h.of(AllocationPlan)[0].switches) == 2
         assert h.of(AllocationPlan)[1].switches is None and len(h.of(EngineCommand)) == 2
+
+
+async def test_a_sync_run_started_on_the_rollout_subject_sets_the_auto_objective(nats_url: str, ns: Namespace) -> None:
+    # The allocator reads run.started from the rollout subject tree: another run's is not
+    # this allocator's; its own sync run resolves the 'auto' objective to turn latency.
+    async with Harness(nats_url, ns, run=RUN) as h:
+        svc = await h.start_service()
+        alloc = svc.state.allocator
+        assert (alloc.requested.objective, alloc.config.objective) == ("auto", "capacity")
+        await h.publish(RunStarted(id="rs-other", ts=1.0, run="other-run", mode="async", batch_size=8))
+        await h.publish(RunStarted(id="rs-1", ts=2.0, run=RUN, mode="sync", batch_size=8))
+        await async_wait_until(lambda: alloc.run_modes == {RUN: "sync"}, 10, what="the run's mode folded in")
+        assert alloc.config.objective == "turn_latency"

@@ -123,13 +123,17 @@ class AllocatorConfig(BaseModel):
         "``drain_weight`` + switch time as the only cost (paper §4.2 with this allocator's "
         "switch execution; kept to compare).",
     )
-    objective: Literal["capacity", "turn_latency"] = Field(
-        default="capacity",
+    objective: Literal["auto", "capacity", "turn_latency"] = Field(
+        default="auto",
         description="'priced' rule: what a move must improve. 'capacity': the time-averaged "
         "bottleneck capacity-to-demand ratio (max-min, capped at ``ratio_cap``). 'turn_latency': "
         "the seconds a turn spends in the model, prefill wait plus decode (pricing.TurnLatency), "
         "averaged over the horizon; needs a decode step model and falls back to 'capacity' "
-        "without one. Opt-in: docs/allocator.md measures both.",
+        "without one. 'auto': 'turn_latency' while every run the allocator has seen a "
+        "run.started of is synchronous (its step ends with its slowest trajectory, so what a "
+        "turn waits sets the pace), 'capacity' otherwise (an asynchronous run, whose "
+        "over-dispatch keeps the roles loaded, or no run.started yet). docs/allocator.md "
+        "measures the three.",
     )
     horizon_s: float = Field(
         default=120.0,

@@ -62,11 +62,31 @@ def prefill_fed_share(fc: ForecastWindow) -> float:
     return fed / total if total > 0 else 1.0
 
 
+def resolve_objective(config: AllocatorConfig, run_modes: dict[str, str]) -> AllocatorConfig:
+    """The configuration in force: an 'auto' objective is 'turn_latency' while every run seen
+    is synchronous, 'capacity' otherwise (no run seen, or any asynchronous one).
+
+    A synchronous step ends with its slowest trajectory: once both roles keep up, what a
+    turn waits in the model sets the step's pace, which the turn-latency objective prices
+    and the capacity ratio (capped at ``ratio_cap``) does not see. An asynchronous run's
+    over-dispatch keeps the roles loaded, and there the capacity each role serves sets it
+    (docs/allocator.md, "Which objective")."""
+    if config.objective != "auto":
+        return config
+    sync = bool(run_modes) and all(mode == "sync" for mode in run_modes.values())
+    return config.model_copy(update={"objective": "turn_latency" if sync else "capacity"})
+
+
 class Allocator:
     """Forecast-driven PD allocation and role-switch commands (paper §4.2 and beyond)."""
 
     def __init__(self, config: AllocatorConfig | None = None):
-        self.config = config or AllocatorConfig()
+        # ``requested``: the configuration as given; ``config``: the one in force, with an
+        # 'auto' objective resolved by the runs' modes (``on_run_started``).
+        self.requested = config or AllocatorConfig()
+        # The mode (``sync`` / ``async``) of each run whose run.started has been folded in.
+        self.run_modes: dict[str, str] = {}
+        self.config = resolve_objective(self.requested, self.run_modes)
         self.table = EngineTable(failure_cooldown_s=self.config.failure_cooldown_s)
         self.theta = PrefillThroughput.from_config(self.config)
         self.switch_cost = SwitchCost.from_config(self.config)
@@ -157,6 +177,11 @@ class Allocator:
         self.last_update_ts = ts
         self._step_peak = 0.0
         self.cache.on_update(ts)
+
+    def on_run_started(self, run: str, mode: str) -> None:
+        """A run's ``run.started``: its mode decides an 'auto' objective (:func:`resolve_objective`)."""
+        self.run_modes[run] = mode
+        self.config = resolve_objective(self.requested, self.run_modes)
 
     def pause_left(self, engines: list | None = None) -> float:
         """Seconds left of the weight-update pause at event time (0: not in one). With the
@@ -523,6 +548,15 @@ def _policy_updated(alloc: Allocator, ev: Event, act: bool) -> list[Event]:
         return []
     alloc.on_update(ev.ts)
     return _published(alloc.on_pause() if act else None)
+
+
+@_mutate.on("run.started")
+def _run_started(alloc: Allocator, ev: Event, act: bool) -> list[Event]:
+    run = alloc.config.run
+    if run is not None and ev.run != run:
+        return []
+    alloc.on_run_started(ev.run, ev.mode)  # type: ignore[attr-defined]
+    return []
 
 
 @_mutate.on("engine.registered", "engine.switching", "engine.deregistered", "engine.command")

@@ -1,7 +1,8 @@
 """The allocator service: the thin I/O shell around :class:`~prorsa_allocator.planner.Allocator`.
 
 * It reads the engine and control events and, of the rollout events, ``policy.updated``
-  (the weight-update pause and the step's opening it opens: :func:`allocator_subjects`).
+  (the weight-update pause and the step's opening it opens) and ``run.started`` (a run's
+  mode, which decides the 'auto' objective): :func:`allocator_subjects`.
 * On start it replays those events (an ordered pull consumer from
   the first message, :class:`~prorsa_runtime.reader.OrderedReader`: at most ``max_pending``
   messages requested or queued, none ever skipped, re-created after a gap, a missed
@@ -53,8 +54,10 @@ _LANE = "allocator"  # one ordering key: a plan precedes its commands in the str
 
 
 def allocator_subjects(ns: Namespace) -> list[str]:
-    """What the allocator reads: every engine and control event, and ``policy.updated``."""
-    return [ns.engine_all(), ns.control_all(), ns.subject_for_type("policy.updated")]
+    """What the allocator reads: every engine and control event, ``policy.updated`` and
+    ``run.started``."""
+    return [ns.engine_all(), ns.control_all(), ns.subject_for_type("policy.updated"),
+            ns.subject_for_type("run.started")]
 
 
 @dataclass
@@ -132,7 +135,8 @@ class AllocatorService:
         # One ordered consumer over the subjects keeps their relative stream order (a
         # command is always folded in before the engine.switched that answers it). Of the
         # rollout events only policy.updated: it opens the weight-update pause (a switch
-        # then needs no drain) and the step's opening the allocator holds through.
+        # then needs no drain) and the step's opening the allocator holds through; and
+        # run.started, whose mode decides the 'auto' objective.
         # At most max_pending messages are requested or queued here and not yet handled.
         self.reader = await OrderedReader(
             js, self.ns, self.ns.durable("allocator"), allocator_subjects(self.ns), on_msg,

@@ -10,9 +10,11 @@ the paper's patched SGLang. Without one, a policy switches in place when the mod
 profile allows it (the paper's setting). ``prorsa`` and ``oracle`` also take
 ``paper`` first (``prorsa:paper``: the allocator's gain test as paper §4.2 states it, one
 window's capacity ratio, drain and switch time as the only cost; the default prices every
-switch, see docs/allocator.md) or ``latency`` (``prorsa:latency``: the priced gain test
-judging each move by the seconds a turn spends in the model, the allocator's
-``objective = "turn_latency"``), and ``tpot=<slack>`` (e.g. ``prorsa:tpot=0.1``, ``oracle:restart:tpot=0.1``): decode sized by step
+switch, see docs/allocator.md, with the allocator's default ``objective = "auto"``:
+judging a move by turn latency on a synchronous run and by the capacity ratio on an
+asynchronous one), ``latency`` (``prorsa:latency``: the priced gain test judging each move
+by the seconds a turn spends in the model on every run, ``objective = "turn_latency"``)
+or ``capacity`` (``prorsa:capacity``: by the capacity ratio on every run), and ``tpot=<slack>`` (e.g. ``prorsa:tpot=0.1``, ``oracle:restart:tpot=0.1``): decode sized by step
 time as well as KV, no decode step more than ``slack`` slower than an idle engine's
 (the allocator's ``decode_tpot_slack``; off by default, as in the paper)."""
 
@@ -30,20 +32,21 @@ SWITCH_MODES = ("in_place", "restart")
 
 
 def parse_spec(spec: str, options: bool = True) -> tuple[str | None, float | None]:
-    """(switch mode, TPOT slack) of ``name[:paper|:latency][:in_place|:restart][:tpot=<slack>]`` (None: default)."""
+    """(switch mode, TPOT slack) of ``name[:paper|:latency|:capacity][:in_place|:restart][:tpot=<slack>]`` (None: default)."""
     return parse_options(spec, options)[:2]  # type: ignore[return-value]
 
 
 def parse_options(spec: str, options: bool = True) -> tuple[str | None, float | None, str]:
     """(switch mode, TPOT slack, gain-test rule) of
-    ``name[:paper|:latency][:in_place|:restart][:tpot=<slack>]``; the rule is ``paper``,
-    ``latency`` (the priced rule with the turn-latency objective) or ``priced``."""
+    ``name[:paper|:latency|:capacity][:in_place|:restart][:tpot=<slack>]``; the rule is
+    ``paper``, ``latency`` / ``capacity`` (the priced rule with that objective on every run)
+    or ``priced`` (the priced rule, its objective by the run's mode)."""
     name, *parts = spec.split(":")
     expected = f"expected {name}, {name}:in_place or {name}:restart" + (
-        ", optionally :paper or :latency first, then optionally :tpot=<slack>" if options else "")
+        ", optionally :paper, :latency or :capacity first, then optionally :tpot=<slack>" if options else "")
     mode = slack = None
     rule = "priced"
-    if options and parts and parts[0] in ("paper", "latency"):
+    if options and parts and parts[0] in ("paper", "latency", "capacity"):
         rule, parts = parts[0], parts[1:]
     for i, part in enumerate(parts):
         if part in SWITCH_MODES and i == 0:

@@ -34,6 +34,15 @@ def decode_step_prior(profile: ModelProfile) -> dict[str, float]:
     )
 
 
+# AllocatorConfig fields of each rule a policy spec names.
+_RULES = {
+    "priced": {"rule": "priced"},
+    "paper": {"rule": "paper"},
+    "latency": {"rule": "priced", "objective": "turn_latency"},
+    "capacity": {"rule": "priced", "objective": "capacity"},
+}
+
+
 @dataclass
 class AllocatorDriver:
     """Drives :class:`Allocator` from simulator observations (shared by prorsa and oracle)."""
@@ -46,8 +55,10 @@ class AllocatorDriver:
     tpot_slack: float | None = None
     """The allocator's ``decode_tpot_slack`` (decode sized by step time too); None: off."""
     rule: str = "priced"
-    """The allocator's gain test: ``priced`` (default), ``paper`` (``prorsa:paper``) or
-    ``latency`` (``prorsa:latency``: ``priced`` with the ``turn_latency`` objective)."""
+    """The allocator's gain test: ``priced`` (default: its objective by the run's mode),
+    ``paper`` (``prorsa:paper``), ``latency`` (``prorsa:latency``: ``priced`` with the
+    ``turn_latency`` objective) or ``capacity`` (``prorsa:capacity``: ``priced`` with the
+    ``capacity`` objective)."""
     overrides: dict | None = None
     """AllocatorConfig fields set over the defaults and the profile's priors (an ablation:
     ``benchmarks/allocator_trace.py --set``); ignored when ``config`` is given."""
@@ -71,7 +82,7 @@ class AllocatorDriver:
                 prefill_tokens_per_s=prefill_rate_computed(prof),
                 in_place_switch_s=prof.in_place_switch_s, restart_switch_s=prof.restart_switch_s,
                 decode_tpot_slack=self.tpot_slack, **decode_step_prior(prof),
-                **({"rule": "priced", "objective": "turn_latency"} if self.rule == "latency" else {"rule": self.rule}),
+                **_RULES[self.rule],
             )
             cfg = self.config or AllocatorConfig(**{**fields, **(self.overrides or {})})
             self.allocator = Allocator(cfg)
@@ -83,8 +94,10 @@ class AllocatorDriver:
         assert alloc is not None
         for ev in obs.events[self._folded:]:
             # The simulator's switch ids are its own: our commands are tracked by _sync.
-            # policy.updated opens the weight-update pause (switches then need no drain).
-            if (ev.type.startswith("engine.") and ev.type != "engine.command") or ev.type == "policy.updated":
+            # policy.updated opens the weight-update pause (switches then need no drain);
+            # run.started's mode decides the 'auto' objective.
+            if ((ev.type.startswith("engine.") and ev.type != "engine.command")
+                    or ev.type in ("policy.updated", "run.started")):
                 alloc.handle(ev, act=False)
         self._folded = len(obs.events)
         alloc.now = max(alloc.now, obs.t)
