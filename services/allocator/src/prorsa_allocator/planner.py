@@ -181,7 +181,11 @@ class Allocator:
     def on_run_started(self, run: str, mode: str) -> None:
         """A run's ``run.started``: its mode decides an 'auto' objective (:func:`resolve_objective`)."""
         self.run_modes[run] = mode
+        before = self.config.objective
         self.config = resolve_objective(self.requested, self.run_modes)
+        if self.config.objective != before:
+            log.info("run %r is %s: moves are judged by %s (objective 'auto')", run, mode,
+                     "turn latency" if self.config.objective == "turn_latency" else "the capacity ratio")
 
     def pause_left(self, engines: list | None = None) -> float:
         """Seconds left of the weight-update pause at event time (0: not in one). With the
