@@ -192,6 +192,48 @@ def test_load_reports_poison_lines_with_their_number_and_goes_on(tmp_path) -> No
     assert "nested too deeply" in got[0].reason
 
 
+def test_load_of_a_cut_gzip_log_fails_and_the_whole_log_continues_it(tmp_path) -> None:
+    import gzip
+
+    f = EventFactory("r1")
+    whole = tmp_path / "whole.jsonl.gz"
+    with LogWriter(whole) as w:
+        for i in range(400):
+            w.write(f("trajectory.dispatched", 1.0 + i, traj=f"t{i}", prompt_tokens=10 + i))
+    log = tmp_path / "run.jsonl.gz"
+    data = whole.read_bytes()
+    log.write_bytes(data[: len(data) // 2])
+    db = f"sqlite:///{tmp_path}/t.db"
+    r = runner.invoke(app, ["tracker", "load", str(log), "--db", db])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert "ends early" in text(r) and "truncated or corrupt" in text(r)
+    eng = make_engine(db)
+    with eng.connect() as c:
+        first = c.scalar(select(func.count()).select_from(EventRow))
+    assert 0 < first < 400
+    # The complete log under the same name continues after the last whole line.
+    log.write_bytes(data)
+    r = runner.invoke(app, ["tracker", "load", str(log), "--db", db])
+    assert r.exit_code == 0, r.output
+    assert f"{400 - first} events" in text(r) and f"{first} lines already loaded" in text(r)
+    with eng.connect() as c:
+        assert c.scalar(select(func.count()).select_from(EventRow)) == 400
+    eng.dispose()
+    assert len(gzip.decompress(data).splitlines()) == 400
+
+
+def test_load_of_a_file_with_no_valid_event_fails(tmp_path) -> None:
+    log = tmp_path / "notes.jsonl"
+    log.write_text("hello\n{\"a\": 1}\n")
+    db = f"sqlite:///{tmp_path}/t.db"
+    r = runner.invoke(app, ["tracker", "load", str(log), "--db", db])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert "no line of" in text(r) and "0 events, 2 anomalies" in text(r)
+    # Loaded again, nothing is new: nothing to complain about.
+    r = runner.invoke(app, ["tracker", "load", str(log), "--db", db])
+    assert r.exit_code == 0 and "2 lines already loaded" in text(r), r.output
+
+
 def _cluster_log(path: Path) -> None:
     """Engines registered under the agents' run; switches carry the rollout runs' ids, and
     run r0 switches e2 in between run r1's switches of it."""

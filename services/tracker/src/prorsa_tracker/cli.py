@@ -76,6 +76,8 @@ def register(app: typer.Typer) -> None:
 
         A line that is not applied (invalid, or an id already loaded with other content) is
         reported with its line number and recorded in the anomalies table; the load goes on.
+        Exits 1 when the log ends early (a truncated or corrupt gzip stream: what came before
+        is loaded) or when no new line of it was a valid event.
         """
         from rich.progress import Progress
 
@@ -109,6 +111,13 @@ def register(app: typer.Typer) -> None:
             _fail(f"cannot read {log}: {exc}", 1)
         console.print(f"loaded {log}: {counts['events']} events, {counts['anomalies']} anomalies, "
                       f"{counts['duplicates']} duplicates, {counts['skipped']} lines already loaded", soft_wrap=True)
+        if counts["truncated"]:
+            _fail(f"{log} ends early ({counts['truncated']}): the events before it are loaded; "
+                  "re-run the load on the whole log to continue from there", 1)
+        fresh = counts["lines"] - counts["skipped"]
+        if fresh > 0 and counts["events"] == 0 and counts["duplicates"] == 0:
+            _fail(f"no line of {log} is a valid event ({fresh} lines, listed above and kept as "
+                  "anomalies): is it an event log? `prorsa validate` checks one", 1)
 
     @tracker.command("api")
     def api_cmd(db: DbOpt, port: Annotated[int, typer.Option(help="Port.", min=1, max=65535)] = 8470,

@@ -45,7 +45,8 @@ def load(engine: Engine, path: str | os.PathLike, batch_size: int = 5000,
     least one batch). ``rejected(lineno, reason)`` is called, once its batch is committed,
     for each line not applied that is no plain duplicate (invalid, unreadable, or a re-sent
     id with other content). Returns counts: ``lines`` read, ``skipped`` (already loaded),
-    ``events`` and ``anomalies`` written, ``duplicates``.
+    ``events`` and ``anomalies`` written, ``duplicates``, and ``truncated``: why the log
+    ended early (a truncated or corrupt gzip stream, with its line number), or None.
     """
     consumer = load_consumer(path)
     state = new_state()
@@ -55,7 +56,7 @@ def load(engine: Engine, path: str | os.PathLike, batch_size: int = 5000,
         while len(state.seen_ids) > state.seen_capacity:
             state.seen_ids.popitem(last=False)
     done_upto = projection.position(engine, consumer)
-    counts = {"lines": 0, "skipped": 0, "events": 0, "anomalies": 0, "duplicates": 0}
+    counts: dict = {"lines": 0, "skipped": 0, "events": 0, "anomalies": 0, "duplicates": 0, "truncated": None}
     items: list[tuple[int, bytes]] = []
     unreadable: list[tuple] = []
 
@@ -90,7 +91,12 @@ def load(engine: Engine, path: str | os.PathLike, batch_size: int = 5000,
             if raw is None:  # unreadable (too long, truncated): keep the reason
                 reason = error.reason if error is not None else "unreadable line"
                 unreadable.append(projection.anomaly_row(consumer, lineno, reason, None))
-                items.append((lineno, None))  # advances the position only
+                if "truncated or corrupt" in reason:
+                    # The stream broke inside this line: the position stays on the last whole
+                    # line, so a load of the complete log continues with this one.
+                    counts["truncated"] = f"line {lineno}: {reason}"
+                else:
+                    items.append((lineno, None))  # advances the position only
             else:
                 items.append((lineno, raw))
             if len(items) >= batch_size:
