@@ -11,7 +11,7 @@ and MiMo-V2.5-Pro (speedups over the paper's fixed ratio, the paper's Fig. 7 abl
 Columns: colocation; the paper's fixed ratio (MiMo, Fig. 7: 4:4 math, 5:3 coding, 3:5
 general; the paper gives none for DeepSeek-V3.2: '-'); the hindsight-best fixed ratio (the
 static sweep, per seed); reactive; ``prorsa:paper`` (the paper's section 4.2 rule);
-``prorsa`` (the default priced rule); ``bound`` (the hindsight-best dynamic schedule the
+``prorsa`` (the default priced rule, its objective by the run's mode); ``bound`` (the hindsight-best dynamic schedule the
 search finds, ``bound[:grid_s][:beam=B]``). Every switching policy starts from the best
 static ratio of its seed (``runner.run_matrix``, the common start of ``prorsa sim
 compare``), or with ``--start paper`` from MiMo-V2.5-Pro's fixed ratio of Fig. 7 (the
@@ -457,8 +457,8 @@ def parse(argv=None):
                     "ratio of the grid), paper (MiMo-V2.5-Pro's fixed ratio of the paper's Fig. 7 for the workload: "
                     "the ratio a user would take from the paper) or P:D")
     ap.add_argument("--with", dest="extra", nargs="+", default=[], metavar="POLICY",
-                    help="further switching policies, each a column after prorsa (e.g. prorsa:latency, the "
-                    "turn-latency objective)")
+                    help="further switching policies, each a column after prorsa (e.g. prorsa:capacity, the "
+                    "capacity-ratio objective on every run, or prorsa:latency, turn latency on every run)")
     ap.add_argument("--jobs", type=int, default=None, help="parallel processes (default: the CPU count)")
     ap.add_argument("--out", type=Path, default=Path(".prorsa/headline"),
                     help="cached runs (OUT/runs), headline.json and headline.md")
