@@ -56,3 +56,19 @@ def test_plan_switches_in_flight_and_durations_are_exported() -> None:
     assert m["prorsa_allocator_prefill_tokens_per_s"] == [({}, THETA)]
     assert m["prorsa_allocator_event_time_seconds"] == [({}, 72.0)]
     assert m["prorsa_allocator_switched_total"] == [({}, 1.0)]
+    # No run.started yet: the 'auto' objective is the capacity ratio.
+    assert dict((lab["objective"], v) for lab, v in m["prorsa_allocator_objective"]) == {
+        "capacity": 1.0, "turn_latency": 0.0}
+
+
+def test_the_objective_in_force_follows_a_sync_run() -> None:
+    from prometheus_client import generate_latest
+
+    from prorsa_schemas import RunStarted
+
+    alloc = Allocator(_config())
+    alloc.handle(RunStarted(id="rs-1", ts=1.0, run="r1", mode="sync", batch_size=8))
+    text = generate_latest(allocator_registry(ServiceState(alloc))).decode()
+    got = {s.labels["objective"]: s.value for fam in text_string_to_metric_families(text)
+           if fam.name == "prorsa_allocator_objective" for s in fam.samples}
+    assert got == {"capacity": 0.0, "turn_latency": 1.0}

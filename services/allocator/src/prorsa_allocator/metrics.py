@@ -10,6 +10,8 @@ last sent) and ``prorsa_allocator_switch_attempts{engine,to_role}``; the histogr
 ``prorsa_allocator_switch_duration_seconds{mode}`` of completed switches
 (``engine.switched.seconds``); ``prorsa_allocator_prefill_tokens_per_s`` (θᴾ);
 ``prorsa_allocator_event_time_seconds`` and ``prorsa_allocator_watermarks_total``;
+``prorsa_allocator_objective{objective}`` (1 for the gain test's objective in force: an
+'auto' objective resolved by the runs' modes, 0 for the other);
 ``prorsa_allocator_dead_letters_total{kind}`` (messages skipped: invalid, on the wrong
 subject, or failed in the planner); ``prorsa_allocator_consumer_pending{consumer}``,
 ``prorsa_allocator_backlog_messages{consumer}`` and ``prorsa_allocator_consumer_resets_total``
@@ -53,6 +55,12 @@ class _AllocatorCollector:
         yield from _switches(a)
         yield GaugeMetricFamily("prorsa_allocator_prefill_tokens_per_s",
                                 "theta P: full-prompt prefill tokens/s of one prefill instance", value=a.theta.value)
+        objective = GaugeMetricFamily("prorsa_allocator_objective",
+                                      "1 for the objective moves are judged by now ('auto' resolved by the runs' modes)",
+                                      labels=["objective"])
+        for name in ("capacity", "turn_latency"):
+            objective.add_metric([name], 1.0 if a.config.objective == name else 0.0)
+        yield objective
         yield GaugeMetricFamily("prorsa_allocator_event_time_seconds",
                                 "event time (largest ts seen, or the tracker watermark)", value=a.now if a.now > 0 else 0.0)
         yield CounterMetricFamily("prorsa_allocator_watermarks", "tracker watermarks applied",
