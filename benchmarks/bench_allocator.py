@@ -2,6 +2,11 @@
 a cluster of N engines. Target: under 5 ms for 1,024 engines.
 
 Run:  .venv/bin/python benchmarks/bench_allocator.py [--engines 1024] [--repeat 200] [--clock wall|cpu]
+                                                  [--objective capacity|turn_latency]
+
+``--objective``: what the priced gain test judges a move by: the capacity ratio (an
+asynchronous run's, and the default here) or turn latency (a synchronous run's under the
+allocator's default ``auto``: the benchmark's clusters see no run.started, so it is set).
 
 ``--clock cpu`` times each decision by the thread's CPU time (``time.thread_time``) instead
 of the wall clock: on a host shared with other work it measures what a decision costs,
@@ -27,6 +32,9 @@ from prorsa_allocator.planner import Allocator
 from prorsa_allocator.testing import KV, THETA, forecast, registered, stats
 
 
+OBJECTIVE = "capacity"
+
+
 def build(n: int, seed: int = 1, initial_fraction: float | None = None) -> Allocator:
     rng = random.Random(seed)
     # With a decode step model, so every decision also computes the latency-balance term.
@@ -34,7 +42,7 @@ def build(n: int, seed: int = 1, initial_fraction: float | None = None) -> Alloc
     # hold every move, so the plans that move engines would time nothing but the hold.
     cfg = AllocatorConfig(prefill_tokens_per_s=THETA, max_switch_fraction=0.25, decode_step_fixed_s=0.03,
                           decode_step_per_seq_s=1e-5, decode_step_per_kv_token_s=1e-9,
-                          served_evidence_first=False)
+                          served_evidence_first=False, objective=OBJECTIVE)
     if initial_fraction is not None:
         cfg = cfg.model_copy(update={"initial_switch_fraction": initial_fraction})
     alloc = Allocator(cfg)
@@ -88,8 +96,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=200)
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="wall: perf_counter; cpu: the thread's CPU time (a shared host)")
+    ap.add_argument("--objective", choices=("capacity", "turn_latency"), default="capacity",
+                    help="the gain test's objective (turn_latency: a synchronous run's under 'auto')")
     args = ap.parse_args()
-    global CLOCK
+    global CLOCK, OBJECTIVE
+    OBJECTIVE = args.objective
     CLOCK = time.thread_time if args.clock == "cpu" else time.perf_counter
     logging.disable(logging.WARNING)  # the steady cluster's decisions are not what we time
     n = args.engines
@@ -128,7 +139,8 @@ def main() -> None:
 
     d = Demand(n * 0.6 * 10 * THETA, 10.0, n * 0.3 * KV)
     c = Capacity(THETA, KV, 8, 8, 8 * n)
-    print(f"allocator benchmark: {n} engines x 8 GPUs, target < 5 ms per decision ({args.clock} clock)")
+    print(f"allocator benchmark: {n} engines x 8 GPUs, target < 5 ms per decision ({args.clock} clock, "
+          f"objective {args.objective})")
     report(f"first plan, uncapped (plan + {first_cmds} commands)", first_ms)
     report(f"plan under the 1/4 cap (plan + {capped_cmds} commands)", capped_ms)
     report("decision, no switch needed (plan only)", timed(decide_steady, args.repeat))
