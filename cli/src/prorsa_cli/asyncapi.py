@@ -27,6 +27,7 @@ _ENGINE = ("engine agents (also the simulator)", "tracker, forecaster, allocator
 _ROLLOUT_READERS = {
     "policy.updated": "tracker, forecaster, allocator (the weight-update pause and the step's opening); engine "
                       "agents (the weights their engines serve)",
+    "run.started": "tracker, forecaster, allocator (the run's mode decides its 'auto' objective)",
 }
 _CONTROL = {
     "forecast.window": ("forecaster", "tracker, allocator; the forecaster reads its last one on start"),
