@@ -32,17 +32,14 @@ from prorsa_allocator.planner import Allocator
 from prorsa_allocator.testing import KV, THETA, forecast, registered, stats
 
 
-OBJECTIVE = "capacity"
-
-
-def build(n: int, seed: int = 1, initial_fraction: float | None = None) -> Allocator:
+def build(n: int, seed: int = 1, initial_fraction: float | None = None, objective: str = "capacity") -> Allocator:
     rng = random.Random(seed)
     # With a decode step model, so every decision also computes the latency-balance term.
     # served_evidence_first off: a fresh allocator has no served rate yet, and the rule would
     # hold every move, so the plans that move engines would time nothing but the hold.
     cfg = AllocatorConfig(prefill_tokens_per_s=THETA, max_switch_fraction=0.25, decode_step_fixed_s=0.03,
                           decode_step_per_seq_s=1e-5, decode_step_per_kv_token_s=1e-9,
-                          served_evidence_first=False, objective=OBJECTIVE)
+                          served_evidence_first=False, objective=objective)
     if initial_fraction is not None:
         cfg = cfg.model_copy(update={"initial_switch_fraction": initial_fraction})
     alloc = Allocator(cfg)
@@ -99,8 +96,7 @@ def main() -> None:
     ap.add_argument("--objective", choices=("capacity", "turn_latency"), default="capacity",
                     help="the gain test's objective (turn_latency: a synchronous run's under 'auto')")
     args = ap.parse_args()
-    global CLOCK, OBJECTIVE
-    OBJECTIVE = args.objective
+    global CLOCK
     CLOCK = time.thread_time if args.clock == "cpu" else time.perf_counter
     logging.disable(logging.WARNING)  # the steady cluster's decisions are not what we time
     n = args.engines
@@ -113,7 +109,7 @@ def main() -> None:
 
     def measure(initial_fraction: float | None) -> tuple[list[float], int]:
         runs = min(args.repeat, 50)
-        clusters = [build(n, initial_fraction=initial_fraction) for _ in range(runs)]
+        clusters = [build(n, initial_fraction=initial_fraction, objective=args.objective) for _ in range(runs)]
         ms: list[float] = []
         commands = 0
         for i in range(runs):
@@ -130,7 +126,7 @@ def main() -> None:
 
     first_ms, first_cmds = measure(None)
     capped_ms, capped_cmds = measure(0.25)
-    steady = build(n)
+    steady = build(n, objective=args.objective)
 
     def decide_steady() -> None:
         t[0] += 10.0

@@ -194,6 +194,11 @@ def open_log_binary(path: str | os.PathLike) -> BinaryIO:
     return open(p, "rb")
 
 
+TRUNCATED = "log is truncated or corrupt"
+"""How the reason of a line :func:`iter_raw_lines` could not read begins when the stream
+broke there (a truncated gzip, corrupt deflate data): the log ends early."""
+
+
 def iter_raw_lines(
     fh: BinaryIO, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
 ) -> Iterator[tuple[int, bytes | None, EventError | None]]:
@@ -208,7 +213,7 @@ def iter_raw_lines(
         try:
             line = fh.readline(max_line_bytes + 1)
         except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
-            yield lineno + 1, None, EventError.single(f"log is truncated or corrupt: {exc}")
+            yield lineno + 1, None, EventError.single(f"{TRUNCATED}: {exc}")
             return
         if not line:
             return
@@ -221,7 +226,7 @@ def iter_raw_lines(
                     line = fh.readline(max_line_bytes + 1)
                     size += len(line)
             except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
-                yield lineno, None, EventError.single(f"log is truncated or corrupt: {exc}")
+                yield lineno, None, EventError.single(f"{TRUNCATED}: {exc}")
                 return
             yield lineno, None, EventError.single(
                 f"line is {size} bytes, longer than the limit of {max_line_bytes} bytes"

@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass, field
 
 from prorsa_schemas import read_log
+from prorsa_schemas.codec import TRUNCATED
 
 from .baselines import make_baselines, wape
 from .config import ForecastConfig
@@ -172,7 +173,7 @@ def evaluate_log(
     for line in read_log(path):
         if line.event is None:
             ev_out.invalid += 1
-            if line.error is not None and "truncated or corrupt" in line.error.reason:
+            if line.error is not None and line.error.reason.startswith(TRUNCATED):
                 ev_out.truncated = f"line {line.lineno}: {line.error.reason}"
             continue
         ev_out.events += 1

@@ -20,7 +20,7 @@ from pydantic_core import from_json
 from sqlalchemy import Engine, func, select
 
 from prorsa_schemas import ENGINE_TYPES, LogWriter
-from prorsa_schemas.codec import iter_raw_lines, open_log_binary
+from prorsa_schemas.codec import TRUNCATED, iter_raw_lines, open_log_binary
 
 from . import projection, snapshots
 from .core import new_state
@@ -91,7 +91,7 @@ def load(engine: Engine, path: str | os.PathLike, batch_size: int = 5000,
             if raw is None:  # unreadable (too long, truncated): keep the reason
                 reason = error.reason if error is not None else "unreadable line"
                 unreadable.append(projection.anomaly_row(consumer, lineno, reason, None))
-                if "truncated or corrupt" in reason:
+                if reason.startswith(TRUNCATED):
                     # The stream broke inside this line: the position stays on the last whole
                     # line, so a load of the complete log continues with this one.
                     counts["truncated"] = f"line {lineno}: {reason}"
