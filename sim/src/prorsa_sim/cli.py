@@ -8,7 +8,9 @@ from typing import Annotated
 
 import typer
 
-WorkloadOpt = Annotated[str, typer.Option("--workload", help="math | coding | general")]
+WorkloadOpt = Annotated[str, typer.Option(
+    "--workload", help="math | coding | general, or log:PATH: the trajectories recorded in an event log "
+    "(docs/simulator.md, \"A recorded workload\").")]
 ModelOpt = Annotated[str, typer.Option("--model", help="qwen3-235b | deepseek-v3.2 | mimo-v2.5-pro")]
 StaleOpt = Annotated[int, typer.Option("--staleness", help="0 = synchronous; 2 or 8 = async bound")]
 StepsOpt = Annotated[int, typer.Option(

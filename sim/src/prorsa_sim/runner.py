@@ -19,7 +19,9 @@ from pathlib import Path
 
 from prorsa_schemas import LogWriter
 
+from .recorded import PREFIX as RECORDED
 from .simconfig import SimConfig
+from .workloads import get_workload
 from .simulation import (  # noqa: F401 -- re-exported: the runner's public names
     FULL_GRID,
     StartAt,
@@ -39,7 +41,7 @@ from .simulation import (  # noqa: F401 -- re-exported: the runner's public name
 
 # costmodel is prorsa_emulated's (the simulator and the emulated engines share it).
 _RESULT_MODULES = ("cluster", "switching", "costmodel", "engines", "simulator", "trajectories", "simconfig",
-                   "summary", "workloads", "policy", "catalog", "simulation", "idealsplit", "sampler")
+                   "summary", "workloads", "policy", "catalog", "simulation", "idealsplit", "sampler", "recorded")
 
 
 ALLOCATOR_POLICIES = ("prorsa", "oracle")
@@ -173,7 +175,10 @@ class Job:
     def key(self) -> str:
         c = self.cfg
         st = f"@{self.start[0]}-{self.start[1]}" if self.start and not is_pd_fixed(self.spec) else ""
-        name = (f"{c.workload}_{c.model}_s{c.staleness}_b{c.batch_size}_g{c.total_gpus}_n{c.steps}"
+        # A recorded workload is named by its file and the hash of its plans
+        # (``recorded.RecordedWorkload.name``): a changed log is a different workload.
+        workload = get_workload(c.workload).name if c.workload.startswith(RECORDED) else c.workload
+        name = (f"{workload}_{c.model}_s{c.staleness}_b{c.batch_size}_g{c.total_gpus}_n{c.steps}"
                 f"_seed{c.seed}_{self.spec}{st}")
         extra = {k: v for k, v in asdict(c).items()
                  if k not in ("workload", "model", "staleness", "batch_size", "total_gpus", "steps", "seed", "run")}

@@ -12,7 +12,7 @@ from prorsa_schemas import events as E
 from . import sampler
 from .cluster import ClusterSim
 from .engines import Engine, Req
-from .workloads import TrajectoryPlan, plan_trajectory
+from .workloads import TrajectoryPlan, plan_trajectory, sandbox_start
 
 PHASES = ("sandbox", "prefill", "decode", "tool", "reward")
 """Where a trajectory's time goes, dispatch to reward: its sandbox start, its requests
@@ -90,15 +90,13 @@ class Trajectories(ClusterSim):
         self.trajs[tr.tid] = tr
         self.live += 1
         self.emit(E.TrajectoryDispatched, traj=tr.tid, prompt_tokens=plan.prompt_tokens, group=tr.group, policy_version=self.version)
-        if not self.spec.sandbox:
+        mode, delay, pooled = sandbox_start(plan, self.spec, self.pool_free)
+        if mode is None:
             self._new_request(tr)
             return
-        if self.pool_free > 0:
+        if pooled:
             self.pool_free -= 1
-            mode, delay = "prewarm", plan.prewarm_s
             self.at(self.now + self.spec.cold_median_s, self._refill_pool)
-        else:
-            mode, delay = "cold", plan.cold_start_s
         self.emit(E.SandboxStarted, traj=tr.tid, mode=mode)
         self.at(self.now + delay, self._sandbox_ready, tr)
 

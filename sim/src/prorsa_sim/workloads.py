@@ -18,9 +18,13 @@ docs/simulator.md) unless a source is named, not measured traces.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import numpy as np
+
+from .recorded import PREFIX, load_recorded, median
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,9 @@ class WorkloadSpec:
     """Sigma of the per-group tool-latency factor (one environment per group)."""
     tool_traj_sigma: float = 0.0
     """Sigma of the per-trajectory tool-latency factor (one sandbox per trajectory)."""
+    recorded: object = None
+    """The :class:`~prorsa_sim.recorded.RecordedWorkload` whose plans this workload replays
+    (``log:PATH``); None for a drawn workload."""
 
 
 MATH = WorkloadSpec(
@@ -113,13 +120,50 @@ WORKLOADS: dict[str, WorkloadSpec] = {w.name: w for w in (MATH, CODING, GENERAL)
 
 
 def get_workload(name: str) -> WorkloadSpec:
-    """Return the named workload, or raise ``ValueError`` listing the valid names."""
+    """Return the named workload (``log:PATH``: the workload recorded in that log,
+    :mod:`.recorded`), or raise ``ValueError`` listing the valid names."""
+    if name.startswith(PREFIX):
+        path = name[len(PREFIX):]
+        try:
+            st = os.stat(path)
+        except OSError:
+            raise ValueError(f"workload log not found: {path!r} (--workload log:PATH)") from None
+        return _recorded_spec(path, st.st_mtime_ns, st.st_size)
     try:
         return WORKLOADS[name]
     except KeyError:
         raise ValueError(
-            f"unknown workload {name!r}; choose one of: {', '.join(WORKLOADS)}"
+            f"unknown workload {name!r}; choose one of: {', '.join(WORKLOADS)}, or log:PATH"
         ) from None
+
+
+@lru_cache(maxsize=8)
+def _recorded_spec(path: str, mtime_ns: int, size: int) -> WorkloadSpec:
+    """The spec of a recorded workload (cached per file version): its plans, and the
+    medians of what they hold for the fields the simulator reads from a spec."""
+    w = load_recorded(path)
+    plans = w.plans
+    outs = [o for p in plans for o in p.outputs]
+    results = [r for p in plans for r in p.results]
+    tools = [t for p in plans for t in p.tool_s]
+    boxes = {m: [p.cold_start_s for p in plans if p.sandbox == m] for m in ("prewarm", "cold")}
+    return WorkloadSpec(
+        name=w.name, group_size=w.group_size,
+        turns_median=median([len(p.outputs) for p in plans]), turns_sigma=0.0,
+        turns_max=max(len(p.outputs) for p in plans),
+        prompt_median=median([p.prompt_tokens for p in plans]), prompt_sigma=0.0,
+        output_median=median(outs), output_sigma=0.0, output_max=max(outs),
+        result_median=median(results), result_sigma=0.0,
+        tool_median_s=median(tools), tool_sigma=0.0, tool_max_s=max(tools, default=0.0),
+        # Room for every recorded context: no recorded turn is cut by the context limit.
+        max_context=max(p.prompt_tokens + sum(p.outputs) + sum(p.results) for p in plans) + 1,
+        sandbox=any(p.sandbox in ("prewarm", "cold") for p in plans),
+        prewarm_s=median(boxes["prewarm"]), cold_median_s=median(boxes["cold"]),
+        reward_median_s=median([p.reward_s for p in plans]),
+        admission_rate=sum(p.admitted for p in plans) / len(plans),
+        prewarm_pool=0,  # each plan keeps its recorded sandbox mode and time
+        recorded=w,
+    )
 
 
 @dataclass(slots=True)
@@ -137,6 +181,10 @@ class TrajectoryPlan:
     reward_s: float
     admitted: bool
     reward: float
+    sandbox: str | None = None
+    """How its sandbox starts: None, the workload's rule (a prewarmed sandbox while the
+    pool has one, else a cold start); ``"prewarm"`` or ``"cold"`` as recorded, or
+    ``"none"`` (a recorded trajectory without sandbox events): see :func:`sandbox_start`."""
 
     def capped(self, max_turns: int | None = None, max_output: int | None = None) -> "TrajectoryPlan":
         """The plan cut to at most ``max_turns`` turns of at most ``max_output`` output
@@ -145,6 +193,18 @@ class TrajectoryPlan:
         turns = len(self.outputs) if max_turns is None else max(1, min(len(self.outputs), max_turns))
         outs = self.outputs[:turns] if max_output is None else [min(o, max_output) for o in self.outputs[:turns]]
         return replace(self, outputs=outs, results=self.results[: turns - 1], tool_s=self.tool_s[: turns - 1])
+
+
+def sandbox_start(plan: TrajectoryPlan, spec: WorkloadSpec, pool_free: int) -> tuple[str | None, float, bool]:
+    """How a trajectory's sandbox starts: its mode (None: it has none), its seconds, and
+    whether it takes a prewarmed sandbox from the pool."""
+    if plan.sandbox == "none" or (plan.sandbox is None and not spec.sandbox):
+        return None, 0.0, False
+    if plan.sandbox is not None:
+        return plan.sandbox, plan.prewarm_s if plan.sandbox == "prewarm" else plan.cold_start_s, False
+    if pool_free > 0:
+        return "prewarm", plan.prewarm_s, True
+    return "cold", plan.cold_start_s, False
 
 
 def _lognormal(rng: np.random.Generator, median: float, sigma: float, size=None):
@@ -161,7 +221,10 @@ def group_of(spec: WorkloadSpec, index: int) -> int:
 def plan_trajectory(spec: WorkloadSpec, seed: int, index: int) -> TrajectoryPlan:
     """Draw trajectory ``index``'s plan from its own generator (independent of policy);
     what its group shares (the prompt, the environment's tool speed) comes from the
-    group's generator."""
+    group's generator. A recorded workload's plan is the recorded one its seed deals to
+    ``index`` (:meth:`.recorded.RecordedWorkload.plan`)."""
+    if spec.recorded is not None:
+        return spec.recorded.plan(seed, index)
     rng = np.random.default_rng([seed, index, 0x5eed])
     grng = np.random.default_rng([seed, group_of(spec, index), 0x9e0])
     prompt = int(max(16, _lognormal(grng, spec.prompt_median, spec.prompt_sigma)))

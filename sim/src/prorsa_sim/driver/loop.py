@@ -43,7 +43,7 @@ from prorsa_schemas import Namespace
 from prorsa_sdk import Emitter
 
 from .. import sampler
-from ..workloads import TrajectoryPlan, WorkloadSpec, get_workload, plan_trajectory
+from ..workloads import TrajectoryPlan, WorkloadSpec, get_workload, plan_trajectory, sandbox_start
 from . import weights
 from .config import DriverConfig
 
@@ -245,16 +245,16 @@ class Driver:
         context = min(plan.prompt_tokens, self.spec.max_context)
         try:
             await em.dispatched(traj, context, group=group, policy_version=version)
-            if self.spec.sandbox:
-                warm = self._prewarm_free > 0
-                if warm:
+            mode, delay, pooled = sandbox_start(plan, self.spec, self._prewarm_free)
+            if mode is not None:
+                if pooled:
                     # The pool refills a cold start's time after a prewarmed sandbox is taken
                     # (the simulator's rule).
                     self._prewarm_free -= 1
                     asyncio.get_running_loop().call_later(self.spec.cold_median_s / self.cfg.speed,
                                                           self._refill_pool)
-                await em.sandbox_started(traj, "prewarm" if warm else "cold")
-                await self.sleep_sim(plan.prewarm_s if warm else plan.cold_start_s)
+                await em.sandbox_started(traj, mode)
+                await self.sleep_sim(delay)
                 await em.sandbox_ready(traj)
             for turn in range(turns):
                 out = plan.outputs[turn]

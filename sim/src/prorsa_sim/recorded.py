@@ -1,0 +1,246 @@
+"""A workload recorded in an event log (``--workload log:PATH``).
+
+The simulator's own workloads draw every trajectory's plan from distributions
+(:mod:`.workloads`). A recorded workload takes the plans from a log in the event contract
+instead: a run exported from the tracker (``prorsa export``), a simulator's or the live
+demo's log, or a public trace converted to the contract (``scripts/trace_to_contract.py``).
+So an operator can ask what another P:D split, colocation or Prorsa's allocator would have
+made of *their* rollout, and the project's comparisons can run on trajectories it did not
+generate.
+
+What a trajectory's plan takes from the log (each complete trajectory: one that has a
+``reward.finished``; the others are counted and left out):
+
+- ``prompt_tokens``: the first request's full prompt;
+- per turn (the requests of one ``turn`` value, in turn order): the output tokens, summed
+  over the turn's requests (an aborted request's partial answer and the re-prefilled rest);
+- the tool-result tokens of each turn but the last: the next turn's first prompt less this
+  turn's first prompt and output (never below 0: what the framework adds between turns,
+  the tool result and the chat template, is the prompt's growth);
+- the time between turns: from the turn's last answer (``decode.finished``) to the next
+  turn's first ``request.queued``; tool calls and whatever else the framework did then;
+- the sandbox: the mode of ``sandbox.started`` and the time to ``sandbox.ready`` (kept as
+  recorded; no prewarm pool is simulated for it); none when the log has no sandbox events
+  for the trajectory;
+- the reward time (the last answer to ``reward.finished``), ``admitted`` and ``reward``.
+
+What the log does not decide stays the simulator's: the timing of prefill and decode (the
+cluster's, which the split changes), when the sampler dispatches (``--staleness``,
+``--batch-size``: set them to the log's ``run.started`` to replay its sampler), and the
+order of the trajectories. Seed 0 takes the recorded groups in the log's dispatch order;
+another seed takes them in an order drawn from that seed, so seeds compare policies on
+the same trajectories dealt differently. Groups (``trajectory.dispatched.group``, GRPO)
+stay together: the simulated group size is ``run.started.group_size`` where the log gives
+one value, else the most common recorded group size; a recorded group of another size is
+cut to it or repeats its members. The workload is cycled when a run needs more
+trajectories than the log holds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from prorsa_schemas import read_log
+
+PREFIX = "log:"
+"""A workload name that starts with it names a log (``log:PATH``)."""
+
+_EVENTS = frozenset({
+    "trajectory.dispatched", "sandbox.started", "sandbox.ready", "request.queued",
+    "decode.finished", "reward.finished", "trajectory.dropped",
+})
+
+
+@dataclass
+class _Traj:
+    """One trajectory's events as read (before it becomes a plan)."""
+
+    group: str | None = None
+    dispatched: float | None = None
+    sandbox_mode: str | None = None
+    sandbox_start: float | None = None
+    sandbox_ready: float | None = None
+    turns: dict[int, dict] = field(default_factory=dict)
+    """turn -> {"prompt", "queued" (first ts), "output", "answered" (last non-abort ts)}."""
+    req_turn: dict[str, int] = field(default_factory=dict)
+    reward_ts: float | None = None
+    admitted: bool = False
+    reward: float = 0.0
+    dropped: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class RecordedWorkload:
+    """The plans of a log's complete trajectories, grouped as recorded
+    (:func:`load_recorded`)."""
+
+    path: str
+    digest: str
+    """A hash of the plans: part of a simulation's cache key."""
+    plans: tuple
+    """:class:`~prorsa_sim.workloads.TrajectoryPlan` of each complete trajectory."""
+    groups: tuple[tuple[int, ...], ...]
+    """Indices into ``plans`` of each recorded group, in dispatch order."""
+    group_size: int
+    skipped: dict[str, int]
+    """Trajectories left out, by reason; ``invalid lines`` counts lines that are not events."""
+    run_started: dict | None
+    """The log's first ``run.started`` (mode, batch_size, ...), or None."""
+
+    @property
+    def name(self) -> str:
+        return f"{PREFIX}{Path(self.path).name}@{self.digest}"
+
+    def plan(self, seed: int, index: int):
+        """The plan of the simulation's trajectory ``index`` under ``seed`` (a copy: a
+        simulation may cap it)."""
+        order = _slots(self, seed)
+        return replace(self.plans[order[index % len(order)]])
+
+
+@lru_cache(maxsize=64)
+def _slots(w: RecordedWorkload, seed: int) -> tuple[int, ...]:
+    """The plan index of every trajectory slot: groups in dispatch order (seed 0) or an
+    order drawn from the seed, each cut or cycled to ``group_size`` members."""
+    order = np.arange(len(w.groups))
+    if seed:
+        order = np.random.default_rng([seed, 0x10C]).permutation(len(w.groups))
+    out: list[int] = []
+    for g in order:
+        members = w.groups[int(g)]
+        out.extend(members[k % len(members)] for k in range(w.group_size))
+    return tuple(out)
+
+
+def _read(path: str) -> tuple[dict, Counter, dict | None, int]:
+    trajs: dict[tuple[str, str], _Traj] = {}
+    order: dict[tuple[str, str], int] = {}
+    run_started = None
+    group_sizes: Counter = Counter()
+    invalid = 0
+    seen = 0
+    for line in read_log(path):
+        ev = line.event
+        if ev is None:
+            invalid += 1
+            continue
+        seen += 1
+        if ev.type == "run.started":
+            if run_started is None:
+                run_started = {k: v for k, v in ev.model_dump().items()
+                               if k in ("mode", "batch_size", "max_staleness", "group_size")}
+            if ev.group_size:
+                group_sizes[ev.group_size] += 1
+            continue
+        if ev.type not in _EVENTS:
+            continue
+        key = (ev.run, ev.traj)
+        tr = trajs.setdefault(key, _Traj())
+        order.setdefault(key, len(order))
+        t = ev.ts
+        if ev.type == "trajectory.dispatched":
+            tr.group, tr.dispatched = ev.group, t
+        elif ev.type == "sandbox.started":
+            tr.sandbox_mode, tr.sandbox_start = ev.mode, t
+        elif ev.type == "sandbox.ready":
+            tr.sandbox_ready = t
+        elif ev.type == "request.queued":
+            tr.req_turn[ev.req] = ev.turn
+            turn = tr.turns.setdefault(ev.turn, {"prompt": ev.prompt_tokens, "queued": t, "output": 0,
+                                                 "answered": None})
+            if t < turn["queued"]:
+                turn["prompt"], turn["queued"] = ev.prompt_tokens, t
+        elif ev.type == "decode.finished":
+            k = tr.req_turn.get(ev.req)
+            if k is None:
+                continue
+            turn = tr.turns[k]
+            turn["output"] += ev.output_tokens
+            if ev.finish != "abort" and (turn["answered"] is None or t > turn["answered"]):
+                turn["answered"] = t
+        elif ev.type == "reward.finished":
+            tr.reward_ts, tr.admitted, tr.reward = t, ev.admitted, float(ev.reward or 0.0)
+        elif ev.type == "trajectory.dropped":
+            tr.dropped = True
+    if not seen:
+        raise ValueError(f"workload log {path}: no valid event in it ({invalid} invalid lines)")
+    ordered = dict(sorted(trajs.items(), key=lambda kv: order[kv[0]]))
+    return ordered, group_sizes, run_started, invalid
+
+
+def _plan_of(tr: _Traj):
+    """The plan of one trajectory, or the reason it has none."""
+    from .workloads import TrajectoryPlan
+
+    if tr.dropped:
+        return "dropped"
+    if tr.reward_ts is None:
+        return "unfinished (no reward.finished)"
+    if not tr.turns:
+        return "no request"
+    turns = [tr.turns[k] for k in sorted(tr.turns)]
+    if any(x["answered"] is None for x in turns):
+        return "a turn without an answer"
+    outputs = [max(1, int(x["output"])) for x in turns]
+    results, tools = [], []
+    for a, b, out in zip(turns, turns[1:], outputs):
+        results.append(max(0, int(b["prompt"]) - int(a["prompt"]) - out))
+        tools.append(max(0.0, float(b["queued"] - a["answered"])))
+    reward_s = max(0.0, float(tr.reward_ts - turns[-1]["answered"]))
+    if tr.sandbox_mode is not None and tr.sandbox_start is not None and tr.sandbox_ready is not None:
+        sandbox, sandbox_s = tr.sandbox_mode, max(0.0, float(tr.sandbox_ready - tr.sandbox_start))
+    else:
+        sandbox, sandbox_s = "none", 0.0
+    return TrajectoryPlan(
+        prompt_tokens=max(1, int(turns[0]["prompt"])), outputs=outputs, results=results, tool_s=tools,
+        cold_start_s=sandbox_s, prewarm_s=sandbox_s, reward_s=reward_s, admitted=tr.admitted,
+        reward=tr.reward, sandbox=sandbox,
+    )
+
+
+def load_recorded(path: str | os.PathLike) -> RecordedWorkload:
+    """Read a log's complete trajectories as plans (raises ``ValueError`` with the reason
+    when the log cannot give a workload)."""
+    p = str(path)
+    if not Path(p).is_file():
+        raise ValueError(f"workload log not found: {p}")
+    trajs, declared, run_started, invalid = _read(p)
+    plans, groups_of, skipped = [], {}, Counter()
+    for (run, tid), tr in trajs.items():
+        plan = _plan_of(tr)
+        if isinstance(plan, str):
+            skipped[plan] += 1
+            continue
+        groups_of.setdefault((run, tr.group if tr.group is not None else f"~{tid}"), []).append(len(plans))
+        plans.append(plan)
+    if invalid:
+        skipped["invalid lines"] = invalid
+    if not plans:
+        why = ", ".join(f"{n} {r}" for r, n in skipped.items()) or "no trajectory events"
+        raise ValueError(f"workload log {p}: no complete trajectory (one with reward.finished): {why}")
+    if not any(pl.admitted for pl in plans):
+        raise ValueError(f"workload log {p}: none of its {len(plans)} complete trajectories was admitted "
+                         "(reward.finished admitted=true); the sampler could never fill a training batch")
+    groups = tuple(tuple(m) for m in groups_of.values())
+    if len(declared) == 1:
+        size = next(iter(declared))
+    else:
+        size = Counter(len(m) for m in groups).most_common(1)[0][0]
+    h = hashlib.sha256()
+    for pl in plans:
+        h.update(repr((pl.prompt_tokens, pl.outputs, pl.results, [round(x, 6) for x in pl.tool_s],
+                       round(pl.cold_start_s, 6), round(pl.reward_s, 6), pl.admitted, pl.reward,
+                       pl.sandbox)).encode())
+    h.update(repr((groups, size)).encode())
+    return RecordedWorkload(p, h.hexdigest()[:12], tuple(plans), groups, int(size), dict(skipped), run_started)
+
+
+def median(values, default: float = 0.0) -> float:
+    return float(np.median(values)) if len(values) else default
