@@ -52,3 +52,45 @@ async def test_sync_driver_syncs_the_weights_before_the_next_batch(nats_url, ns)
     assert min(second) - update >= WEIGHT_SYNC_S / SPEED
     # Nothing was in flight at the pause: the batch had drained, so nothing was aborted.
     assert result["aborted_requests"] == 0
+
+
+async def test_the_driver_replays_a_recorded_workload_live(nats_url, ns, tmp_path):
+    """``--workload log:PATH`` (``prorsa_sim.recorded``): the live driver sends each recorded
+    trajectory's prompts and keeps its recorded sandbox start."""
+    from prorsa_schemas import LogWriter
+    from prorsa_schemas import events as E
+
+    path = tmp_path / "recorded.jsonl.gz"
+    with LogWriter(path) as w:
+        n = 0
+        for i, mode in enumerate(("cold", "prewarm")):
+            traj = f"x{i}"
+            for cls, ts, fields in (
+                (E.TrajectoryDispatched, 0.0, {"prompt_tokens": 900}),
+                (E.SandboxStarted, 0.0, {"mode": mode}),
+                (E.SandboxReady, 3.0, {}),
+                (E.RequestQueued, 3.0, {"req": f"{traj}-1", "turn": 0, "prompt_tokens": 900}),
+                (E.DecodeFinished, 5.0, {"req": f"{traj}-1", "output_tokens": 64, "finish": "tool"}),
+                (E.RequestQueued, 9.0, {"req": f"{traj}-2", "turn": 1, "prompt_tokens": 1200}),
+                (E.DecodeFinished, 11.0, {"req": f"{traj}-2", "output_tokens": 32, "finish": "stop"}),
+                (E.RewardFinished, 12.0, {"admitted": True}),
+            ):
+                n += 1
+                w.write(cls(id=f"e{n}", ts=ts, run="rec", traj=traj, **fields))
+    nc = await connect(nats_url, "test-setup")
+    await ensure_stream(nc.jetstream(), ns)
+    await nc.close()
+    with EmulatedCluster(["prefill", "decode"], speed=SPEED, router_kind="emulated").start(register=True) as c:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "prorsa_sim.driver", "--router", c.router.url, "--nats", nats_url,
+            "--prefix", ns.prefix, "--stream", ns.stream, "--workload", f"log:{path}", "--batch-size", "2",
+            "--steps", "1", "--speed", str(SPEED), "--train-s", "2",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 300)
+        assert proc.returncode == 0, out.decode() + err.decode()
+    events = [event for _, event in await stream_messages(nats_url, ns)]
+    queued = sorted((e.turn, e.prompt_tokens) for e in events if e.type == "request.queued")
+    # Turn 1's prompt is the first prompt, the answer and the recorded 236 tokens of result.
+    assert queued == [(0, 900), (0, 900), (1, 1200), (1, 1200)]
+    assert sorted(e.mode for e in events if e.type == "sandbox.started") == ["cold", "prewarm"]
+    assert sum(e.type == "reward.finished" for e in events) == 2

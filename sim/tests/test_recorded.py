@@ -168,6 +168,9 @@ def test_the_cli_runs_a_recorded_workload_and_names_a_missing_log(tmp_path):
     assert r.exit_code == 0, r.output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["workload"] == f"log:{path}"
+    rec = summary["recorded_workload"]
+    assert rec["name"].startswith("log:r.jsonl.gz@") and (rec["trajectories"], rec["group_size"]) == (8, 1)
+    assert rec["run_started"]["batch_size"] == 8 and rec["skipped"] == {}
     # 16 trajectories of 2 turns: 8 recorded, dealt twice.
     with gzip.open(out / "events.jsonl.gz", "rt") as fh:
         queued = [json.loads(x) for x in fh if '"request.queued"' in x]
@@ -175,3 +178,24 @@ def test_the_cli_runs_a_recorded_workload_and_names_a_missing_log(tmp_path):
     bad = CliRunner().invoke(app, ["sim", "run", "--workload", f"log:{tmp_path / 'nope.jsonl'}", "--out",
                                    str(tmp_path / "x")])
     assert bad.exit_code == 2 and "workload log not found" in bad.output
+
+
+def test_a_trace_without_rewards_ends_each_trajectory_with_its_last_answer(tmp_path):
+    """A serving or chat trace (``scripts/trace_to_contract.py --sessions``) has no reward:
+    a conversation ends with its last answer, and the user's last wait, which never
+    returned, is not part of it."""
+    log = _Log()
+    log(E.TrajectoryDispatched, 0.0, traj="c", prompt_tokens=500)
+    log(E.RequestQueued, 0.0, traj="c", req="c-1", turn=0, prompt_tokens=500)
+    log(E.DecodeFinished, 2.0, traj="c", req="c-1", output_tokens=40, finish="tool")
+    log(E.ToolStarted, 2.0, traj="c")
+    log(E.ToolFinished, 100.0, traj="c", result_tokens=60)
+    log(E.RequestQueued, 100.0, traj="c", req="c-2", turn=1, prompt_tokens=600)
+    log(E.DecodeFinished, 103.0, traj="c", req="c-2", output_tokens=30, finish="tool")
+    log(E.ToolStarted, 103.0, traj="c")
+    log(E.TrajectoryDispatched, 1.0, traj="d", prompt_tokens=50)
+    log(E.RequestQueued, 1.0, traj="d", req="d-1", turn=0, prompt_tokens=50)  # never answered
+    w = load_recorded(_write(tmp_path / "chat.jsonl", log.events))
+    (p,) = w.plans
+    assert (p.outputs, p.results, p.tool_s, p.reward_s, p.admitted) == ([40, 30], [60], [98.0], 0.0, True)
+    assert w.skipped == {"a turn without an answer": 1}

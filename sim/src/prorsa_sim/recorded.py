@@ -9,7 +9,9 @@ made of *their* rollout, and the project's comparisons can run on trajectories i
 generate.
 
 What a trajectory's plan takes from the log (each complete trajectory: one that has a
-``reward.finished``; the others are counted and left out):
+``reward.finished`` and an answer to each of its turns; the others are counted and left
+out. A log with no ``reward.finished`` at all, a serving or chat trace, ends each
+trajectory with its last answer, admitted, and drops a wait after it that never returned):
 
 - ``prompt_tokens``: the first request's full prompt;
 - per turn (the requests of one ``turn`` value, in turn order): the output tokens, summed
@@ -98,6 +100,11 @@ class RecordedWorkload:
     def name(self) -> str:
         return f"{PREFIX}{Path(self.path).name}@{self.digest}"
 
+    def describe(self) -> dict:
+        """What a simulation's summary says of the workload (``recorded_workload``)."""
+        return {"name": self.name, "trajectories": len(self.plans), "groups": len(self.groups),
+                "group_size": self.group_size, "skipped": dict(self.skipped), "run_started": self.run_started}
+
     def plan(self, seed: int, index: int):
         """The plan of the simulation's trajectory ``index`` under ``seed`` (a copy: a
         simulation may cap it)."""
@@ -175,19 +182,23 @@ def _read(path: str) -> tuple[dict, Counter, dict | None, int]:
     return ordered, group_sizes, run_started, invalid
 
 
-def _plan_of(tr: _Traj):
-    """The plan of one trajectory, or the reason it has none."""
+def _plan_of(tr: _Traj, rewarded: bool):
+    """The plan of one trajectory, or the reason it has none (``rewarded``: the log has
+    rewards, so a trajectory without one is unfinished)."""
     from .workloads import TrajectoryPlan
 
     if tr.dropped:
         return "dropped"
-    if tr.reward_ts is None:
+    if rewarded and tr.reward_ts is None:
         return "unfinished (no reward.finished)"
     if not tr.turns:
         return "no request"
     turns = [tr.turns[k] for k in sorted(tr.turns)]
     if any(x["answered"] is None for x in turns):
         return "a turn without an answer"
+    if not rewarded:
+        # A serving or chat trace: the trajectory ends with its last answer, admitted.
+        tr.reward_ts, tr.admitted, tr.reward = turns[-1]["answered"], True, 0.0
     outputs = [max(1, int(x["output"])) for x in turns]
     results, tools = [], []
     for a, b, out in zip(turns, turns[1:], outputs):
@@ -213,8 +224,9 @@ def load_recorded(path: str | os.PathLike) -> RecordedWorkload:
         raise ValueError(f"workload log not found: {p}")
     trajs, declared, run_started, invalid = _read(p)
     plans, groups_of, skipped = [], {}, Counter()
+    rewarded = any(tr.reward_ts is not None for tr in trajs.values())
     for (run, tid), tr in trajs.items():
-        plan = _plan_of(tr)
+        plan = _plan_of(tr, rewarded)
         if isinstance(plan, str):
             skipped[plan] += 1
             continue

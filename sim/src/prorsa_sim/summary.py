@@ -121,6 +121,7 @@ def build_result(sim) -> Result:
     tails_measured = sim.step_tails[1:] if mark else sim.step_tails
     summary = {
         "workload": cfg.workload,
+        **({"recorded_workload": sim.spec.recorded.describe()} if sim.spec.recorded is not None else {}),
         "model": cfg.model,
         "policy": sim.policy.name,
         "mode": cfg.mode,
