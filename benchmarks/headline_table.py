@@ -51,6 +51,7 @@ from prorsa_sim.compare import Matrix, Setting, run_matrix, spread
 from prorsa_sim.runner import FULL_GRID, check_split, code_versions, default_jobs
 from prorsa_sim.simconfig import SimConfig, build_config
 from prorsa_sim.simulation import parse_start
+from prorsa_sim.workloads import get_workload
 
 MODELS = ("deepseek-v3.2", "mimo-v2.5-pro")
 WORKLOADS = ("math", "coding", "general")
@@ -229,8 +230,13 @@ def setting_record(a, mat: Matrix, i: int, m: str, w: str, s: int) -> dict:
     floors = {sd: ((runs.get((i, sd, "colocation")) or {}).get("trajectory_phases_s") or {}).get("floor_s")
               for sd in seeds}
     start = start_of(a, m, w)
+    spec = get_workload(w)
     return {
-        "model": m, "workload": w, "staleness": s,
+        # A recorded workload is named by its file and the hash of its plans; agentic when
+        # its trajectories have more than one turn.
+        "model": m, "workload": spec.name, "staleness": s,
+        **({"workload_log": w} if spec.recorded is not None else {}),
+        "agentic": w in ("coding", "general") or (spec.recorded is not None and spec.turns_max > 1),
         "baseline": "colocation" if base_spec == "colocation" else f"paper fixed ({_ratio_of(base_spec)})",
         "paper_fixed": _ratio_of(pspec) if pspec else None,
         "bound_spec": bspec,
@@ -253,7 +259,7 @@ def must_show(recs: list[dict]) -> list[dict]:
     for r in recs:
         c = r["columns"]
         setting = f"{r['model']} {r['workload']}/{r['staleness']}"
-        agentic = r["workload"] != "math"
+        agentic = r["agentic"]
         bound = "bound" if "bound" in c else None
         if bound:
             v = c[bound]["vs_best_fixed"]["min"]
@@ -475,7 +481,9 @@ def parse(argv=None):
         w, _, spec = item.partition("=") if "=" in item.split(":", 1)[0] else ("", "", item)
         if w and w not in WORKLOADS:
             ap.error(f"--bound {item!r}: unknown workload {w!r}")
-        bound.update({w: spec} if w else {x: spec for x in WORKLOADS})
+        # A bare spec is every workload's, a recorded one's too (its grid has no default:
+        # it should follow the steps' length, which the script cannot know beforehand).
+        bound.update({w: spec} if w else {x: spec for x in [*WORKLOADS, *a.workloads]})
     a.bound = {} if a.no_bound else {w: b for w, b in bound.items() if w in a.workloads}
     a.bound_seeds = _list(a.bound_seeds, int) if a.bound_seeds else [x for x in preset["bound_seeds"] if x in a.seeds]
     a.bound_seeds = [x for x in a.bound_seeds if x in a.seeds] or a.seeds[:1]
@@ -501,15 +509,20 @@ def parse(argv=None):
                 ap.error(str(exc))
         a.start = st
     for w in a.workloads:
-        if w not in WORKLOADS:
-            ap.error(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
+        if w.startswith("log:"):
+            try:
+                get_workload(w)
+            except ValueError as exc:
+                ap.error(str(exc))
+        elif w not in WORKLOADS:
+            ap.error(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}, or log:PATH")
     try:
         build_config(dp_routing=a.dp_routing, router_policy=a.router_policy)
     except ValueError as exc:
         ap.error(str(exc))
     from prorsa_sim.catalog import make_policy
 
-    a.extra = [x for x in _list(a.extra) if x not in SWITCHING]
+    a.extra = [x for x in _list(a.extra) or [] if x not in SWITCHING]
     for spec in a.extra:
         try:
             if spec.split(":")[0] not in ("prorsa", "reactive", "oracle"):
