@@ -32,7 +32,7 @@ from prorsa_sim.simulator import Simulator
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("workload", choices=("math", "coding", "general"))
+    ap.add_argument("workload", help="math, coding, general, or log:PATH (a recorded workload)")
     ap.add_argument("staleness", type=int)
     ap.add_argument("--policy", default="prorsa", help="prorsa or oracle, with their :options")
     ap.add_argument("--model", default="deepseek-v3.2")

@@ -176,7 +176,7 @@ def setting_record(a, mat: Matrix, i: int, m: str, w: str, s: int) -> dict:
     bounds = {sd: runs.get((i, sd, bspec)) for sd in bound_seeds}
     fixed = {sd: best_fixed(mat, i, sd, bounds.get(sd)) for sd in seeds}
     pspec = paper_spec(m, w)
-    base_spec = pspec if BASELINE[m] == "paper fixed" else "colocation"
+    base_spec = pspec if BASELINE[m] == "paper fixed" and pspec else "colocation"
 
     def rt(spec: str, sd: int) -> float | None:
         if spec == "best fixed":

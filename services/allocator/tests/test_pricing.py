@@ -14,7 +14,8 @@ from prorsa_allocator.config import AllocatorConfig
 from prorsa_allocator.engines import EngineView
 from prorsa_allocator.planner import Allocator
 from prorsa_allocator.pricing import (
-    PricedContext, SwitchPrice, SwitchPrices, TurnLatency, price_switch, price_switches, priced_net, role_pressed,
+    PricedContext, SwitchPrice, SwitchPrices, TurnLatency, decode_full, price_switch, price_switches, priced_net,
+    role_pressed,
 )
 from prorsa_allocator.served import CacheRegime
 from prorsa_allocator.switching import DemandView
@@ -210,6 +211,28 @@ def test_no_switch_in_a_steps_opening() -> None:
     assert cmds(60.0) == []
     assert [c.to_role for c in cmds(130.0)][:1] == ["prefill"]
     assert [c.to_role for c in cmds(60.0, hold=0.0)][:1] == ["prefill"]
+
+
+def test_the_opening_is_at_most_a_share_of_the_last_step() -> None:
+    # Updates every 50 s: with opening_step_share 0.5 the opening after the third update
+    # lasts 25 s, not opening_hold_s = 120 s; the first step's opening, before any step has
+    # been measured, is the whole 120 s.
+    def cmds(t: float, updates: tuple[float, ...], share: float = 0.5) -> list:
+        alloc = Allocator(_config(opening_hold_s=120.0, opening_step_share=share))
+        for i in range(4):
+            alloc.handle(registered(f"p{i}", "prefill"))
+            alloc.handle(registered(f"d{i}", "decode"))
+        for k, u in enumerate(updates):
+            alloc.handle(PolicyUpdated(id=f"pu-{k}", ts=u, run=RUN, version=k + 1))
+        out = [e for e in alloc.handle(forecast(t=t, prefill_engines=6.0, decode_engines=1.5))
+               if isinstance(e, EngineCommand)]
+        assert alloc.opening_hold() == (min(120.0, share * 50.0) if len(updates) > 1 and share else 120.0)
+        return out
+
+    assert cmds(120.0, (0.0, 50.0, 100.0)) == []  # 20 s after the update: within 25 s
+    assert [c.to_role for c in cmds(130.0, (0.0, 50.0, 100.0))][:1] == ["prefill"]
+    assert cmds(130.0, (0.0, 50.0, 100.0), share=0.0) == []  # off: 120 s
+    assert cmds(60.0, (0.0,)) == []  # one update: no step measured yet
 
 
 def test_cache_regime_on_hand_computed_hits() -> None:
@@ -444,6 +467,41 @@ def test_the_veto_yields_when_the_engines_show_the_need_now() -> None:
     assert cmds(4, kv_cap // 5) == []  # 4 queued a engine is not more than 4
     assert cmds(5, kv_cap * 6 // 10) == []  # decode at 60% KV is not idle
     assert cmds(5, kv_cap // 5, yields=False) == []
+
+
+def test_a_full_decode_pool_lifts_the_veto_on_a_move_to_decode() -> None:
+    # 7:1, the forecast asks for 6:2, and 6 prefill engines served 10% less than 7: vetoed
+    # while decode has room, even with prefill queueing; with the one decode engine's KV
+    # full (90% > 85%), prefilled requests wait for decode KV whatever prefill serves, and
+    # the move is made although prefill queues too (which role_pressed would not allow).
+    def cmds(decode_kv: int) -> list:
+        alloc = _cluster(7, 1)
+        for i in range(7):
+            alloc.handle(stats(f"p{i}", "prefill", ts=55.0, running=2, queued=6))
+        alloc.handle(stats("d0", "decode", ts=55.0, running=40, kv_used=decode_kv))
+        alloc.served = {7: (100_000.0, 5, 50.0), 6: (90_000.0, 5, 50.0)}
+        out = alloc.handle(forecast(t=60.0, prefill_engines=6.0, decode_engines=2.0))
+        return [e for e in out if isinstance(e, EngineCommand)], alloc.last_decision.selection.reason
+
+    held, why = cmds(KV * 8 // 10)
+    assert held == [] and "served less than 7" in why
+    moved, why = cmds(KV * 9 // 10)
+    assert [c.to_role for c in moved] == ["decode"], why
+
+
+def test_decode_full_reads_the_decode_pools_kv() -> None:
+    def v(role: str, kv: int, cap: int = 100) -> EngineView:
+        return EngineView(engine=f"{role}{kv}{cap}", server="s", role=role, gpus=8, kv_capacity_tokens=cap,
+                          kv_used_tokens=kv)
+
+    assert decode_full([v("prefill", 0), v("decode", 86)])
+    assert not decode_full([v("prefill", 0), v("decode", 85)])  # not more than 85%
+    assert not decode_full([v("decode", 100), v("decode", 60)])  # the pool: 80%
+    assert decode_full([v("prefill", 100, 100), v("decode", 90), v("decode", 90)])  # prefill's KV is not read
+    switching = v("decode", 100)
+    switching.switching_to = "prefill"
+    assert not decode_full([switching, v("decode", 10)])  # an engine mid-switch is left out
+    assert not decode_full([v("prefill", 0)])  # no decode engine
 
 
 def test_role_pressed_reads_saturated_and_idle_roles() -> None:

@@ -151,6 +151,18 @@ class AllocatorConfig(BaseModel):
         "lasts 60-90 s on the simulated agentic settings (benchmarks/allocator_trace.py), "
         "shorter than a switch and the switch back; 0: off.",
     )
+    opening_step_share: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="'priced' rule: the step's opening (opening_hold_s) lasts at most this share "
+        "of the last step, the time between the last two weight updates, so that a step shorter "
+        "than the hold still has a body in which the allocator moves. CHOICE: half a step; the "
+        "simulated agentic steps last 200 s or more, where it leaves the 120 s hold as it is "
+        "(DeepSeek-V3.2 general/8, about 208 s a step, holds 104 s), while an asynchronous "
+        "replay of the Mooncake conversation trace (docs/simulator.md, \"A recorded workload\") "
+        "updates every 50-55 s, all of it inside a 120 s hold. 0: off.",
+    )
     opening_cache_ratio: float = Field(
         default=2.0,
         ge=0,
@@ -212,7 +224,10 @@ class AllocatorConfig(BaseModel):
     served_veto_yields_to_state: bool = Field(
         default=True,
         description="'priced' rule: the served-rate veto does not apply while the engines show "
-        "the move's need now (the role it feeds saturated, the other idle: pricing.role_pressed). "
+        "the move's need now (the role it feeds saturated, the other idle: pricing.role_pressed; "
+        "or, for a move to decode, the decode pool's KV full, pricing.decode_full, whatever "
+        "prefill does: prefilled requests then wait for decode KV, so the prefill rate served "
+        "is not what the rollout gets). "
         "A rate measured in one phase of a step says little of the next: where a step alternates "
         "prefill- and decode-bound phases (MiMo-V2.5-Pro coding/8), a veto that does not yield "
         "holds the split through every phase that needs the move (docs/allocator.md).",

@@ -484,8 +484,10 @@ def select_priced(
     if last_direction == to_role and now - settle_since < cfg.settle_s and ctx.pause_left_s <= 0:
         return Selection(reason=f"the last move to {to_role} has not settled "
                                 f"({now - settle_since:.0f}s < {cfg.settle_s:.0f}s)")
-    pressed = role_pressed(engines, to_role)
-    if cfg.served_evidence_first and not ctx.served and not role_pressed(engines, to_role, short=True):
+    # A full decode pool is decode's shortage shown, whatever prefill does (``decode_full``).
+    full = to_role == "decode" and decode_full(engines)
+    pressed = full or role_pressed(engines, to_role)
+    if cfg.served_evidence_first and not ctx.served and not (full or role_pressed(engines, to_role, short=True)):
         # No count's served rate yet (the run's first windows): the forecast's gain rests on
         # priors whose error nothing has measured; the split held is what they are measured at.
         # Only a shortage the move relieves stands in for that evidence (``short``).
@@ -571,6 +573,17 @@ PRESSED_QUEUE = 4.0
 IDLE_QUEUE = 0.5
 PRESSED_KV = 0.85
 IDLE_KV = 0.5
+
+
+def decode_full(engines: list[EngineView]) -> bool:
+    """Whether the decode pool's KV is full (more than PRESSED_KV of it used; engines
+    mid-switch left out). Prefilled requests then wait for decode KV: the rollout goes at
+    the rate decode frees KV, whatever the prefill engines serve, so a prefill rate served
+    into a full decode pool is no reason to keep prefill engines (the served-rate veto), and
+    the full pool is evidence of decode's shortage (``served_evidence_first``)."""
+    dec = [v for v in engines if v.role == "decode" and v.switching_to is None]
+    cap = sum(v.kv_capacity_tokens for v in dec)
+    return cap > 0 and sum(v.kv_used_tokens for v in dec) > PRESSED_KV * cap
 
 
 def role_pressed(engines: list[EngineView], to_role: str, short: bool = False) -> bool:
