@@ -152,16 +152,19 @@ class AllocatorConfig(BaseModel):
         "shorter than a switch and the switch back; 0: off.",
     )
     opening_step_share: float = Field(
-        default=0.5,
+        default=0.75,
         ge=0,
         le=1,
         description="'priced' rule: the step's opening (opening_hold_s) lasts at most this share "
         "of the last step, the time between the last two weight updates, so that a step shorter "
-        "than the hold still has a body in which the allocator moves. CHOICE: half a step; the "
-        "simulated agentic steps last 200 s or more, where it leaves the 120 s hold as it is "
-        "(DeepSeek-V3.2 general/8, about 208 s a step, holds 104 s), while an asynchronous "
-        "replay of the Mooncake conversation trace (docs/simulator.md, \"A recorded workload\") "
-        "updates every 50-55 s, all of it inside a 120 s hold. 0: off.",
+        "than the hold still has a body in which the allocator moves. CHOICE: three quarters; "
+        "every simulated agentic step lasts 160 s or more, where the 120 s hold is left as it is, "
+        "while an asynchronous replay of the Mooncake conversation trace (docs/simulator.md, "
+        "\"A recorded workload\") updates every 35-56 s, all of it inside a 120 s hold. There, "
+        "on MiMo-V2.5-Pro from 6:2 (seeds 0-2, staleness 2 and 8: six runs), a third of a "
+        "step moved engines on five runs and half a step on two, a move made for a step's "
+        "prefill burst undone in its decode phase; three quarters on one (docs/allocator.md). "
+        "0: off.",
     )
     opening_cache_ratio: float = Field(
         default=2.0,
