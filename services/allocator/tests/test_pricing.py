@@ -469,24 +469,29 @@ def test_the_veto_yields_when_the_engines_show_the_need_now() -> None:
     assert cmds(5, kv_cap // 5, yields=False) == []
 
 
-def test_a_full_decode_pool_lifts_the_veto_on_a_move_to_decode() -> None:
-    # 7:1, the forecast asks for 6:2, and 6 prefill engines served 10% less than 7: vetoed
-    # while decode has room, even with prefill queueing; with the one decode engine's KV
-    # full (90% > 85%), prefilled requests wait for decode KV whatever prefill serves, and
-    # the move is made although prefill queues too (which role_pressed would not allow).
-    def cmds(decode_kv: int) -> list:
+def test_a_full_decode_pool_lifts_the_capacity_ceiling_not_a_measured_rate() -> None:
+    # 7:1 (θᴾ 10k tokens/s, 7:1 served 66k with its prefill engines queueing) and a forecast
+    # that wants 6:2. While the prefill engines queue too (6 a engine, so role_pressed does
+    # not yield), 6 x θᴾ = 60k < 66k x 1.05 holds 7:1, unless the one decode engine's KV is
+    # full (90% > 85%): the rollout then goes at decode's pace, and prefill's capacity alone
+    # bounds nothing. A rate measured at 6:2 (the closed loop's answer there) still holds.
+    def cmds(decode_kv: int, served6: float | None = None) -> tuple[list, str]:
         alloc = _cluster(7, 1)
         for i in range(7):
             alloc.handle(stats(f"p{i}", "prefill", ts=55.0, running=2, queued=6))
-        alloc.handle(stats("d0", "decode", ts=55.0, running=40, kv_used=decode_kv))
-        alloc.served = {7: (100_000.0, 5, 50.0), 6: (90_000.0, 5, 50.0)}
+        alloc.handle(stats("d0", "decode", ts=55.0, running=40, queued=8, kv_used=decode_kv))
+        alloc.served = {7: (66_000.0, 5, 50.0)} | ({6: (served6, 5, 50.0)} if served6 else {})
+        alloc.prefill_backlog = {7: 2.0}
+        alloc.theta.value = 10_000.0
         out = alloc.handle(forecast(t=60.0, prefill_engines=6.0, decode_engines=2.0))
-        return [e for e in out if isinstance(e, EngineCommand)], alloc.last_decision.selection.reason
+        return [e.to_role for e in out if isinstance(e, EngineCommand)], alloc.last_decision.selection.reason
 
     held, why = cmds(KV * 8 // 10)
-    assert held == [] and "served less than 7" in why
+    assert held == [] and "can serve less (count x θᴾ)" in why
     moved, why = cmds(KV * 9 // 10)
-    assert [c.to_role for c in moved] == ["decode"], why
+    assert moved == ["decode"], why
+    held, why = cmds(KV * 9 // 10, served6=60_000.0)
+    assert held == [] and "served less than 7" in why
 
 
 def test_decode_full_reads_the_decode_pools_kv() -> None:

@@ -227,10 +227,7 @@ class AllocatorConfig(BaseModel):
     served_veto_yields_to_state: bool = Field(
         default=True,
         description="'priced' rule: the served-rate veto does not apply while the engines show "
-        "the move's need now (the role it feeds saturated, the other idle: pricing.role_pressed; "
-        "or, for a move to decode, the decode pool's KV full, pricing.decode_full, whatever "
-        "prefill does: prefilled requests then wait for decode KV, so the prefill rate served "
-        "is not what the rollout gets). "
+        "the move's need now (the role it feeds saturated, the other idle: pricing.role_pressed). "
         "A rate measured in one phase of a step says little of the next: where a step alternates "
         "prefill- and decode-bound phases (MiMo-V2.5-Pro coding/8), a veto that does not yield "
         "holds the split through every phase that needs the move (docs/allocator.md).",
@@ -257,7 +254,10 @@ class AllocatorConfig(BaseModel):
         "the turns go round at the prefill rate served). Yields to the engines' state as the "
         "served-rate veto does. Only where prefill queues: θᴾ is measured on backlogged engines, "
         "and a role that rarely queues serves more than its few samples say (MiMo-V2.5-Pro "
-        "general/2 at 5:3: 76k tokens/s an engine at θᴾ 79k, and 4:4 is faster). DeepSeek-V3.2 "
+        "general/2 at 5:3: 76k tokens/s an engine at θᴾ 79k, and 4:4 is faster). Not while the "
+        "decode pool's KV is full (pricing.decode_full): the rollout then goes at the rate decode "
+        "frees KV, and prefill's capacity alone bounds nothing (a rate measured at the other "
+        "count, the closed loop's answer there, still vetoes). DeepSeek-V3.2 "
         "general/8 at 7:1 serves 583k tokens/s, 6 x θᴾ = 528k: without the ceiling the allocator "
         "moves to 6:2 as soon as 7:1 is measured (217.5 s; 7:1 held 203.8 s).",
     )

@@ -486,7 +486,7 @@ def select_priced(
                                 f"({now - settle_since:.0f}s < {cfg.settle_s:.0f}s)")
     # A full decode pool is decode's shortage shown, whatever prefill does (``decode_full``).
     full = to_role == "decode" and decode_full(engines)
-    pressed = full or role_pressed(engines, to_role)
+    pressed = role_pressed(engines, to_role)
     if cfg.served_evidence_first and not ctx.served and not (full or role_pressed(engines, to_role, short=True)):
         # No count's served rate yet (the run's first windows): the forecast's gain rests on
         # priors whose error nothing has measured; the split held is what they are measured at.
@@ -529,12 +529,16 @@ def select_priced(
     # decode-bound phase (MiMo coding/8) it vetoes the move each phase needs.
     # A count never held below the current one can serve at most count x θᴾ, its prefill
     # engines' capacity, when the current count's prefill engines queue (θᴾ is measured on
-    # backlogged engines; a role that idles may run faster than the samples it gave).
+    # backlogged engines; a role that idles may run faster than the samples it gave). That
+    # ceiling is prefill's capacity alone: with the decode pool full the rollout goes at
+    # the rate decode frees KV, not at the prefill rate served, so it does not hold then.
+    # A rate measured at the other count does: the closed loop's answer there, decode's
+    # side included.
     here = None if cfg.served_veto_yields_to_state and pressed else ctx.served.get(p)
     vetoed = 0
     if here is not None:
         sign = 1 if to_role == "prefill" else -1
-        ceiling = (to_role == "decode" and cfg.served_capacity_ceiling
+        ceiling = (to_role == "decode" and cfg.served_capacity_ceiling and not full
                    and ctx.prefill_backlog.get(p, 0.0) >= IDLE_QUEUE)
         blocked = False
         for i in range(len(f_new)):
@@ -578,9 +582,10 @@ IDLE_KV = 0.5
 def decode_full(engines: list[EngineView]) -> bool:
     """Whether the decode pool's KV is full (more than PRESSED_KV of it used; engines
     mid-switch left out). Prefilled requests then wait for decode KV: the rollout goes at
-    the rate decode frees KV, whatever the prefill engines serve, so a prefill rate served
-    into a full decode pool is no reason to keep prefill engines (the served-rate veto), and
-    the full pool is evidence of decode's shortage (``served_evidence_first``)."""
+    the rate decode frees KV, whatever the prefill engines could serve, so prefill's
+    capacity alone (the ceiling ``count x θᴾ`` of a count never held) is no reason to keep
+    prefill engines, and the full pool is evidence of decode's shortage
+    (``served_evidence_first``)."""
     dec = [v for v in engines if v.role == "decode" and v.switching_to is None]
     cap = sum(v.kv_capacity_tokens for v in dec)
     return cap > 0 and sum(v.kv_used_tokens for v in dec) > PRESSED_KV * cap
