@@ -21,20 +21,27 @@ pytestmark = pytest.mark.slow
 SPEED, WEIGHT_SYNC_S = 50.0, 5.0
 
 
-async def test_sync_driver_syncs_the_weights_before_the_next_batch(nats_url, ns):
+async def _drive(nats_url, ns, *args: str):
+    """Run the driver (``args`` after the bus and router options) against a prefill and a
+    decode emulated engine until it exits; its stdout and each engine's weight version."""
     nc = await connect(nats_url, "test-setup")
     await ensure_stream(nc.jetstream(), ns)
     await nc.close()
     with EmulatedCluster(["prefill", "decode"], speed=SPEED, router_kind="emulated").start(register=True) as c:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "prorsa_sim.driver", "--router", c.router.url, "--nats", nats_url,
-            "--prefix", ns.prefix, "--stream", ns.stream, "--workload", "general", "--batch-size", "4",
-            "--steps", "2", "--max-turns", "3", "--max-output", "128", "--speed", str(SPEED),
-            "--train-s", "2", "--weight-sync-s", str(WEIGHT_SYNC_S),
+            "--prefix", ns.prefix, "--stream", ns.stream, "--speed", str(SPEED), *args,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         out, err = await asyncio.wait_for(proc.communicate(), 300)
         assert proc.returncode == 0, out.decode() + err.decode()
         versions = [httpx.get(f"{e.url}/model_info", timeout=5).json().get("weight_version") for e in c.engines]
+    return out, versions
+
+
+async def test_sync_driver_syncs_the_weights_before_the_next_batch(nats_url, ns):
+    out, versions = await _drive(nats_url, ns, "--workload", "general", "--batch-size", "4", "--steps", "2",
+                                 "--max-turns", "3", "--max-output", "128", "--train-s", "2",
+                                 "--weight-sync-s", str(WEIGHT_SYNC_S))
     result = json.loads(out)
     events = [event for _, event in await stream_messages(nats_url, ns)]
 
@@ -77,17 +84,7 @@ async def test_the_driver_replays_a_recorded_workload_live(nats_url, ns, tmp_pat
             ):
                 n += 1
                 w.write(cls(id=f"e{n}", ts=ts, run="rec", traj=traj, **fields))
-    nc = await connect(nats_url, "test-setup")
-    await ensure_stream(nc.jetstream(), ns)
-    await nc.close()
-    with EmulatedCluster(["prefill", "decode"], speed=SPEED, router_kind="emulated").start(register=True) as c:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "prorsa_sim.driver", "--router", c.router.url, "--nats", nats_url,
-            "--prefix", ns.prefix, "--stream", ns.stream, "--workload", f"log:{path}", "--batch-size", "2",
-            "--steps", "1", "--speed", str(SPEED), "--train-s", "2",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        out, err = await asyncio.wait_for(proc.communicate(), 300)
-        assert proc.returncode == 0, out.decode() + err.decode()
+    await _drive(nats_url, ns, "--workload", f"log:{path}", "--batch-size", "2", "--steps", "1", "--train-s", "2")
     events = [event for _, event in await stream_messages(nats_url, ns)]
     queued = sorted((e.turn, e.prompt_tokens) for e in events if e.type == "request.queued")
     # Turn 1's prompt is the first prompt, the answer and the recorded 236 tokens of result.
