@@ -213,28 +213,6 @@ def test_no_switch_in_a_steps_opening() -> None:
     assert [c.to_role for c in cmds(60.0, hold=0.0)][:1] == ["prefill"]
 
 
-def test_the_opening_is_at_most_a_share_of_the_last_step() -> None:
-    # Updates every 50 s: with opening_step_share 0.5 the opening after the third update
-    # lasts 25 s, not opening_hold_s = 120 s; the first step's opening, before any step has
-    # been measured, is the whole 120 s.
-    def cmds(t: float, updates: tuple[float, ...], share: float = 0.5) -> list:
-        alloc = Allocator(_config(opening_hold_s=120.0, opening_step_share=share))
-        for i in range(4):
-            alloc.handle(registered(f"p{i}", "prefill"))
-            alloc.handle(registered(f"d{i}", "decode"))
-        for k, u in enumerate(updates):
-            alloc.handle(PolicyUpdated(id=f"pu-{k}", ts=u, run=RUN, version=k + 1))
-        out = [e for e in alloc.handle(forecast(t=t, prefill_engines=6.0, decode_engines=1.5))
-               if isinstance(e, EngineCommand)]
-        assert alloc.opening_hold() == (min(120.0, share * 50.0) if len(updates) > 1 and share else 120.0)
-        return out
-
-    assert cmds(120.0, (0.0, 50.0, 100.0)) == []  # 20 s after the update: within 25 s
-    assert [c.to_role for c in cmds(130.0, (0.0, 50.0, 100.0))][:1] == ["prefill"]
-    assert cmds(130.0, (0.0, 50.0, 100.0), share=0.0) == []  # off: 120 s
-    assert cmds(60.0, (0.0,)) == []  # one update: no step measured yet
-
-
 def test_cache_regime_on_hand_computed_hits() -> None:
     r = CacheRegime(ratio=2.0, max_s=600.0, alpha=0.5, max_hit=0.95)
     r.on_update(0.0)

@@ -151,21 +151,6 @@ class AllocatorConfig(BaseModel):
         "lasts 60-90 s on the simulated agentic settings (benchmarks/allocator_trace.py), "
         "shorter than a switch and the switch back; 0: off.",
     )
-    opening_step_share: float = Field(
-        default=0.75,
-        ge=0,
-        le=1,
-        description="'priced' rule: the step's opening (opening_hold_s) lasts at most this share "
-        "of the last step, the time between the last two weight updates, so that a step shorter "
-        "than the hold still has a body in which the allocator moves. CHOICE: three quarters; "
-        "every simulated agentic step lasts 160 s or more, where the 120 s hold is left as it is, "
-        "while an asynchronous replay of the Mooncake conversation trace (docs/simulator.md, "
-        "\"A recorded workload\") updates every 35-56 s, all of it inside a 120 s hold. There, "
-        "on MiMo-V2.5-Pro from 6:2 (seeds 0-2, staleness 2 and 8: six runs), a third of a "
-        "step moved engines on five runs and half a step on two, a move made for a step's "
-        "prefill burst undone in its decode phase; three quarters on one (docs/allocator.md). "
-        "0: off.",
-    )
     opening_cache_ratio: float = Field(
         default=2.0,
         ge=0,

@@ -118,10 +118,8 @@ class Allocator:
         # Since when (forecast time) the engines have been off target in one direction.
         self._imbalance_dir: str | None = None
         self._imbalance_since = 0.0
-        # Weight updates ('priced' rule): the last policy.updated's event time, and the
-        # seconds between the last two (a step; None before the second update).
+        # Weight updates ('priced' rule): the last policy.updated's event time.
         self.last_update_ts: float | None = None
-        self.step_s: float | None = None
         # The steady demand in instances (aᴾ, aᴰ, the KV share of aᴰ) and the decode pool's
         # step load c: an EMA (forecast_alpha) over the windows outside a step's opening,
         # planned for in the next pause.
@@ -176,8 +174,6 @@ class Allocator:
             self.served.clear()
             self.prefill_backlog.clear()
             self.prefill_miss.clear()
-        if self.last_update_ts is not None and ts > self.last_update_ts:
-            self.step_s = ts - self.last_update_ts
         self.last_update_ts = ts
         self._step_peak = 0.0
         self.cache.on_update(ts)
@@ -410,9 +406,9 @@ class Allocator:
             ctx = PricedContext(self.theta.value, hit, self.decode_turn_s, pause_left, served, backlog, miss,
                                 theta_hit=self.theta.hit)
             if opening:
-                since, hold = fc.t - self.last_update_ts, self.opening_hold()
-                sel = Selection(reason=f"holding through the step's opening ({since:.0f}s of {hold:.0f}s "
-                                       f"after the weight update)" if since <= hold else
+                since = fc.t - self.last_update_ts
+                sel = Selection(reason=f"holding through the step's opening ({since:.0f}s of {cfg.opening_hold_s:.0f}s "
+                                       f"after the weight update)" if since <= cfg.opening_hold_s else
                                        f"holding through the step's opening ({since:.0f}s after the weight update): "
                                        f"the prefill pool's cache is not back (miss ratio {self.cache.miss(hit):.2f}, "
                                        f"{self.cache.miss_ref or 0.0:.2f} before)")
@@ -480,16 +476,7 @@ class Allocator:
         cfg = self.config
         if cfg.rule != "priced" or self.last_update_ts is None or pause_left > 0:
             return False
-        return t - self.last_update_ts <= self.opening_hold() or self.cache.cold
-
-    def opening_hold(self) -> float:
-        """Seconds after a weight update in which no switch is made: ``opening_hold_s``, at
-        most ``opening_step_share`` of the last step (so that a step shorter than the hold
-        still has a body the allocator can act in)."""
-        cfg = self.config
-        if cfg.opening_step_share > 0 and self.step_s is not None:
-            return min(cfg.opening_hold_s, cfg.opening_step_share * self.step_s)
-        return cfg.opening_hold_s
+        return t - self.last_update_ts <= cfg.opening_hold_s or self.cache.cold
 
     def _imbalance_age(self, alloc: Allocation, n: int, p: int, t: float, record: bool = True) -> float:
         """How long the ``n`` engines, ``p`` of them counted as prefill, have been outside
