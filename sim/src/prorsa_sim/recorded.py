@@ -51,6 +51,8 @@ import numpy as np
 
 from prorsa_schemas import read_log
 
+from .plan import TrajectoryPlan
+
 PREFIX = "log:"
 """A workload name that starts with it names a log (``log:PATH``)."""
 
@@ -185,8 +187,6 @@ def _read(path: str) -> tuple[dict, Counter, dict | None, int]:
 def _plan_of(tr: _Traj, rewarded: bool):
     """The plan of one trajectory, or the reason it has none (``rewarded``: the log has
     rewards, so a trajectory without one is unfinished)."""
-    from .workloads import TrajectoryPlan
-
     if tr.dropped:
         return "dropped"
     if rewarded and tr.reward_ts is None:

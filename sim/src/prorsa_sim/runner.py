@@ -41,7 +41,7 @@ from .simulation import (  # noqa: F401 -- re-exported: the runner's public name
 
 # costmodel is prorsa_emulated's (the simulator and the emulated engines share it).
 _RESULT_MODULES = ("cluster", "switching", "costmodel", "engines", "simulator", "trajectories", "simconfig",
-                   "summary", "workloads", "policy", "catalog", "simulation", "idealsplit", "sampler", "recorded")
+                   "summary", "workloads", "policy", "catalog", "simulation", "idealsplit", "sampler", "recorded", "plan")
 
 
 ALLOCATOR_POLICIES = ("prorsa", "oracle")

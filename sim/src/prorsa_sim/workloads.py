@@ -19,11 +19,12 @@ docs/simulator.md) unless a source is named, not measured traces.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
+from .plan import TrajectoryPlan
 from .recorded import PREFIX, load_recorded, median
 
 
@@ -164,35 +165,6 @@ def _recorded_spec(path: str, mtime_ns: int, size: int) -> WorkloadSpec:
         prewarm_pool=0,  # each plan keeps its recorded sandbox mode and time
         recorded=w,
     )
-
-
-@dataclass(slots=True)
-class TrajectoryPlan:
-    """Everything a trajectory will do, drawn at dispatch."""
-
-    prompt_tokens: int
-    outputs: list[int]
-    """Output tokens of each turn."""
-    results: list[int]
-    """Tool-result tokens appended after each turn but the last."""
-    tool_s: list[float]
-    cold_start_s: float
-    prewarm_s: float
-    reward_s: float
-    admitted: bool
-    reward: float
-    sandbox: str | None = None
-    """How its sandbox starts: None, the workload's rule (a prewarmed sandbox while the
-    pool has one, else a cold start); ``"prewarm"`` or ``"cold"`` as recorded, or
-    ``"none"`` (a recorded trajectory without sandbox events): see :func:`sandbox_start`."""
-
-    def capped(self, max_turns: int | None = None, max_output: int | None = None) -> "TrajectoryPlan":
-        """The plan cut to at most ``max_turns`` turns of at most ``max_output`` output
-        tokens each (None: no cap), as the live rollout driver runs it; the tool calls
-        and results of the turns cut go with them."""
-        turns = len(self.outputs) if max_turns is None else max(1, min(len(self.outputs), max_turns))
-        outs = self.outputs[:turns] if max_output is None else [min(o, max_output) for o in self.outputs[:turns]]
-        return replace(self, outputs=outs, results=self.results[: turns - 1], tool_s=self.tool_s[: turns - 1])
 
 
 def sandbox_start(plan: TrajectoryPlan, spec: WorkloadSpec, pool_free: int) -> tuple[str | None, float, bool]:
