@@ -199,3 +199,18 @@ def test_a_trace_without_rewards_ends_each_trajectory_with_its_last_answer(tmp_p
     (p,) = w.plans
     assert (p.outputs, p.results, p.tool_s, p.reward_s, p.admitted) == ([40, 30], [60], [98.0], 0.0, True)
     assert w.skipped == {"a turn without an answer": 1}
+
+
+def test_events_out_of_order_and_runs_apart(tmp_path):
+    """A log written in arrival order (a live run's) may hold a trajectory's events out of
+    event-time order: they are taken by ``ts``. Two runs' groups of one name stay apart."""
+    log = _Log()
+    _two_turns(log, "a", "g1", 0.0)
+    _two_turns(log, "b", "g1", 1.0)
+    in_order = load_recorded(_write(tmp_path / "sorted.jsonl", log.events))
+    shuffled = load_recorded(_write(tmp_path / "reversed.jsonl", log.events[::-1]))
+    assert shuffled.plans == in_order.plans and shuffled.groups == in_order.groups == ((0, 1),)
+    other = [ev.model_copy(update={"id": f"o{ev.id}", "run": "other"}) for ev in log.events]
+    both = load_recorded(_write(tmp_path / "two-runs.jsonl", log.events + other))
+    # By first event: r.a, other.a (both at 0 s), r.b, other.b (1 s); each run its own group.
+    assert both.groups == ((0, 2), (1, 3))

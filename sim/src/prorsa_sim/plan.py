@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 @dataclass(slots=True)
 class TrajectoryPlan:
-    """Everything a trajectory will do, drawn at dispatch."""
+    """Everything a trajectory will do, fixed at its dispatch."""
 
     prompt_tokens: int
     outputs: list[int]

@@ -29,7 +29,7 @@ trajectory with its last answer, admitted, and drops a wait after it that never 
 What the log does not decide stays the simulator's: the timing of prefill and decode (the
 cluster's, which the split changes), when the sampler dispatches (``--staleness``,
 ``--batch-size``: set them to the log's ``run.started`` to replay its sampler), and the
-order of the trajectories. Seed 0 takes the recorded groups in the log's dispatch order;
+order of the trajectories. Seed 0 takes the recorded groups in the order they started;
 another seed takes them in an order drawn from that seed, so seeds compare policies on
 the same trajectories dealt differently. Groups (``trajectory.dispatched.group``, GRPO)
 stay together: the simulated group size is ``run.started.group_size`` where the log gives
@@ -66,8 +66,8 @@ _EVENTS = frozenset({
 class _Traj:
     """One trajectory's events as read (before it becomes a plan)."""
 
+    run: str = ""
     group: str | None = None
-    dispatched: float | None = None
     sandbox_mode: str | None = None
     sandbox_start: float | None = None
     sandbox_ready: float | None = None
@@ -88,8 +88,8 @@ class RecordedWorkload:
     path: str
     digest: str
     """A hash of the plans: part of a simulation's cache key."""
-    plans: tuple
-    """:class:`~prorsa_sim.workloads.TrajectoryPlan` of each complete trajectory."""
+    plans: tuple[TrajectoryPlan, ...]
+    """The plan of each complete trajectory."""
     groups: tuple[tuple[int, ...], ...]
     """Indices into ``plans`` of each recorded group, in dispatch order."""
     group_size: int
@@ -111,7 +111,8 @@ class RecordedWorkload:
         """The plan of the simulation's trajectory ``index`` under ``seed`` (a copy: a
         simulation may cap it)."""
         order = _slots(self, seed)
-        return replace(self.plans[order[index % len(order)]])
+        p = self.plans[order[index % len(order)]]
+        return replace(p, outputs=list(p.outputs), results=list(p.results), tool_s=list(p.tool_s))
 
 
 @lru_cache(maxsize=64)
@@ -128,14 +129,16 @@ def _slots(w: RecordedWorkload, seed: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _read(path: str) -> tuple[dict, Counter, dict | None, int]:
-    trajs: dict[tuple[str, str], _Traj] = {}
-    order: dict[tuple[str, str], int] = {}
+def _read(path: str) -> tuple[list[_Traj], dict | None, Counter, int]:
+    """Every trajectory of the log, its events taken in event-time order (a log written in
+    arrival order, such as a live run's, may hold a trajectory's events out of order), the
+    trajectories in the order of their first event; the first ``run.started``; the group
+    sizes the log's ``run.started`` events declare; and the count of invalid lines."""
+    events: dict[tuple[str, str], list] = {}
     run_started = None
     group_sizes: Counter = Counter()
-    invalid = 0
-    seen = 0
-    for line in read_log(path):
+    invalid = seen = 0
+    for seq, line in enumerate(read_log(path)):
         ev = line.event
         if ev is None:
             invalid += 1
@@ -147,41 +150,45 @@ def _read(path: str) -> tuple[dict, Counter, dict | None, int]:
                                if k in ("mode", "batch_size", "max_staleness", "group_size")}
             if ev.group_size:
                 group_sizes[ev.group_size] += 1
-            continue
-        if ev.type not in _EVENTS:
-            continue
-        key = (ev.run, ev.traj)
-        tr = trajs.setdefault(key, _Traj())
-        order.setdefault(key, len(order))
+        elif ev.type in _EVENTS:
+            events.setdefault((ev.run, ev.traj), []).append((ev.ts, seq, ev))
+    if not seen:
+        raise ValueError(f"workload log {path}: no valid event in it ({invalid} invalid lines)")
+    trajs = []
+    for evs in sorted(events.values(), key=min):
+        evs.sort()
+        trajs.append(_fold(ev for _, _, ev in evs))
+        trajs[-1].run = evs[0][2].run
+    return trajs, run_started, group_sizes, invalid
+
+
+def _fold(events) -> _Traj:
+    """One trajectory's events, in order, into what its plan is made of."""
+    tr = _Traj()
+    for ev in events:
         t = ev.ts
         if ev.type == "trajectory.dispatched":
-            tr.group, tr.dispatched = ev.group, t
+            tr.group = ev.group
         elif ev.type == "sandbox.started":
             tr.sandbox_mode, tr.sandbox_start = ev.mode, t
         elif ev.type == "sandbox.ready":
             tr.sandbox_ready = t
         elif ev.type == "request.queued":
             tr.req_turn[ev.req] = ev.turn
-            turn = tr.turns.setdefault(ev.turn, {"prompt": ev.prompt_tokens, "queued": t, "output": 0,
-                                                 "answered": None})
-            if t < turn["queued"]:
-                turn["prompt"], turn["queued"] = ev.prompt_tokens, t
+            tr.turns.setdefault(ev.turn, {"prompt": ev.prompt_tokens, "queued": t, "output": 0, "answered": None})
         elif ev.type == "decode.finished":
             k = tr.req_turn.get(ev.req)
             if k is None:
                 continue
             turn = tr.turns[k]
             turn["output"] += ev.output_tokens
-            if ev.finish != "abort" and (turn["answered"] is None or t > turn["answered"]):
+            if ev.finish != "abort":
                 turn["answered"] = t
         elif ev.type == "reward.finished":
             tr.reward_ts, tr.admitted, tr.reward = t, ev.admitted, float(ev.reward or 0.0)
         elif ev.type == "trajectory.dropped":
             tr.dropped = True
-    if not seen:
-        raise ValueError(f"workload log {path}: no valid event in it ({invalid} invalid lines)")
-    ordered = dict(sorted(trajs.items(), key=lambda kv: order[kv[0]]))
-    return ordered, group_sizes, run_started, invalid
+    return tr
 
 
 def _plan_of(tr: _Traj, rewarded: bool):
@@ -222,15 +229,16 @@ def load_recorded(path: str | os.PathLike) -> RecordedWorkload:
     p = str(path)
     if not Path(p).is_file():
         raise ValueError(f"workload log not found: {p}")
-    trajs, declared, run_started, invalid = _read(p)
+    trajs, run_started, declared, invalid = _read(p)
     plans, groups_of, skipped = [], {}, Counter()
-    rewarded = any(tr.reward_ts is not None for tr in trajs.values())
-    for (run, tid), tr in trajs.items():
+    rewarded = any(tr.reward_ts is not None for tr in trajs)
+    for i, tr in enumerate(trajs):
         plan = _plan_of(tr, rewarded)
         if isinstance(plan, str):
             skipped[plan] += 1
             continue
-        groups_of.setdefault((run, tr.group if tr.group is not None else f"~{tid}"), []).append(len(plans))
+        # A group is one run's; a trajectory without a group is a group of its own.
+        groups_of.setdefault((tr.run, tr.group) if tr.group is not None else i, []).append(len(plans))
         plans.append(plan)
     if invalid:
         skipped["invalid lines"] = invalid
@@ -253,6 +261,3 @@ def load_recorded(path: str | os.PathLike) -> RecordedWorkload:
     h.update(repr((groups, size)).encode())
     return RecordedWorkload(p, h.hexdigest()[:12], tuple(plans), groups, int(size), dict(skipped), run_started)
 
-
-def median(values, default: float = 0.0) -> float:
-    return float(np.median(values)) if len(values) else default

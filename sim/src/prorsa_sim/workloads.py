@@ -25,7 +25,7 @@ from functools import lru_cache
 import numpy as np
 
 from .plan import TrajectoryPlan
-from .recorded import PREFIX, load_recorded, median
+from .recorded import PREFIX, load_recorded
 
 
 @dataclass(frozen=True)
@@ -136,6 +136,11 @@ def get_workload(name: str) -> WorkloadSpec:
         raise ValueError(
             f"unknown workload {name!r}; choose one of: {', '.join(WORKLOADS)}, or log:PATH"
         ) from None
+
+
+def median(values, default: float = 0.0) -> float:
+    """The median of ``values`` (``default`` when there are none)."""
+    return float(np.median(values)) if len(values) else default
 
 
 @lru_cache(maxsize=8)
