@@ -77,8 +77,10 @@ async def test_the_driver_replays_a_recorded_workload_live(nats_url, ns, tmp_pat
                 (E.SandboxStarted, 0.0, {"mode": mode}),
                 (E.SandboxReady, 3.0, {}),
                 (E.RequestQueued, 3.0, {"req": f"{traj}-1", "turn": 0, "prompt_tokens": 900}),
+                (E.PrefillFinished, 4.0, {"req": f"{traj}-1"}),
                 (E.DecodeFinished, 5.0, {"req": f"{traj}-1", "output_tokens": 64, "finish": "tool"}),
                 (E.RequestQueued, 9.0, {"req": f"{traj}-2", "turn": 1, "prompt_tokens": 1200}),
+                (E.PrefillFinished, 10.0, {"req": f"{traj}-2"}),
                 (E.DecodeFinished, 11.0, {"req": f"{traj}-2", "output_tokens": 32, "finish": "stop"}),
                 (E.RewardFinished, 12.0, {"admitted": True}),
             ):

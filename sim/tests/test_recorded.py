@@ -49,8 +49,10 @@ def _two_turns(log, traj, group, t0, *, admitted=True, sandbox="cold"):
     log(E.ToolStarted, t0 + 9, traj=traj)
     log(E.ToolFinished, t0 + 16, traj=traj, result_tokens=300)
     log(E.RequestQueued, t0 + 16.5, traj=traj, req=f"{traj}-2", turn=1, prompt_tokens=1400)
+    log(E.PrefillFinished, t0 + 17, traj=traj, req=f"{traj}-2")
     log(E.DecodeFinished, t0 + 18, traj=traj, req=f"{traj}-2", output_tokens=20, finish="abort")
     log(E.RequestQueued, t0 + 19, traj=traj, req=f"{traj}-3", turn=1, prompt_tokens=1420)
+    log(E.PrefillFinished, t0 + 20, traj=traj, req=f"{traj}-3")
     log(E.DecodeFinished, t0 + 21, traj=traj, req=f"{traj}-3", output_tokens=50, finish="stop")
     log(E.RewardStarted, t0 + 21, traj=traj)
     log(E.RewardFinished, t0 + 23, traj=traj, admitted=admitted, reward=1.0 if admitted else 0.0)
@@ -145,6 +147,13 @@ def test_bad_recorded_logs_are_refused_with_the_reason(tmp_path):
     _two_turns(log, "a", "g1", 0.0, admitted=False)
     with pytest.raises(ValueError, match="none of its 1 complete trajectories was admitted"):
         load_recorded(_write(tmp_path / "rejected.jsonl", log.events))
+    # An event the lifecycle refuses (a second trajectory.dispatched) is counted, and the
+    # trajectory is judged on the rest.
+    log = _Log()
+    _two_turns(log, "a", "g1", 0.0)
+    log(E.TrajectoryDispatched, 30.0, traj="a", prompt_tokens=10, group="g1")
+    w = load_recorded(_write(tmp_path / "refused.jsonl", log.events))
+    assert len(w.plans) == 1 and w.skipped == {"events the lifecycle refused": 1}
     # A log cut short keeps what it holds before the cut, and says how many lines it lost.
     log = _Log()
     _two_turns(log, "a", "g1", 0.0)
@@ -187,10 +196,12 @@ def test_a_trace_without_rewards_ends_each_trajectory_with_its_last_answer(tmp_p
     log = _Log()
     log(E.TrajectoryDispatched, 0.0, traj="c", prompt_tokens=500)
     log(E.RequestQueued, 0.0, traj="c", req="c-1", turn=0, prompt_tokens=500)
+    log(E.PrefillFinished, 1.0, traj="c", req="c-1")
     log(E.DecodeFinished, 2.0, traj="c", req="c-1", output_tokens=40, finish="tool")
     log(E.ToolStarted, 2.0, traj="c")
     log(E.ToolFinished, 100.0, traj="c", result_tokens=60)
     log(E.RequestQueued, 100.0, traj="c", req="c-2", turn=1, prompt_tokens=600)
+    log(E.PrefillFinished, 101.0, traj="c", req="c-2")
     log(E.DecodeFinished, 103.0, traj="c", req="c-2", output_tokens=30, finish="tool")
     log(E.ToolStarted, 103.0, traj="c")
     log(E.TrajectoryDispatched, 1.0, traj="d", prompt_tokens=50)
@@ -208,7 +219,13 @@ def test_events_out_of_order_and_runs_apart(tmp_path):
     _two_turns(log, "a", "g1", 0.0)
     _two_turns(log, "b", "g1", 1.0)
     in_order = load_recorded(_write(tmp_path / "sorted.jsonl", log.events))
-    shuffled = load_recorded(_write(tmp_path / "reversed.jsonl", log.events[::-1]))
+    # Written latest time first; events of one time stay in the order they were emitted
+    # (the order a tie is read in).
+    by_ts: dict[float, list] = {}
+    for ev in log.events:
+        by_ts.setdefault(ev.ts, []).append(ev)
+    reversed_log = [ev for ts in sorted(by_ts, reverse=True) for ev in by_ts[ts]]
+    shuffled = load_recorded(_write(tmp_path / "reversed.jsonl", reversed_log))
     assert shuffled.plans == in_order.plans and shuffled.groups == in_order.groups == ((0, 1),)
     other = [ev.model_copy(update={"id": f"o{ev.id}", "run": "other"}) for ev in log.events]
     both = load_recorded(_write(tmp_path / "two-runs.jsonl", log.events + other))

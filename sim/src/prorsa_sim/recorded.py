@@ -8,6 +8,10 @@ So an operator can ask what another P:D split, colocation or Prorsa's allocator 
 made of *their* rollout, and the project's comparisons can run on trajectories it did not
 generate.
 
+The log is read through the tracker's fold (``prorsa_tracker.core``), so its events mean
+what they mean to the tracker: the contract's lifecycle, with an event it refuses counted
+(``skipped``) and the trajectory it belongs to judged on the rest.
+
 What a trajectory's plan takes from the log (each complete trajectory: one that has a
 ``reward.finished`` and an answer to each of its turns; the others are counted and left
 out. A log with no ``reward.finished`` at all, a serving or chat trace, ends each
@@ -50,17 +54,13 @@ from pathlib import Path
 import numpy as np
 
 from prorsa_schemas import read_log
+from prorsa_tracker.core import apply, new_state
+from prorsa_tracker.state import TrajState
 
 from .plan import TrajectoryPlan
 
 PREFIX = "log:"
 """A workload name that starts with it names a log (``log:PATH``)."""
-
-_EVENTS = frozenset({
-    "trajectory.dispatched", "sandbox.started", "sandbox.ready", "request.queued",
-    "decode.finished", "reward.finished", "trajectory.dropped",
-})
-
 
 @dataclass
 class _Traj:
@@ -72,8 +72,7 @@ class _Traj:
     sandbox_start: float | None = None
     sandbox_ready: float | None = None
     turns: dict[int, dict] = field(default_factory=dict)
-    """turn -> {"prompt", "queued" (first ts), "output", "answered" (last non-abort ts)}."""
-    req_turn: dict[str, int] = field(default_factory=dict)
+    """turn -> {"prompt", "queued" (first ts), "output", "answered" (its answer's ts)}."""
     reward_ts: float | None = None
     admitted: bool = False
     reward: float = 0.0
@@ -129,66 +128,60 @@ def _slots(w: RecordedWorkload, seed: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _read(path: str) -> tuple[list[_Traj], dict | None, Counter, int]:
-    """Every trajectory of the log, its events taken in event-time order (a log written in
-    arrival order, such as a live run's, may hold a trajectory's events out of order), the
-    trajectories in the order of their first event; the first ``run.started``; the group
-    sizes the log's ``run.started`` events declare; and the count of invalid lines."""
-    events: dict[tuple[str, str], list] = {}
+def _read(path: str) -> tuple[list[_Traj], dict | None, Counter, int, int]:
+    """Every trajectory of the log through the tracker's fold (``prorsa_tracker.core``: the
+    contract's lifecycle, its requests closed and its spans timed as the tracker stores
+    them), the events taken in event-time order (a log written in arrival order, such as
+    a live run's, may hold a trajectory's events out of order), the trajectories in the
+    order of their first event; the first ``run.started``; the group sizes the log's
+    ``run.started`` events declare; the count of invalid lines; and the count of events the
+    lifecycle refused (the tracker's anomalies)."""
+    events = []
     run_started = None
     group_sizes: Counter = Counter()
-    invalid = seen = 0
+    invalid = 0
     for seq, line in enumerate(read_log(path)):
         ev = line.event
         if ev is None:
             invalid += 1
             continue
-        seen += 1
         if ev.type == "run.started":
             if run_started is None:
                 run_started = {k: v for k, v in ev.model_dump().items()
                                if k in ("mode", "batch_size", "max_staleness", "group_size")}
             if ev.group_size:
                 group_sizes[ev.group_size] += 1
-        elif ev.type in _EVENTS:
-            events.setdefault((ev.run, ev.traj), []).append((ev.ts, seq, ev))
-    if not seen:
+        events.append((ev.ts, seq, ev))
+    if not events:
         raise ValueError(f"workload log {path}: no valid event in it ({invalid} invalid lines)")
-    trajs = []
-    for evs in sorted(events.values(), key=min):
-        evs.sort()
-        trajs.append(_fold(ev for _, _, ev in evs))
-        trajs[-1].run = evs[0][2].run
-    return trajs, run_started, group_sizes, invalid
+    events.sort(key=lambda x: x[:2])
+    state = new_state()
+    trajs: dict[tuple[str, str], _Traj] = {}
+    for _, _, ev in events:
+        for t in apply(state, ev)[1]:
+            _fold(trajs.setdefault((t.run, t.traj), _Traj(run=t.run)), t, ev)
+    return list(trajs.values()), run_started, group_sizes, invalid, state.anomalies
 
 
-def _fold(events) -> _Traj:
-    """One trajectory's events, in order, into what its plan is made of."""
-    tr = _Traj()
-    for ev in events:
-        t = ev.ts
-        if ev.type == "trajectory.dispatched":
-            tr.group = ev.group
-        elif ev.type == "sandbox.started":
-            tr.sandbox_mode, tr.sandbox_start = ev.mode, t
-        elif ev.type == "sandbox.ready":
-            tr.sandbox_ready = t
-        elif ev.type == "request.queued":
-            tr.req_turn[ev.req] = ev.turn
-            tr.turns.setdefault(ev.turn, {"prompt": ev.prompt_tokens, "queued": t, "output": 0, "answered": None})
-        elif ev.type == "decode.finished":
-            k = tr.req_turn.get(ev.req)
-            if k is None:
-                continue
-            turn = tr.turns[k]
-            turn["output"] += ev.output_tokens
-            if ev.finish != "abort":
-                turn["answered"] = t
-        elif ev.type == "reward.finished":
-            tr.reward_ts, tr.admitted, tr.reward = t, ev.admitted, float(ev.reward or 0.0)
-        elif ev.type == "trajectory.dropped":
-            tr.dropped = True
-    return tr
+def _fold(tr: _Traj, t, ev) -> None:
+    """One of a trajectory's transitions (``prorsa_tracker.state.Transition``, of event
+    ``ev``) into what its plan is made of."""
+    if t.event_type == "trajectory.dispatched":
+        tr.group = t.group
+    elif t.event_type == "request.queued":
+        tr.turns.setdefault(ev.turn, {"prompt": ev.prompt_tokens, "queued": t.ts, "output": 0, "answered": None})
+    elif t.event_type == "reward.finished":
+        tr.reward_ts, tr.admitted, tr.reward = t.ts, bool(t.span.ok), float(t.span.reward or 0.0)
+    if t.to_state == TrajState.DROPPED:
+        tr.dropped = True
+    if t.span is not None and t.span.kind == "sandbox":
+        tr.sandbox_mode, tr.sandbox_start, tr.sandbox_ready = t.span.mode, t.span.start_ts, t.span.end_ts
+    rec = t.request
+    if rec is not None and rec.turn in tr.turns:
+        turn = tr.turns[rec.turn]
+        turn["output"] += rec.output_tokens or 0
+        if rec.finish in ("tool", "stop", "length"):
+            turn["answered"] = rec.decode_finished_ts
 
 
 def _plan_of(tr: _Traj, rewarded: bool):
@@ -229,7 +222,7 @@ def load_recorded(path: str | os.PathLike) -> RecordedWorkload:
     p = str(path)
     if not Path(p).is_file():
         raise ValueError(f"workload log not found: {p}")
-    trajs, run_started, declared, invalid = _read(p)
+    trajs, run_started, declared, invalid, refused = _read(p)
     plans, groups_of, skipped = [], {}, Counter()
     rewarded = any(tr.reward_ts is not None for tr in trajs)
     for i, tr in enumerate(trajs):
@@ -242,6 +235,8 @@ def load_recorded(path: str | os.PathLike) -> RecordedWorkload:
         plans.append(plan)
     if invalid:
         skipped["invalid lines"] = invalid
+    if refused:
+        skipped["events the lifecycle refused"] = refused
     if not plans:
         why = ", ".join(f"{n} {r}" for r, n in skipped.items()) or "no trajectory events"
         raise ValueError(f"workload log {p}: no complete trajectory (one with reward.finished): {why}")
