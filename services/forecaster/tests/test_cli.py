@@ -48,6 +48,13 @@ def test_json_report_shape_and_baselines(tmp_path):
     assert set(dc) == {"known", "arrivals"}
     assert dc["known"]["actual_tokens"] + dc["arrivals"]["actual_tokens"] == r["decode"]["actual_tokens"]
     assert dc["known"]["actual_tokens"] > 0 and dc["arrivals"]["actual_tokens"] > 0
+    # Against the best naive predictor: the WAPE difference, with its standard error.
+    for series in ("prefill", "decode"):
+        gap = r[series]["vs_best_naive"]
+        best = min(r[series]["baselines"], key=r[series]["baselines"].get)
+        assert gap["predictor"] == best
+        assert gap["excess"] == pytest.approx(r[series]["wape"] - r[series]["baselines"][best], abs=2e-4)
+        assert gap["se"] > 0
 
 
 def test_table_output_and_windows_csv(tmp_path):

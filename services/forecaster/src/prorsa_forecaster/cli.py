@@ -141,17 +141,24 @@ def _print_table(report: dict, console, out) -> None:
     table = Table(title=f"forecast-eval: {report['windows']} windows of {report['horizon']:g} s")
     names = list(report["prefill"]["baselines"])
     table.add_column("series")
-    table.add_column("prorsa WAPE", justify="right")
+    table.add_column("prorsa WAPE", justify="right", no_wrap=True)
     for n in names:
         table.add_column(n, justify="right")
     table.add_column("noise floor", justify="right")
+    table.add_column("vs best", justify="right")
+    table.caption = "vs best: WAPE points over the best baseline's, ± 2 standard errors"
+
+    def gap(r: dict) -> str:
+        g = r.get("vs_best_naive")
+        return "-" if g is None else f"{100 * g['excess']:+.1f}±{200 * g['se']:.1f}"
+
     rows = [("prefill", report["prefill"]), ("  lifecycle alone", {"wape": report["prefill"]["lifecycle_wape"]}),
             ("prefill arrivals (no backlog)", report["prefill"].get("arrivals")),
             ("decode", report["decode"]), ("  lifecycle alone", {"wape": report["decode"]["lifecycle_wape"]})]
     for series, r in rows:
         if r is not None:
             table.add_row(series, pct(r["wape"]), *(pct(r["baselines"][n]) if "baselines" in r else "" for n in names),
-                          pct(r.get("noise_floor")) if "noise_floor" in r else "-")
+                          pct(r.get("noise_floor")) if "noise_floor" in r else "-", gap(r))
     out.print(table)
     comps = Table(title="prefill by source (actual = arrivals attributed by state at t)")
     for col in ("source", "WAPE", "forecast tokens", "actual tokens"):

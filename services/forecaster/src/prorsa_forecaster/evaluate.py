@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from prorsa_schemas import read_log
 from prorsa_schemas.codec import TRUNCATED
 
-from .baselines import make_baselines, wape
+from .baselines import make_baselines, wape, wape_excess
 from .config import ForecastConfig
 from .uncertainty import ABS_NORMAL
 from .windows import WindowLoop, WindowResult
@@ -42,12 +42,20 @@ class Series:
             b.observe(actual)
 
     def report(self) -> dict:
-        return {
+        scores = {name: wape(p, self.actual) for name, p in self.predicted.items()}
+        out = {
             "wape": _r(wape(self.forecast, self.actual)),
-            "baselines": {name: _r(wape(p, self.actual)) for name, p in self.predicted.items()},
+            "baselines": {name: _r(w) for name, w in scores.items()},
             "actual_tokens": round(sum(self.actual)),
             "forecast_tokens": round(sum(self.forecast)),
         }
+        known = {name: w for name, w in scores.items() if w is not None}
+        if known:
+            best = min(known, key=known.get)
+            gap = wape_excess(self.forecast, self.predicted[best], self.actual)
+            if gap is not None:
+                out["vs_best_naive"] = {"predictor": best, "excess": _r(gap[0]), "se": _r(gap[1])}
+        return out
 
 
 def _r(x: float | None) -> float | None:
