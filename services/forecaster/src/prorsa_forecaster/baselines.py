@@ -96,27 +96,3 @@ def wape(forecasts: list[float], actuals: list[float]) -> float | None:
     if total <= 0:
         return None
     return sum(abs(f - a) for f, a in zip(forecasts, actuals)) / total
-
-
-def wape_excess(forecasts: list[float], others: list[float], actuals: list[float]) -> tuple[float, float] | None:
-    """How much higher the WAPE of ``forecasts`` is than that of ``others`` on the same
-    windows, and the standard error of that difference: ``(excess, se)``, both in WAPE
-    units; None without actual volume or with fewer than 4 windows.
-
-    The difference is a sum over windows of d_t = |f_t - a_t| - |o_t - a_t|, and the
-    windows' errors are correlated (a forecast that is high stays high for a while), so
-    the standard error is by batch means: the windows in about sqrt(n) consecutive
-    blocks, whose sums of d are taken for independent, Var(sum d) ~ B Var(block sum)
-    (B blocks). An excess within two standard errors is what the windows' noise alone
-    gives."""
-    n = min(len(forecasts), len(others), len(actuals))
-    total = sum(actuals[:n])
-    if total <= 0 or n < 4:
-        return None
-    d = [abs(f - a) - abs(o - a) for f, o, a in zip(forecasts[:n], others[:n], actuals[:n])]
-    blocks = max(2, math.isqrt(n))
-    size = n / blocks
-    sums = [sum(d[round(b * size):round((b + 1) * size)]) for b in range(blocks)]
-    mean = sum(sums) / blocks
-    var = sum((s - mean) ** 2 for s in sums) / (blocks - 1)
-    return sum(d) / total, math.sqrt(blocks * var) / total

@@ -13,13 +13,14 @@ scored on the same complete windows; the report says how many were left out
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
 from prorsa_schemas import read_log
 from prorsa_schemas.codec import TRUNCATED
 
-from .baselines import make_baselines, wape, wape_excess
+from .baselines import make_baselines, wape
 from .config import ForecastConfig
 from .uncertainty import ABS_NORMAL
 from .windows import WindowLoop, WindowResult
@@ -192,3 +193,27 @@ def evaluate_log(
     ev_out.out_of_order = loop.out_of_order
     ev_out.ignored = loop.state.ignored + (loop.gate.rejected if loop.gate else 0)
     return ev_out
+
+
+def wape_excess(forecasts: list[float], others: list[float], actuals: list[float]) -> tuple[float, float] | None:
+    """How much higher the WAPE of ``forecasts`` is than that of ``others`` on the same
+    windows, and the standard error of that difference: ``(excess, se)``, both in WAPE
+    units; None without actual volume or with fewer than 4 windows.
+
+    The difference is a sum over windows of d_t = |f_t - a_t| - |o_t - a_t|, and the
+    windows' errors are correlated (a forecast that is high stays high for a while), so
+    the standard error is by batch means: the windows in about sqrt(n) consecutive
+    blocks, whose sums of d are taken for independent, Var(sum d) ~ B Var(block sum)
+    (B blocks). An excess within two standard errors is what the windows' noise alone
+    gives."""
+    n = min(len(forecasts), len(others), len(actuals))
+    total = sum(actuals[:n])
+    if total <= 0 or n < 4:
+        return None
+    d = [abs(f - a) - abs(o - a) for f, o, a in zip(forecasts[:n], others[:n], actuals[:n])]
+    blocks = max(2, math.isqrt(n))
+    size = n / blocks
+    sums = [sum(d[round(b * size):round((b + 1) * size)]) for b in range(blocks)]
+    mean = sum(sums) / blocks
+    var = sum((s - mean) ** 2 for s in sums) / (blocks - 1)
+    return sum(d) / total, math.sqrt(blocks * var) / total

@@ -1,11 +1,11 @@
 """The WAPE difference against another predictor and its standard error
-(:func:`prorsa_forecaster.baselines.wape_excess`), on hand-computed cases."""
+(:func:`prorsa_forecaster.evaluate.wape_excess`), on hand-computed cases."""
 
 import math
 
 import pytest
 
-from prorsa_forecaster.baselines import wape_excess
+from prorsa_forecaster.evaluate import wape_excess
 
 
 def test_excess_and_batch_means_standard_error_by_hand():
