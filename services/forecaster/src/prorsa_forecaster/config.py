@@ -25,7 +25,10 @@ class ForecastConfig:
             call (paper: 0.1).
         bias_half_life: windows over which forecast residuals are averaged for the online
             bias correction (0 turns the correction off).
-        bias_clip: the correction factor is kept within [1/bias_clip, bias_clip].
+        bias_clip: the correction factor is kept within [1/bias_clip, bias_clip]; 4
+            by default, the outlier threshold (a window beyond 4x is a miss, not a bias,
+            so above 4 the clip changes nothing): a bias of 2-4x seen window after window
+            is corrected whole (docs/forecaster.md, "Online correction").
         bias_prior_windows: the prefill corrections count this many windows of average
             volume at ratio 1 (shrinking a factor learnt from a few noisy windows towards
             1). The decode correction instead keeps the part of its ratio that stands
@@ -62,7 +65,7 @@ class ForecastConfig:
     steps: int = 10
     tool_ema_alpha: float = 0.1
     bias_half_life: float = 6.0
-    bias_clip: float = 2.0
+    bias_clip: float = 4.0
     bias_prior_windows: float = 2.0
     cache_same_pseudo: float = 20.0
     tool_turn_pseudo: float = 20.0
