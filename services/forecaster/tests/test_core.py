@@ -462,3 +462,24 @@ def test_prefill_spread_flips_the_next_sync_batch_as_one_coin():
     assert forecast(snap, h, CFG).components["sampler"] == pytest.approx(200, rel=1e-3)
     # The member of the last batch still in Reward launches nothing by itself.
     assert prefill_sd(snap, h, CFG) == pytest.approx(0.5 * 400, rel=1e-3)
+
+
+def test_a_persistent_bias_of_2_to_4x_is_corrected_by_default():
+    # A source seen at 3x its forecast window after window. Half-life 6 windows: the
+    # effective windows tend to 1 / (1 - 0.5 ** (1 / 6)) = 9.17; the prior adds 2 windows
+    # of average volume at ratio 1: (3 x 9.17 + 2) / (9.17 + 2) = 2.642. A clip of 2
+    # counts each window at 2: (2 x 9.17 + 2) / (9.17 + 2) = 1.821.
+    cfg = ForecastConfig()
+    b = BiasCorrector(cfg.bias_half_life, cfg.bias_clip, cfg.bias_prior_windows)
+    clipped = BiasCorrector(cfg.bias_half_life, 2.0, cfg.bias_prior_windows)
+    for _ in range(300):
+        b.update(100.0, 300.0)
+        clipped.update(100.0, 300.0)
+    eff = 1.0 / (1.0 - 0.5 ** (1.0 / 6.0))
+    assert b.factor == pytest.approx((3.0 * eff + 2.0) / (eff + 2.0), rel=1e-6)
+    assert clipped.factor == pytest.approx((2.0 * eff + 2.0) / (eff + 2.0), rel=1e-6)
+    # Beyond 4x a window is a miss, not a bias: left out, so the factor stays at 1.
+    miss = BiasCorrector(cfg.bias_half_life, cfg.bias_clip, cfg.bias_prior_windows)
+    for _ in range(10):
+        miss.update(100.0, 500.0)
+    assert miss.factor == 1.0

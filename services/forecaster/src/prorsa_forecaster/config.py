@@ -28,7 +28,8 @@ class ForecastConfig:
         bias_clip: the correction factor is kept within [1/bias_clip, bias_clip]; 4
             by default, the outlier threshold (a window beyond 4x is a miss, not a bias,
             so above 4 the clip changes nothing): a bias of 2-4x seen window after window
-            is corrected whole (docs/forecaster.md, "Online correction").
+            is corrected, less the prior's shrinkage (docs/forecaster.md, "Online
+            correction").
         bias_prior_windows: the prefill corrections count this many windows of average
             volume at ratio 1 (shrinking a factor learnt from a few noisy windows towards
             1). The decode correction instead keeps the part of its ratio that stands
