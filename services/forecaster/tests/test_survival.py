@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from prorsa_forecaster.survival import DurationModel
+from prorsa_forecaster.survival import CURE_PRIOR_CALLS, DurationModel
 
 
 def test_prior_alone_is_memoryless_exponential():
@@ -101,3 +101,66 @@ def test_returning_a_share_of_calls_that_never_end():
     p, pi = m.returning(ages)
     assert p == pytest.approx((103 + pi.sum()) / (103 + 100), rel=1e-4)
     assert pi[:40].min() > pi[40:].max() and np.all((pi >= 0) & (pi <= 1))
+
+
+def _fixed_point(ended: float, opened: float, s: float, m: float = 0.0, p0: float = 1.0) -> float:
+    """p = (E + m p0 + O p s / (p s + 1 - p)) / (E + m + O), solved as the quadratic it
+    is, with E' = E + m p0 and T = E + m + O: T (s - 1) p^2 + (T - E' (s - 1) - O s) p -
+    E' = 0. With m = 0 its roots are 1 (every call returns, a fixed point the EM leaves
+    from p = 0.5) and the MLE, the smaller; the smaller root is the one in any case."""
+    e1, t = ended + m * p0, ended + m + opened
+    a = t * (s - 1.0)
+    b = t - e1 * (s - 1.0) - opened * s
+    return (-b + math.sqrt(b * b + 4 * a * e1)) / (2 * a)
+
+
+def test_returning_with_a_memory_weighs_recent_calls():
+    # 20,000 calls started at t = 0 and returned after 10 s; 2,000 started at t = 960 and
+    # returned after 10 s (at 970); 2,000 started at 960 are still open at t = 1000 (age
+    # 40 s). Every call that returned took 10 s: q90 = 10 s, tau = 1 x q90 = 10 s.
+    def model(memory: float) -> DurationModel:
+        m = DurationModel("tool", prior_mean=5.0, prior_weight=0.0, cure_memory=memory)
+        for _ in range(20_000):
+            m.observe(10.0, at=10.0)
+        for _ in range(2_000):
+            m.observe(10.0, at=970.0)
+        return m
+
+    opened = np.full(2_000, 40.0)
+    s = 0.1 * 10.0 / 40.0  # the Lindy floor: 40 s is past every learnt duration
+    # The whole run's share: E = 22,000, O = 2,000 (no memory, or no `now`).
+    p_all = _fixed_point(22_000.0, 2_000.0, s)
+    assert p_all > 0.9
+    for m, now in ((model(0.0), 1000.0), (model(1.0), None)):
+        assert m.returning(opened, now=now)[0] == pytest.approx(p_all, rel=1e-3)
+    with_memory = model(1.0)
+    assert with_memory.quantile(0.9) == pytest.approx(10.0, rel=0.02)
+    p, pi = with_memory.returning(opened, now=1000.0)
+    # The calls of t = 0 weigh e^-100; the recent ones, returned and open, started at 960
+    # and weigh e^-4 each: E = O = 2,000 e^-4 = 36.6, with 20 pseudo calls at p_all.
+    w = 2_000 * math.exp(-4.0)
+    expected = _fixed_point(w, w, s, m=CURE_PRIOR_CALLS, p0=p_all)
+    # (The open ages and their weights are taken on the bucket grid, ~2% wide.)
+    assert p == pytest.approx(expected, rel=2e-2)
+    assert 0.55 < p < 0.65  # against 0.51 for the recent calls alone, 0.92 for the run
+    assert pi == pytest.approx(np.full(2_000, p * s / (p * s + 1 - p)), rel=0.03)
+
+
+def test_the_memory_drops_starts_that_no_longer_weigh():
+    m = DurationModel("tool", prior_mean=5.0, prior_weight=0.0, cure_memory=1.0)
+    for k in range(3000):
+        m.observe(10.0, at=10.0 + k * 1e-3)
+    for _ in range(50):
+        m.observe(10.0, at=970.0)
+    before = len(m._starts)
+    p, _ = m.returning(np.full(50, 40.0), now=1000.0)
+    # The 3,000 calls of t = 0 weigh e^-100 < 1e-12 and outnumber those kept: dropped.
+    assert before == 3050 and len(m._starts) == 50
+    assert m.returning(np.full(50, 40.0), now=1000.0)[0] == pytest.approx(p, rel=1e-12)
+
+
+def test_cure_memory_is_checked():
+    with pytest.raises(ValueError, match="cure_memory"):
+        DurationModel("tool", prior_mean=5.0, cure_memory=-1.0)
+    with pytest.raises(ValueError, match="cure_memory"):
+        DurationModel("tool", prior_mean=5.0, cure_memory=float("nan"))

@@ -53,6 +53,11 @@ class ForecastConfig:
             that serves the request; a log without the field is served that way).
         kv_page_tokens: kappa^D rounds a prompt up to whole KV pages of this many tokens.
         duration_half_life: observations over which old durations are forgotten.
+        returning_memory: the share of tool calls that return at all (the cure rate; a
+            chat's user may not write again) is estimated from recent calls: each call
+            weighs exp(-age / tau) with tau this many times the tool durations' q90
+            (0: every call since the start weighs the same). 1 by default (CHOICE: the
+            shortest memory over which most of the calls that return have returned).
         prior_reward_s, prior_sandbox_prewarm_s, prior_sandbox_cold_s, prior_start_s,
         prior_tool_s, prior_launch_s: prior means (seconds) used before any history.
         prior_sync_start_s: prior mean of the announcement of a sync batch (run.started,
@@ -74,6 +79,7 @@ class ForecastConfig:
     use_dp_rank: bool = True
     kv_page_tokens: int = 1
     duration_half_life: float | None = 5000.0
+    returning_memory: float = 1.0
     prior_reward_s: float = 5.0
     prior_sandbox_prewarm_s: float = 1.0
     prior_sandbox_cold_s: float = 20.0
@@ -108,6 +114,9 @@ class ForecastConfig:
                                                          and self.duration_half_life > 0):
             raise ValueError(f"duration_half_life must be > 0 observations (None: never forget), "
                              f"got {self.duration_half_life!r}")
+        if not (math.isfinite(self.returning_memory) and self.returning_memory >= 0):
+            raise ValueError(f"returning_memory must be >= 0 (multiples of the tool durations' q90), "
+                             f"got {self.returning_memory!r}")
         if not (self.bias_prior_windows >= 0 and math.isfinite(self.bias_prior_windows)):
             raise ValueError(f"bias_prior_windows must be >= 0, got {self.bias_prior_windows!r}")
         if self.kv_page_tokens < 1:

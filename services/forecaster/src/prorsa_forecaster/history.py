@@ -134,7 +134,7 @@ class History:
             START_READY: 0.05,
         }
         self.start = [DurationModel(f"start[{m}]", priors[m], half_life=hl) for m in range(START_MODES)]
-        self.tool = DurationModel("tool", cfg.prior_tool_s, half_life=hl)
+        self.tool = DurationModel("tool", cfg.prior_tool_s, half_life=hl, cure_memory=cfg.returning_memory)
         # Beyond the paper (B.1 ignores a second pass within a horizon): trajectories now
         # queued, in prefill or decoding may call a tool and return within the window.
         self.decode = DurationModel("decode", 10.0, half_life=hl)

@@ -231,7 +231,7 @@ class LiveState(SamplerFold, EngineFold):
                 if not np.isnan(self.cohort_cause[i]):
                     h.cohort_launch.observe(ev.ts - self.cohort_cause[i])
         elif st == TOOL:
-            h.tool.observe(ev.ts - self.entered[i])
+            h.tool.observe(ev.ts - self.entered[i], at=ev.ts)
             growth = x - self.context[i]
             h.tool_growth.observe(growth)
             if self.result[i] >= 0:

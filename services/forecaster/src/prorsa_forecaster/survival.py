@@ -19,6 +19,7 @@ that the distribution follows a workload that drifts during the run.
 from __future__ import annotations
 
 import math
+from array import array
 
 import numpy as np
 
@@ -45,10 +46,39 @@ def bucket_of(elapsed: np.ndarray) -> np.ndarray:
     return np.where(e < 5e-3, 0, np.maximum(k, 1))
 
 
+# The recent cure rate is shrunk towards the whole run's by this many pseudo calls (CHOICE,
+# the forecaster's other shares use 20 too: cache_same_pseudo, tool_turn_pseudo): a sync
+# step's tail holds a few calls, open long past the learnt durations though they will
+# return, and a handful of recent calls alone would take them for calls that never do.
+CURE_PRIOR_CALLS = 20.0
+
+
+def _cure_em(ended: float, n_at: np.ndarray, surv: np.ndarray, prior: tuple[float, float] = (0.0, 1.0)) -> float:
+    """The cure rate's EM, the fixed point of p = (E + m p0 + sum_j n_j pi_j(p)) / (E +
+    m + sum_j n_j): E ended durations, n_j open ones at survival s_j (if they will end)
+    with pi_j(p) = p s_j / (p s_j + 1 - p), and m pseudo durations ending with
+    probability p0 (``prior = (m, p0)``). It starts from p = 0.5: p = 1 is a fixed point
+    too (nothing open is ever taken for a duration that never ends), the wrong one
+    whenever some open durations are long past the learnt ones."""
+    m, p0 = prior
+    total = ended + m + float(n_at.sum())
+    if total <= 0:
+        return 1.0
+    p = 0.5
+    for _ in range(100):
+        never = (1.0 - p) / (p * surv + 1.0 - p)
+        p_new = (ended + m * p0 + float((n_at * (1.0 - never)).sum())) / total
+        if abs(p_new - p) < 1e-7:
+            return p_new
+        p = p_new
+    return p
+
+
 class DurationModel:
     """Online empirical distribution of one kind of duration (seconds)."""
 
-    __slots__ = ("name", "_counts", "_prior", "_prior_weight", "_cum", "_weight", "_decay", "_n", "_sum", "_max")
+    __slots__ = ("name", "_counts", "_prior", "_prior_weight", "_cum", "_weight", "_decay", "_n", "_sum", "_max",
+                 "_memory", "_starts")
 
     def __init__(
         self,
@@ -56,6 +86,7 @@ class DurationModel:
         prior_mean: float,
         prior_weight: float = 3.0,
         half_life: float | None = None,
+        cure_memory: float = 0.0,
     ) -> None:
         if not (math.isfinite(prior_mean) and prior_mean > 0):
             raise ValueError(f"{name}: prior_mean must be a positive finite number, got {prior_mean!r}")
@@ -63,6 +94,8 @@ class DurationModel:
             raise ValueError(f"{name}: prior_weight must be >= 0, got {prior_weight!r}")
         if half_life is not None and not half_life > 0:
             raise ValueError(f"{name}: half_life must be > 0 observations, got {half_life!r}")
+        if not (math.isfinite(cure_memory) and cure_memory >= 0):
+            raise ValueError(f"{name}: cure_memory must be >= 0 (multiples of the q90), got {cure_memory!r}")
         self.name = name
         # Prior mass per bin: exponential CDF differences over the grid.
         cdf = 1.0 - np.exp(-_EDGES / prior_mean)
@@ -76,12 +109,19 @@ class DurationModel:
         self._sum = 0.0
         self._max = 0.0
         self._cum: np.ndarray | None = None
+        # The cure rate's memory (``returning``): the start times of the ended durations,
+        # kept only when the memory is on and the caller says when each one ended.
+        self._memory = float(cure_memory)
+        self._starts = array("d")
 
     # -- learning ---------------------------------------------------------------------
-    def observe(self, duration: float) -> None:
-        """Add one observed duration (negative or non-finite values are ignored)."""
+    def observe(self, duration: float, at: float | None = None) -> None:
+        """Add one observed duration (negative or non-finite values are ignored); ``at``,
+        when it ended (event time), dates it for the cure rate's memory."""
         if not (duration >= 0.0 and math.isfinite(duration)):
             return
+        if self._memory and at is not None and math.isfinite(at):
+            self._starts.append(at - duration)
         i = int(np.searchsorted(_EDGES, duration, side="right")) - 1
         i = min(max(i, 0), len(self._counts) - 1)
         # Forgetting without touching every bin: newer observations weigh more; rescale
@@ -212,7 +252,7 @@ class DurationModel:
         """The ``q`` quantile of the current distribution (prior included)."""
         return float(np.interp(q, self._cumulative(), _EDGES))
 
-    def returning(self, open_elapsed: np.ndarray) -> tuple[float, np.ndarray]:
+    def returning(self, open_elapsed: np.ndarray, now: float | None = None) -> tuple[float, np.ndarray]:
         """For durations that may never end (a user who does not write again): ``(p,
         pi)``, the share of them that end at all and, per duration still open at
         ``open_elapsed``, the probability that it ends at all given that it has not yet.
@@ -224,7 +264,17 @@ class DurationModel:
         e) if it will end (EM over the open ages, bucketed). S has a Lindy floor past the
         learnt mass, 0.1 x q90 / e (hazard 1/e), so that a long call is not taken for one
         that never ends before many of its age have been seen not to. pi = p S / (p S +
-        1 - p). With no open duration, or all of them young, p = 1 and pi = 1."""
+        1 - p). With no open duration, or all of them young, p = 1 and pi = 1.
+
+        With a memory (``cure_memory`` > 0, ``now`` given, ended durations observed with
+        ``at``) each duration, ended or open, weighs exp(-(now - its start) / tau) in the
+        estimate, tau = cure_memory x q90, and the whole run's p above stands for
+        :data:`CURE_PRIOR_CALLS` more: p is the share of the recent starts that end, so it
+        follows a share that drifts (a chat service whose users come back more often as
+        the hour goes on), and a few recent calls do not outweigh the run. tau is a
+        multiple of the q90 because whether a start ends is known only once most of
+        those that do have: a shorter memory would weigh mostly starts whose outcome is
+        still open."""
         e = np.nan_to_num(np.asarray(open_elapsed, dtype=float), nan=0.0, posinf=1e6)
         if len(e) == 0:
             return 1.0, np.ones(0)
@@ -234,19 +284,25 @@ class DurationModel:
         ages, n_at = _BUCKETS[used], counts[used].astype(float)
         q90 = max(self.quantile(0.9), 1e-3)
         surv = np.maximum(1.0 - self.cdf(ages), np.minimum(1.0, 0.1 * q90 / np.maximum(ages, 1e-9)))
-        ended = self._n + self._prior_weight
-        total = ended + n_at.sum()
-        p = 0.5
-        for _ in range(100):
-            never = (1.0 - p) / (p * surv + 1.0 - p)
-            p_new = (ended + float((n_at * (1.0 - never)).sum())) / total
-            if abs(p_new - p) < 1e-7:
-                p = p_new
-                break
-            p = p_new
+        p = _cure_em(self._n + self._prior_weight, n_at, surv)
+        if self._memory > 0 and now is not None and math.isfinite(now):
+            tau = self._memory * q90
+            p = _cure_em(self._recent_ends(now, tau), n_at * np.exp(-ages / tau), surv, prior=(CURE_PRIOR_CALLS, p))
         table = np.ones(len(_BUCKETS))
         table[used] = np.clip(p * surv / np.maximum(p * surv + 1.0 - p, 1e-300), 0.0, 1.0)
         return float(p), table[idx]
+
+    def _recent_ends(self, now: float, tau: float) -> float:
+        """sum over the dated ended durations of exp(-(now - start) / tau). Starts whose
+        weight is below 1e-12 are dropped once they are half of those kept, so the
+        memory holds about the last 28 tau of starts, not the whole run."""
+        if not len(self._starts):
+            return 0.0
+        w = np.exp(-np.clip(now - np.frombuffer(self._starts, dtype=float), 0.0, None) / tau)
+        keep = w > 1e-12
+        if len(self._starts) > 1024 and 2 * int(keep.sum()) < len(self._starts):
+            self._starts = array("d", np.frombuffer(self._starts, dtype=float)[keep].tobytes())
+        return float(w[keep].sum())
 
     def __repr__(self) -> str:
         return f"DurationModel({self.name!r}, n={self._n}, mean={self.mean():.3g}s)"

@@ -93,5 +93,5 @@ def next_turn(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarr
 def term(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray, kq: KnownQueue, update: np.ndarray) -> np.ndarray:
     """The tool term: returns of trajectories in Tool, and the next turns of those
     decoding, queued or in prefill: loads ``(4, N_CLASSES, steps)``."""
-    returning, comes = hist.tool.returning(clean(snap.tool_elapsed))
+    returning, comes = hist.tool.returning(clean(snap.tool_elapsed), now=snap.t)
     return returns(snap, hist, cfg, cost, comes) + next_turn(snap, hist, cfg, cost, kq, update, returning)
