@@ -231,7 +231,8 @@ def test_a_long_jump_live_closes_one_window_and_reopens_at_the_new_time():
 
 
 @pytest.mark.parametrize("bad", [{"horizon": 1e-6}, {"horizon": float("nan")}, {"duration_half_life": 0.0},
-                                 {"bias_prior_windows": float("nan")}, {"bias_prior_windows": -1.0}])
+                                 {"bias_prior_windows": float("nan")}, {"bias_prior_windows": -1.0},
+                                 {"returning_memory": -1.0}, {"returning_memory": float("inf")}])
 def test_a_knob_that_would_hang_or_crash_the_forecaster_is_refused(bad):
     with pytest.raises(ValueError, match=list(bad)[0]):
         ForecastConfig(**bad)
