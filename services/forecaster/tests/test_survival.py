@@ -164,3 +164,18 @@ def test_cure_memory_is_checked():
         DurationModel("tool", prior_mean=5.0, cure_memory=-1.0)
     with pytest.raises(ValueError, match="cure_memory"):
         DurationModel("tool", prior_mean=5.0, cure_memory=float("nan"))
+
+
+def test_the_memory_is_kept_small_without_a_query():
+    # A run whose windows never find a call open never asks for the cure rate: the
+    # observations themselves drop the starts that no longer weigh, at each power of two.
+    m = DurationModel("tool", prior_mean=5.0, prior_weight=0.0, cure_memory=1.0)
+    for _ in range(4095):
+        m.observe(10.0, at=10.0)
+    assert len(m._starts) == 4095
+    m.observe(10.0, at=2000.0)  # the 4,096th: the first 4,095 started 1,990 s = 199 tau earlier
+    assert len(m._starts) == 1
+    # Without a memory nothing is kept at all.
+    off = DurationModel("tool", prior_mean=5.0)
+    off.observe(10.0, at=10.0)
+    assert len(off._starts) == 0

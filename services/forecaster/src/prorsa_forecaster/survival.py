@@ -122,6 +122,10 @@ class DurationModel:
             return
         if self._memory and at is not None and math.isfinite(at):
             self._starts.append(at - duration)
+            if len(self._starts) >= 4096 and len(self._starts) & (len(self._starts) - 1) == 0:
+                # At each power of two, so that a run that never asks (no call ever open
+                # at a window) keeps only the starts that still weigh.
+                self._recent_ends(at, self._memory * max(self.quantile(0.9), 1e-3))
         i = int(np.searchsorted(_EDGES, duration, side="right")) - 1
         i = min(max(i, 0), len(self._counts) - 1)
         # Forgetting without touching every bin: newer observations weigh more; rescale
@@ -294,7 +298,7 @@ class DurationModel:
 
     def _recent_ends(self, now: float, tau: float) -> float:
         """sum over the dated ended durations of exp(-(now - start) / tau). Starts whose
-        weight is below 1e-12 are dropped once they are half of those kept, so the
+        weight is below 1e-12 are dropped once they are more than half of them, so the
         memory holds about the last 28 tau of starts, not the whole run."""
         if not len(self._starts):
             return 0.0
