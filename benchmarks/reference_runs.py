@@ -1,0 +1,234 @@
+"""The allocator's reference runs: one simulated run per setting of the paper's evaluation,
+rerun on the current code and compared with the figures recorded for earlier code.
+
+    .venv/bin/python benchmarks/reference_runs.py [--jobs N] [--only SUBSTRING ...]
+        [--out .prorsa/reference-runs] [--file PATH] [--record [--label TEXT]] [--alias SPEC=OTHER ...]
+        [--json]
+
+A change to the allocator or the forecaster re-keys every figure docs/allocator.md and
+docs/simulator.md quote (``prorsa_sim.runner.code_versions``), and rerunning the full
+presets takes hours. These runs tie a table measured on one code to another: the 18
+settings of the headline tables (math, coding and general agent x staleness 0, 2 and 8 on
+DeepSeek-V3.2 and MiMo-V2.5-Pro), each from the start split its tables use (its best fixed
+ratio on most seeds), seed 0, 6 steps (1 warm-up + 5 measured), policy ``prorsa``; the six
+synchronous ones again under ``prorsa:capacity`` (the capacity ratio, which the default
+policy uses on asynchronous runs only); and the short runs the docs quote as examples (3
+steps): MiMo-V2.5-Pro general/0 from 2:6 under the capacity ratio, coding/8 from 6:2 under
+turn latency, and coding/2 from 5:3 under the DP-aware gateway; and, for the simulator
+alone, each of the 18 settings with its start ratio held (``static:P:D``) and under
+colocation.
+
+Each run is the simulation ``prorsa sim run --workload W --staleness S --model M --policy
+SPEC --start P:D --seed 0 --steps N`` makes (through ``prorsa_sim.runner.run_jobs``). The
+figures recorded for each code key (simulator + allocator and forecaster, with the router
+rule's key under the gateway) are in ``benchmarks/reference_runs.json``. The table prints
+each run's rollout time (simulated seconds, the mean of the measured steps) and switch
+count on every recorded code and now, and names the recorded codes whose figures differ
+from now's (by more than 0.05 s, or in the switch count). ``--record`` adds the current
+figures under the current code key (``--label`` describes that code).
+
+``--alias SPEC=OTHER`` runs OTHER in place of SPEC, for code that names a policy otherwise
+(code whose ``prorsa`` is the capacity ratio on every run and that has no
+``prorsa:capacity``: ``--alias prorsa:capacity=prorsa``); a run whose policy the code does
+not have is reported as such and not recorded. Results are cached in ``--out`` by code key:
+a rerun on the same code simulates nothing and an interrupted one resumes. It is a
+benchmark: it asserts nothing, and its exit status is 0 whether or not runs differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+RECORD = Path(__file__).with_name("reference_runs.json")
+
+
+@dataclass(frozen=True)
+class Ref:
+    model: str
+    workload: str
+    staleness: int
+    start: str
+    spec: str = "prorsa"
+    steps: int = 6
+    dp_routing: str = "load"
+    router_policy: str = "queue"
+
+    @property
+    def name(self) -> str:
+        short = {"deepseek-v3.2": "ds", "mimo-v2.5-pro": "mimo"}[self.model]
+        tail = "" if self.spec == "prorsa" else f" {self.spec}"
+        gate = " gateway" if self.router_policy == "smg" else ""
+        if self.fixed:
+            return f"{short} {self.workload}/{self.staleness} {self.spec}{gate} x{self.steps}"
+        return f"{short} {self.workload}/{self.staleness} from {self.start}{tail}{gate} x{self.steps}"
+
+    @property
+    def fixed(self) -> bool:
+        """A run that never switches (colocation, static:P:D): no start split."""
+        return self.spec == "colocation" or self.spec.startswith("static:")
+
+    def command(self) -> str:
+        cmd = (f"prorsa sim run --workload {self.workload} --staleness {self.staleness} --model {self.model} "
+               f"--policy {self.spec}{'' if self.fixed else f' --start {self.start}'} --seed 0 --steps {self.steps}")
+        if self.router_policy != "queue":
+            cmd += f" --dp-routing {self.dp_routing} --router-policy {self.router_policy}"
+        return cmd
+
+
+# The start of each setting: its best fixed ratio on most seeds in the full presets
+# (docs/allocator.md, "The headline comparison").
+_STARTS = {
+    "deepseek-v3.2": {"general": ("6:2", "6:2", "7:1"), "math": ("1:7", "4:4", "4:4"), "coding": ("6:2", "7:1", "7:1")},
+    "mimo-v2.5-pro": {"general": ("2:6", "4:4", "5:3"), "math": ("1:7", "2:6", "2:6"), "coding": ("5:3", "6:2", "6:2")},
+}
+REFS: list[Ref] = [Ref(m, w, s, start) for m, by in _STARTS.items() for w, starts in by.items()
+                   for s, start in zip((0, 2, 8), starts)] + [
+    Ref(m, w, 0, by[w][0], spec="prorsa:capacity") for m, by in _STARTS.items() for w in ("general", "math", "coding")
+] + [
+    # the simulator alone: the start ratio held, and colocation
+    Ref(m, w, s, start, spec=spec) for m, by in _STARTS.items() for w, starts in by.items()
+    for s, start in zip((0, 2, 8), starts) for spec in (f"static:{start}", "colocation")
+] + [
+    Ref("mimo-v2.5-pro", "general", 0, "2:6", spec="prorsa:capacity", steps=3),
+    Ref("mimo-v2.5-pro", "coding", 8, "6:2", spec="prorsa:latency", steps=3),
+    Ref("mimo-v2.5-pro", "coding", 2, "5:3", steps=3, dp_routing="prefix", router_policy="smg"),
+]
+
+
+def _read_record(path: Path) -> dict:
+    doc = json.loads(path.read_text()) if path.exists() else {}
+    if not isinstance(doc, dict) or not isinstance(doc.get("runs", {}), dict):
+        raise ValueError("expected an object with 'codes' and 'runs'")
+    doc.setdefault("codes", {})
+    doc.setdefault("runs", {})
+    return doc
+
+
+def compare(refs: list[Ref], now: dict[str, dict], recorded: dict, missing: dict[str, str]) -> list[dict]:
+    """One row per reference run: its figures now (None where this code lacks its policy),
+    those recorded for each code, and the recorded codes whose figures differ from now's
+    (rollout time by more than 0.05 s, or the switch count)."""
+    rows = []
+    for r in refs:
+        figs = recorded["runs"].get(r.name, {}).get("by_code", {})
+        cur = now.get(r.name)
+        differ = [] if cur is None else [c for c, f in figs.items() if c != cur["code"] and (
+            abs(f["rollout_s"] - cur["rollout_s"]) > 0.05 or f["switches"] != cur["switches"])]
+        rows.append({"run": r.name, "command": r.command(), "now": cur, "unavailable": missing.get(r.name),
+                     "recorded": figs, "differs_from": differ})
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=None, help="processes (default: the CPU count)")
+    ap.add_argument("--only", nargs="+", default=None, metavar="SUBSTRING",
+                    help="only the runs whose name contains one of these (e.g. 'mimo coding', 'x3')")
+    ap.add_argument("--out", type=Path, default=Path(".prorsa/reference-runs"), help="cache directory")
+    ap.add_argument("--file", type=Path, default=RECORD, help=f"the figures recorded (default: {RECORD.name} here)")
+    ap.add_argument("--record", action="store_true", help="add the current figures to --file")
+    ap.add_argument("--label", default=None, help="with --record: what the current code is (kept beside its key)")
+    ap.add_argument("--alias", action="append", default=[], metavar="SPEC=OTHER",
+                    help="run OTHER in place of SPEC (code that names the policy otherwise)")
+    ap.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    args = ap.parse_args()
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from prorsa_sim.runner import Job, code_versions, default_jobs, run_jobs
+    from prorsa_sim.simconfig import build_config
+    from prorsa_sim.simulation import build_policy
+
+    refs = [r for r in REFS if args.only is None or any(o in r.name for o in args.only)]
+    if not refs:
+        ap.error(f"--only {args.only}: no run matches; the runs are: " + "; ".join(r.name for r in REFS))
+    if args.jobs is not None and args.jobs < 1:
+        ap.error("--jobs must be >= 1")
+    aliases = {}
+    for item in args.alias:
+        spec, sep, other = item.partition("=")
+        if not sep or not spec or not other:
+            ap.error(f"--alias {item!r}: expected SPEC=OTHER")
+        aliases[spec] = other
+    try:
+        recorded = _read_record(args.file)
+    except (OSError, ValueError) as e:
+        print(f"error: cannot read {args.file}: {e}", file=sys.stderr)
+        return 2
+    versions = code_versions()
+    print(f"code: simulator {versions.sim}, allocator and forecaster {versions.allocator}", file=sys.stderr)
+    runnable, jobs, missing = [], [], {}
+    for r in refs:
+        spec = aliases.get(r.spec, r.spec)
+        try:
+            build_policy(spec)
+        except ValueError as e:  # a policy this code does not have
+            missing[r.name] = f"{spec}: {e}"
+            continue
+        p, d = (int(x) for x in r.start.split(":"))
+        cfg = build_config(workload=r.workload, model=r.model, staleness=r.staleness, steps=r.steps, seed=0,
+                           dp_routing=r.dp_routing, router_policy=r.router_policy)
+        runnable.append(r)
+        jobs.append(Job(cfg, spec, start=None if r.fixed else (p, d)))
+    t0 = time.perf_counter()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  transient=True) as prog:
+        task = prog.add_task("reference runs", total=len(jobs))
+        results = run_jobs(jobs, n_jobs=args.jobs or default_jobs(), cache_dir=args.out,
+                           progress=lambda _job: prog.advance(task), version=versions)
+    wall = time.perf_counter() - t0
+    code = f"{versions.sim}+{versions.allocator}"
+    now = {r.name: {"rollout_s": round(float(s["rollout_time_s"]), 1), "switches": int(s["switches"]),
+                    "code": code, "version": versions(job), "spec": job.spec}
+           for r, job, s in zip(runnable, jobs, results)}
+
+    codes = list(recorded["codes"])
+    rows = compare(refs, now, recorded, missing)
+
+    if args.json:
+        print(json.dumps({"code": code, "wall_s": round(wall, 1),
+                          "codes": recorded["codes"], "runs": rows}, indent=2))
+    else:
+        def cell(f):
+            return "-" if f is None else f"{f['rollout_s']:.1f} / {f['switches']}"
+
+        head = [f"recorded {c}" for c in codes] + ["now"]
+        print("| run | " + " | ".join(head) + " | differs from |")
+        print("|---|" + "---|" * (len(head) + 1))
+        for row in rows:
+            cur = "not on this code" if row["now"] is None else cell(row["now"])
+            cells = [cell(row["recorded"].get(c)) for c in codes] + [cur]
+            print(f"| {row['run']} | " + " | ".join(cells) + " | " + (", ".join(row["differs_from"]) or "-") + " |")
+        for c in codes:
+            print(f"- {c}: {recorded['codes'][c].get('label') or ''}")
+        pairs = [(row, c) for row in rows if row["now"] is not None for c in row["recorded"]
+                 if c != row["now"]["code"] and c in codes]
+        for c in codes:
+            on = [row for row, cc in pairs if cc == c]
+            if on:
+                print(f"against {c}: {sum(c not in row['differs_from'] for row in on)} of {len(on)} runs the same "
+                      "(rollout time to 0.05 s and switch count)")
+        for name, why in missing.items():
+            print(f"not on this code: {name} ({why})")
+        print(f"{len(jobs)} runs, {wall:.1f} s of wall time", file=sys.stderr)
+    if args.record:
+        entry = recorded["codes"].setdefault(code, {})
+        if args.label:
+            entry["label"] = args.label
+        for name, f in now.items():
+            run = recorded["runs"].setdefault(name, {"by_code": {}})
+            run["command"] = next(r.command() for r in refs if r.name == name)
+            run["by_code"][code] = {"rollout_s": f["rollout_s"], "switches": f["switches"], "policy": f["spec"],
+                                    "version": f["version"]}
+        args.file.write_text(json.dumps(recorded, indent=2, sort_keys=True) + "\n")
+        print(f"recorded {len(now)} runs under {code} in {args.file}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
