@@ -3,14 +3,14 @@ rerun on the current code and compared with the figures recorded for earlier cod
 
     .venv/bin/python benchmarks/reference_runs.py [--jobs N] [--only SUBSTRING ...]
         [--out .prorsa/reference-runs] [--file PATH] [--record [--label TEXT]] [--alias SPEC=OTHER ...]
-        [--json]
+        [--seeds K ...] [--json]
 
 A change to the allocator or the forecaster re-keys every figure docs/allocator.md and
 docs/simulator.md quote (``prorsa_sim.runner.code_versions``), and rerunning the full
 presets takes hours. These runs tie a table measured on one code to another: the 18
 settings of the headline tables (math, coding and general agent x staleness 0, 2 and 8 on
 DeepSeek-V3.2 and MiMo-V2.5-Pro), each from the start split its tables use (its best fixed
-ratio on most seeds), seed 0, 6 steps (1 warm-up + 5 measured), policy ``prorsa``; the six
+ratio on most seeds), seed 0 (``--seeds`` adds others), 6 steps (1 warm-up + 5 measured), policy ``prorsa``; the six
 synchronous ones again under ``prorsa:capacity`` (the capacity ratio, which the default
 policy uses on asynchronous runs only); and the short runs the docs quote as examples (3
 steps): MiMo-V2.5-Pro general/0 from 2:6 under the capacity ratio, coding/8 from 6:2 under
@@ -19,7 +19,7 @@ alone, each of the 18 settings with its start ratio held (``static:P:D``) and un
 colocation.
 
 Each run is the simulation ``prorsa sim run --workload W --staleness S --model M --policy
-SPEC --start P:D --seed 0 --steps N`` makes (through ``prorsa_sim.runner.run_jobs``). The
+SPEC --start P:D --seed K --steps N`` makes (through ``prorsa_sim.runner.run_jobs``). The
 figures recorded for each code key (simulator + allocator and forecaster, with the router
 rule's key under the gateway) are in ``benchmarks/reference_runs.json``. The table prints
 each run's rollout time (simulated seconds, the mean of the measured steps) and switch
@@ -41,7 +41,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 RECORD = Path(__file__).with_name("reference_runs.json")
@@ -57,12 +57,14 @@ class Ref:
     steps: int = 6
     dp_routing: str = "load"
     router_policy: str = "queue"
+    seed: int = 0
 
     @property
     def name(self) -> str:
         short = {"deepseek-v3.2": "ds", "mimo-v2.5-pro": "mimo"}[self.model]
         tail = "" if self.spec == "prorsa" else f" {self.spec}"
         gate = " gateway" if self.router_policy == "smg" else ""
+        gate += f" seed {self.seed}" if self.seed else ""
         if self.fixed:
             return f"{short} {self.workload}/{self.staleness} {self.spec}{gate} x{self.steps}"
         return f"{short} {self.workload}/{self.staleness} from {self.start}{tail}{gate} x{self.steps}"
@@ -74,7 +76,8 @@ class Ref:
 
     def command(self) -> str:
         cmd = (f"prorsa sim run --workload {self.workload} --staleness {self.staleness} --model {self.model} "
-               f"--policy {self.spec}{'' if self.fixed else f' --start {self.start}'} --seed 0 --steps {self.steps}")
+               f"--policy {self.spec}{'' if self.fixed else f' --start {self.start}'} --seed {self.seed} "
+               f"--steps {self.steps}")
         if self.router_policy != "queue":
             cmd += f" --dp-routing {self.dp_routing} --router-policy {self.router_policy}"
         return cmd
@@ -135,6 +138,8 @@ def main() -> int:
     ap.add_argument("--label", default=None, help="with --record: what the current code is (kept beside its key)")
     ap.add_argument("--alias", action="append", default=[], metavar="SPEC=OTHER",
                     help="run OTHER in place of SPEC (code that names the policy otherwise)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0], metavar="K",
+                    help="the seeds to run each reference run with (default: 0; others are named '... seed K')")
     ap.add_argument("--json", action="store_true", help="print the comparison as JSON")
     args = ap.parse_args()
 
@@ -144,7 +149,10 @@ def main() -> int:
     from prorsa_sim.simconfig import build_config
     from prorsa_sim.simulation import build_policy
 
-    refs = [r for r in REFS if args.only is None or any(o in r.name for o in args.only)]
+    if any(k < 0 for k in args.seeds):
+        ap.error("--seeds must be >= 0")
+    refs = [replace(r, seed=k) for r in REFS for k in dict.fromkeys(args.seeds)]
+    refs = [r for r in refs if args.only is None or any(o in r.name for o in args.only)]
     if not refs:
         ap.error(f"--only {args.only}: no run matches; the runs are: " + "; ".join(r.name for r in REFS))
     if args.jobs is not None and args.jobs < 1:
@@ -171,7 +179,7 @@ def main() -> int:
             missing[r.name] = f"{spec}: {e}"
             continue
         p, d = (int(x) for x in r.start.split(":"))
-        cfg = build_config(workload=r.workload, model=r.model, staleness=r.staleness, steps=r.steps, seed=0,
+        cfg = build_config(workload=r.workload, model=r.model, staleness=r.staleness, steps=r.steps, seed=r.seed,
                            dp_routing=r.dp_routing, router_policy=r.router_policy)
         runnable.append(r)
         jobs.append(Job(cfg, spec, start=None if r.fixed else (p, d)))
