@@ -10,13 +10,13 @@ docs/simulator.md quote (``prorsa_sim.runner.code_versions``), and rerunning the
 presets takes hours. These runs tie a table measured on one code to another: the 18
 settings of the headline tables (math, coding and general agent x staleness 0, 2 and 8 on
 DeepSeek-V3.2 and MiMo-V2.5-Pro), each from the start split its tables use (its best fixed
-ratio on most seeds), seed 0 (``--seeds`` adds others), 6 steps (1 warm-up + 5 measured), policy ``prorsa``; the six
-synchronous ones again under ``prorsa:capacity`` (the capacity ratio, which the default
-policy uses on asynchronous runs only); and the short runs the docs quote as examples (3
-steps): MiMo-V2.5-Pro general/0 from 2:6 under the capacity ratio, coding/8 from 6:2 under
-turn latency, and coding/2 from 5:3 under the DP-aware gateway; and, for the simulator
-alone, each of the 18 settings with its start ratio held (``static:P:D``) and under
-colocation.
+ratio on most seeds), seed 0 (``--seeds`` adds others), 6 steps (1 warm-up + 5 measured),
+policy ``prorsa``; the six synchronous ones again under ``prorsa:capacity`` (the capacity
+ratio, which the default policy uses on asynchronous runs only); the short runs the docs
+quote as examples (3 steps): MiMo-V2.5-Pro general/0 from 2:6 under the capacity ratio,
+coding/8 from 6:2 under turn latency, and coding/2 from 5:3 under the DP-aware gateway;
+and, for the simulator alone, each of the 18 settings with its start ratio held
+(``static:P:D``) and under colocation.
 
 Each run is the simulation ``prorsa sim run --workload W --staleness S --model M --policy
 SPEC --start P:D --seed K --steps N`` makes (through ``prorsa_sim.runner.run_jobs``). The
