@@ -44,6 +44,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from prorsa_sim.simulation import build_policy, is_pd_fixed
+
 RECORD = Path(__file__).with_name("reference_runs.json")
 
 
@@ -72,7 +74,7 @@ class Ref:
     @property
     def fixed(self) -> bool:
         """A run that never switches (colocation, static:P:D): no start split."""
-        return self.spec == "colocation" or self.spec.startswith("static:")
+        return is_pd_fixed(self.spec)
 
     def command(self) -> str:
         cmd = (f"prorsa sim run --workload {self.workload} --staleness {self.staleness} --model {self.model} "
@@ -89,13 +91,13 @@ _STARTS = {
     "deepseek-v3.2": {"general": ("6:2", "6:2", "7:1"), "math": ("1:7", "4:4", "4:4"), "coding": ("6:2", "7:1", "7:1")},
     "mimo-v2.5-pro": {"general": ("2:6", "4:4", "5:3"), "math": ("1:7", "2:6", "2:6"), "coding": ("5:3", "6:2", "6:2")},
 }
-REFS: list[Ref] = [Ref(m, w, s, start) for m, by in _STARTS.items() for w, starts in by.items()
-                   for s, start in zip((0, 2, 8), starts)] + [
-    Ref(m, w, 0, by[w][0], spec="prorsa:capacity") for m, by in _STARTS.items() for w in ("general", "math", "coding")
+_SETTINGS = [(m, w, s, start) for m, by in _STARTS.items() for w, starts in by.items()
+             for s, start in zip((0, 2, 8), starts)]
+REFS: list[Ref] = [Ref(*setting) for setting in _SETTINGS] + [
+    Ref(m, w, s, start, spec="prorsa:capacity") for m, w, s, start in _SETTINGS if s == 0
 ] + [
     # the simulator alone: the start ratio held, and colocation
-    Ref(m, w, s, start, spec=spec) for m, by in _STARTS.items() for w, starts in by.items()
-    for s, start in zip((0, 2, 8), starts) for spec in (f"static:{start}", "colocation")
+    Ref(m, w, s, start, spec=spec) for m, w, s, start in _SETTINGS for spec in (f"static:{start}", "colocation")
 ] + [
     Ref("mimo-v2.5-pro", "general", 0, "2:6", spec="prorsa:capacity", steps=3),
     Ref("mimo-v2.5-pro", "coding", 8, "6:2", spec="prorsa:latency", steps=3),
@@ -105,7 +107,7 @@ REFS: list[Ref] = [Ref(m, w, s, start) for m, by in _STARTS.items() for w, start
 
 def _read_record(path: Path) -> dict:
     doc = json.loads(path.read_text()) if path.exists() else {}
-    if not isinstance(doc, dict) or not isinstance(doc.get("runs", {}), dict):
+    if not isinstance(doc, dict) or not all(isinstance(doc.get(k, {}), dict) for k in ("codes", "runs")):
         raise ValueError("expected an object with 'codes' and 'runs'")
     doc.setdefault("codes", {})
     doc.setdefault("runs", {})
@@ -147,7 +149,6 @@ def main() -> int:
 
     from prorsa_sim.runner import Job, code_versions, default_jobs, run_jobs
     from prorsa_sim.simconfig import build_config
-    from prorsa_sim.simulation import build_policy
 
     if any(k < 0 for k in args.seeds):
         ap.error("--seeds must be >= 0")
@@ -192,7 +193,7 @@ def main() -> int:
     wall = time.perf_counter() - t0
     code = f"{versions.sim}+{versions.allocator}"
     now = {r.name: {"rollout_s": round(float(s["rollout_time_s"]), 1), "switches": int(s["switches"]),
-                    "code": code, "version": versions(job), "spec": job.spec}
+                    "code": code, "version": versions(job), "spec": job.spec, "command": r.command()}
            for r, job, s in zip(runnable, jobs, results)}
 
     codes = list(recorded["codes"])
@@ -214,10 +215,8 @@ def main() -> int:
             print(f"| {row['run']} | " + " | ".join(cells) + " | " + (", ".join(row["differs_from"]) or "-") + " |")
         for c in codes:
             print(f"- {c}: {recorded['codes'][c].get('label') or ''}")
-        pairs = [(row, c) for row in rows if row["now"] is not None for c in row["recorded"]
-                 if c != row["now"]["code"] and c in codes]
         for c in codes:
-            on = [row for row, cc in pairs if cc == c]
+            on = [row for row in rows if row["now"] is not None and c != row["now"]["code"] and c in row["recorded"]]
             if on:
                 print(f"against {c}: {sum(c not in row['differs_from'] for row in on)} of {len(on)} runs the same "
                       "(rollout time to 0.05 s and switch count)")
@@ -230,7 +229,7 @@ def main() -> int:
             entry["label"] = args.label
         for name, f in now.items():
             run = recorded["runs"].setdefault(name, {"by_code": {}})
-            run["command"] = next(r.command() for r in refs if r.name == name)
+            run["command"] = f["command"]
             run["by_code"][code] = {"rollout_s": f["rollout_s"], "switches": f["switches"], "policy": f["spec"],
                                     "version": f["version"]}
         args.file.write_text(json.dumps(recorded, indent=2, sort_keys=True) + "\n")
