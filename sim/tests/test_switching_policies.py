@@ -67,8 +67,8 @@ def test_prorsa_paper_keeps_the_papers_rule_and_prorsa_sees_the_updates():
     assert policy.driver.allocator.config.objective == "capacity"
 
 
-def test_prorsa_judges_a_sync_run_by_turn_latency_unless_told_capacity():
-    for spec, objective in (("prorsa", "turn_latency"), ("prorsa:capacity", "capacity")):
+def test_prorsa_judges_a_sync_run_by_saturation_unless_told_capacity():
+    for spec, objective in (("prorsa", "saturation"), ("prorsa:capacity", "capacity")):
         policy = make_policy(spec)
         res = Simulator(SimConfig(workload="general", staleness=0, steps=2, batch_size=48), policy).run()
         assert res.summary["trajectories_done"] > 0

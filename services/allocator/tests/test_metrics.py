@@ -58,7 +58,7 @@ def test_plan_switches_in_flight_and_durations_are_exported() -> None:
     assert m["prorsa_allocator_switched_total"] == [({}, 1.0)]
     # No run.started yet: the 'auto' objective is the capacity ratio.
     assert dict((lab["objective"], v) for lab, v in m["prorsa_allocator_objective"]) == {
-        "capacity": 1.0, "turn_latency": 0.0}
+        "capacity": 1.0, "turn_latency": 0.0, "saturation": 0.0}
 
 
 def test_the_objective_in_force_follows_a_sync_run() -> None:
@@ -71,4 +71,4 @@ def test_the_objective_in_force_follows_a_sync_run() -> None:
     text = generate_latest(allocator_registry(ServiceState(alloc))).decode()
     got = {s.labels["objective"]: s.value for fam in text_string_to_metric_families(text)
            if fam.name == "prorsa_allocator_objective" for s in fam.samples}
-    assert got == {"capacity": 0.0, "turn_latency": 1.0}
+    assert got == {"capacity": 0.0, "turn_latency": 0.0, "saturation": 1.0}

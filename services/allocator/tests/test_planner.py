@@ -341,7 +341,7 @@ def test_the_auto_objective_follows_the_runs_modes() -> None:
     alloc = Allocator(AllocatorConfig(prefill_tokens_per_s=THETA))
     assert alloc.config.objective == "capacity"  # no run.started yet
     alloc.handle(started("a", "sync"), act=False)  # a replay folds it in too
-    assert alloc.config.objective == "turn_latency"
+    assert alloc.config.objective == "saturation"
     assert alloc.requested.objective == "auto"
     alloc.handle(started("b", "async"))  # one asynchronous run among them
     assert alloc.config.objective == "capacity"
@@ -350,7 +350,7 @@ def test_the_auto_objective_follows_the_runs_modes() -> None:
     bound.handle(started("other-run", "async"))
     assert bound.run_modes == {} and bound.config.objective == "capacity"
     bound.handle(started(RUN, "sync"))
-    assert bound.config.objective == "turn_latency"
+    assert bound.config.objective == "saturation"
     # An objective set by hand is kept whatever the runs.
     fixed = Allocator(AllocatorConfig(prefill_tokens_per_s=THETA, objective="capacity"))
     fixed.handle(started("a", "sync"))

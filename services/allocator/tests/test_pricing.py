@@ -1007,3 +1007,31 @@ def test_turn_latency_objective_by_hand() -> None:
     # Without a measured decode turn the objective falls back to the capacity ratio.
     f_fb, f_fb_old = priced_net(5, 3, "decode", prices, dv, cfg, 120.0, PricedContext(50_000.0))
     assert (f_fb_old, f_fb[0]) == pytest.approx((2.0, 2.0))
+
+
+def test_saturation_objective_holds_a_split_that_keeps_up() -> None:
+    # The cases of test_turn_latency_objective_by_hand under 'saturation'. 5:3 with 1 engine
+    # of prefill work and 1 of decode KV keeps up over 120 s: every move is held (NaN), where
+    # turn latency would price moving an engine to decode by the mean turn.
+    cfg = _config(objective="saturation")
+    prices = [SwitchPrice(0.0, 15.0), SwitchPrice(0.0, 15.0)]
+    ctx = PricedContext(50_000.0, decode_turn_s=20.0)
+    dv = DemandView(1.0, 1.0, 1.0, 1.0, 10.0, decode_kv_now=1.0, decode_kv_later=1.0, decode_step=(0.1, 0.3))
+    f_new, f_old = priced_net(5, 3, "decode", prices, dv, cfg, 120.0, ctx)
+    assert np.isnan(f_new).all() and f_old == pytest.approx(1 / 21)
+    f_lat, _ = priced_net(5, 3, "decode", prices, dv, _config(objective="turn_latency"), 120.0, ctx)
+    assert np.isfinite(f_lat).all()
+    # A prefill pool short of its work (3 engines of work on 2: its queue is not cleared) is
+    # judged as under 'turn_latency': by the capacity ratio, 2/3 now.
+    short = DemandView(3.0, 1.0, 3.0, 1.0, 10.0, decode_kv_now=1.0, decode_kv_later=1.0, decode_step=(0.1, 0.3))
+    f_s, f_s_old = priced_net(2, 6, "prefill", prices, short, cfg, 120.0, ctx)
+    f_t, f_t_old = priced_net(2, 6, "prefill", prices, short, _config(objective="turn_latency"), 120.0, ctx)
+    assert f_s_old == pytest.approx(2 / 3) and f_s == pytest.approx(f_t) and f_s_old == f_t_old
+    # So is a decode pool whose KV demand is over it (4 engines of KV on 3).
+    full = replace(dv, decode_now=4.0, decode_later=4.0, decode_kv_now=4.0, decode_kv_later=4.0)
+    f_full, _ = priced_net(5, 3, "decode", prices, full, cfg, 120.0, ctx)
+    assert np.isfinite(f_full).all()
+    # Without a measured decode turn there is no queue model: the capacity ratio, as under
+    # 'turn_latency'.
+    f_fb, f_fb_old = priced_net(5, 3, "decode", prices, dv, cfg, 120.0, PricedContext(50_000.0))
+    assert (f_fb_old, f_fb[0]) == pytest.approx((2.0, 2.0))

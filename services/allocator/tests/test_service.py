@@ -294,7 +294,7 @@ async def test_a_policy_update_on_the_rollout_subject_opens_the_pause_and_the_op
 
 async def test_a_sync_run_started_on_the_rollout_subject_sets_the_auto_objective(nats_url: str, ns: Namespace) -> None:
     # The allocator reads run.started from the rollout subject tree: another run's is not
-    # this allocator's; its own sync run resolves the 'auto' objective to turn latency.
+    # this allocator's; its own sync run resolves the 'auto' objective to saturation.
     async with Harness(nats_url, ns, run=RUN) as h:
         svc = await h.start_service()
         alloc = svc.state.allocator
@@ -302,4 +302,4 @@ async def test_a_sync_run_started_on_the_rollout_subject_sets_the_auto_objective
         await h.publish(RunStarted(id="rs-other", ts=1.0, run="other-run", mode="async", batch_size=8))
         await h.publish(RunStarted(id="rs-1", ts=2.0, run=RUN, mode="sync", batch_size=8))
         await async_wait_until(lambda: alloc.run_modes == {RUN: "sync"}, 10, what="the run's mode folded in")
-        assert alloc.config.objective == "turn_latency"
+        assert alloc.config.objective == "saturation"

@@ -123,17 +123,19 @@ class AllocatorConfig(BaseModel):
         "``drain_weight`` + switch time as the only cost (paper §4.2 with this allocator's "
         "switch execution; kept to compare).",
     )
-    objective: Literal["auto", "capacity", "turn_latency"] = Field(
+    objective: Literal["auto", "capacity", "turn_latency", "saturation"] = Field(
         default="auto",
         description="'priced' rule: what a move must improve. 'capacity': the time-averaged "
         "bottleneck capacity-to-demand ratio (max-min, capped at ``ratio_cap``). 'turn_latency': "
         "the seconds a turn spends in the model, prefill wait plus decode (pricing.TurnLatency), "
-        "averaged over the horizon; needs a decode step model and falls back to 'capacity' "
-        "without one. 'auto': 'turn_latency' while every run the allocator has seen a "
-        "run.started of is synchronous (its step ends with its slowest trajectory, so what a "
-        "turn waits sets the pace), 'capacity' otherwise (an asynchronous run, whose "
-        "over-dispatch keeps the roles loaded, or no run.started yet). docs/allocator.md "
-        "measures the three.",
+        "averaged over the horizon; a saturated split (a role short of its work over the "
+        "horizon) is judged by the capacity ratio; needs a decode step model and falls back to "
+        "'capacity' without one. 'saturation': a split whose roles keep up over the horizon is "
+        "held, a saturated one is judged as under 'turn_latency' (a synchronous step ends with "
+        "its slowest trajectory, mostly decode, which a gain in the mean turn does not reach). "
+        "'auto': 'saturation' while every run the allocator has seen a run.started of is "
+        "synchronous, 'capacity' otherwise (an asynchronous run, whose over-dispatch keeps the "
+        "roles loaded, or no run.started yet). docs/allocator.md measures the four.",
     )
     horizon_s: float = Field(
         default=120.0,

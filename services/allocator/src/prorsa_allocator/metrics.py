@@ -58,7 +58,7 @@ class _AllocatorCollector:
         objective = GaugeMetricFamily("prorsa_allocator_objective",
                                       "1 for the objective moves are judged by now ('auto' resolved by the runs' modes)",
                                       labels=["objective"])
-        for name in ("capacity", "turn_latency"):
+        for name in ("capacity", "turn_latency", "saturation"):
             objective.add_metric([name], 1.0 if a.config.objective == name else 0.0)
         yield objective
         yield GaugeMetricFamily("prorsa_allocator_event_time_seconds",

@@ -35,7 +35,7 @@ from .estimate import PrefillThroughput, SwitchCost, cluster_shape
 from .optimize import Allocation, Capacity, Demand, solve
 from .records import Counters, Decision, SwitchDurations
 from .served import CacheRegime, measure_served, pool_hit
-from .pricing import PricedContext, select_priced
+from .pricing import QUEUE_OBJECTIVES, PricedContext, select_priced
 from .switching import DemandView, Selection, prefill_band, select_switches
 
 log = logging.getLogger("prorsa.allocator")
@@ -63,18 +63,19 @@ def prefill_fed_share(fc: ForecastWindow) -> float:
 
 
 def resolve_objective(config: AllocatorConfig, run_modes: dict[str, str]) -> AllocatorConfig:
-    """The configuration in force: an 'auto' objective is 'turn_latency' while every run seen
+    """The configuration in force: an 'auto' objective is 'saturation' while every run seen
     is synchronous, 'capacity' otherwise (no run seen, or any asynchronous one).
 
-    A synchronous step ends with its slowest trajectory: once both roles keep up, what a
-    turn waits in the model sets the step's pace, which the turn-latency objective prices
-    and the capacity ratio (capped at ``ratio_cap``) does not see. An asynchronous run's
-    over-dispatch keeps the roles loaded, and there the capacity each role serves sets it
+    A synchronous step ends with its slowest trajectory, whose model time is mostly decode:
+    once both roles keep up, a move that shortens the mean turn does not reach the step's
+    end, and the capacity ratio (capped at ``ratio_cap``) sees no gain there either, so a
+    split that keeps up is held ('saturation'). An asynchronous run's over-dispatch keeps
+    the roles loaded, and there the capacity each role serves sets the pace
     (docs/allocator.md, "Which objective")."""
     if config.objective != "auto":
         return config
     sync = bool(run_modes) and all(mode == "sync" for mode in run_modes.values())
-    return config.model_copy(update={"objective": "turn_latency" if sync else "capacity"})
+    return config.model_copy(update={"objective": "saturation" if sync else "capacity"})
 
 
 class Allocator:
@@ -185,7 +186,8 @@ class Allocator:
         self.config = resolve_objective(self.requested, self.run_modes)
         if self.config.objective != before:
             log.info("run %r is %s: moves are judged by %s (objective 'auto')", run, mode,
-                     "turn latency" if self.config.objective == "turn_latency" else "the capacity ratio")
+                     "saturation (a split that keeps up is held)" if self.config.objective == "saturation"
+                     else "the capacity ratio")
 
     def pause_left(self, engines: list | None = None) -> float:
         """Seconds left of the weight-update pause at event time (0: not in one). With the
@@ -363,7 +365,7 @@ class Allocator:
                 # the steady step's KV share and load: the engines are empty now
                 s_kv, s_load = self._steady[2], self._steady[3]
                 dv = replace(dv, decode_kv_now=s_kv, decode_kv_later=s_kv, decode_step=(step.fixed_s, s_load))
-            elif cfg.objective == "turn_latency" and step is not None:
+            elif cfg.objective in QUEUE_OBJECTIVES and step is not None:
                 # the steady step's KV share and load (the engines are empty now)
                 dv = replace(dv, decode_kv_now=self._steady[2], decode_kv_later=self._steady[2],
                              decode_step=(step.fixed_s, self._steady[3]))
@@ -385,7 +387,7 @@ class Allocator:
             if by_step and turn_now > cfg.horizon_s:
                 dv = replace(dv, decode_kv_now=kv_total / kv_cap, decode_kv_later=decode_kv / kv_cap,
                              decode_step=(step.fixed_s, step_load))
-            if cfg.objective == "turn_latency" and step is not None and cfg.rule == "priced":
+            if cfg.objective in QUEUE_OBJECTIVES and step is not None and cfg.rule == "priced":
                 # the turn-latency objective prices every move by the decode step it buys
                 dv = replace(dv, decode_kv_now=kv_total / kv_cap, decode_kv_later=decode_kv / kv_cap,
                              decode_step=(step.fixed_s, step_load))

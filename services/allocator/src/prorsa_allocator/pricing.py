@@ -156,6 +156,11 @@ def price_switches(
     return SwitchPrices(drain, switch, reprefill, cached)
 
 
+# The objectives that read the splits through the turn-latency queue model: 'turn_latency'
+# prices an unsaturated split by it, 'saturation' holds one (pricing.priced_net).
+QUEUE_OBJECTIVES = ("turn_latency", "saturation")
+
+
 @dataclass(frozen=True, slots=True)
 class PricedContext:
     """What the priced gain test needs beyond the demand view."""
@@ -200,7 +205,8 @@ def priced_net(
     them from their old role at once and adds Σ (H − dead_i) to the new one; the work
     their drains abort and the cache their flips lose adds Σ x_i engine-seconds to W_P.
     f = min(capᴾ/W_P, capᴰ/W_D), each capped at ``ratio_cap`` (a role with no demand is at
-    the cap)."""
+    the cap). Under the 'saturation' objective a split that keeps up with its work
+    (``TurnLatency.saturated`` false) gives f(k) = NaN for every k: it is held."""
     cap = cfg.ratio_cap
     s = min(demand.horizon_s, horizon)
     later_p = demand.prefill_later
@@ -282,11 +288,11 @@ def priced_net(
     # A smaller count never measured is taken to lose the cache (cache_scale), except in the
     # weight-update pause under the turn-latency objective: there every cache is flushed, the
     # move is free and the next pause can take it back for free once the count is measured.
-    explore = cfg.objective == "turn_latency" and ctx.pause_left_s > 0
+    explore = cfg.objective in QUEUE_OBJECTIVES and ctx.pause_left_s > 0
     scale = cache_scale(p, p + (1 if to_role == "prefill" else -1) * k.astype(int), ctx.miss,
                         1.0 if explore else 1.0 - ctx.theta_hit)
     cap_p = cap_p * scale
-    if cfg.objective == "turn_latency" and step is not None and t0 > 0 and (ctx.decode_turn_s or 0.0) > 0:
+    if cfg.objective in QUEUE_OBJECTIVES and step is not None and t0 > 0 and (ctx.decode_turn_s or 0.0) > 0:
         # The backlog queued at the window's start is cleared once; the rest of the work
         # arrives over the horizon (``prefill_fed_share``).
         backlog = (1.0 - demand.prefill_fed_share) * s * demand.prefill_now
@@ -301,6 +307,9 @@ def priced_net(
         here = (np.array([p * horizon], float), np.array([d * horizon], float), np.array([arriving]), backlog)
         # A saturated split (a role short of its work) is judged by the capacity ratio: in a
         # closed loop whose queues grow, what the roles serve sets the pace, not a sum of waits.
+        if not lat.saturated(*here)[0] and cfg.objective == "saturation":
+            # The split keeps up with its work: held (NaN, select_priced says why).
+            return np.full(len(k), np.nan), 1.0 / float(lat(*here)[0])
         if not lat.saturated(*here)[0]:
             # Two phases: the moved engines' dead time (the donor role has lost them, the
             # other has not gained them yet), then the new split.
@@ -519,6 +528,9 @@ def select_priced(
             return Selection(reason=f"imbalance toward {to_role} has lasted {imbalance_s:.0f}s < "
                                     f"{wait:.0f}s ({cfg.persist_dead_multiple:g} x a switch's dead time)")
     f_new, f_old = priced_net(p, d, to_role, prices, demand, cfg, horizon, ctx)
+    if np.isnan(f_new).all():
+        return Selection(reason=f"no role is saturated over {horizon:.0f}s (the prefill queue clears, the decode "
+                                f"KV fits): the split is held (objective 'saturation')")
     # Measured evidence beats the forecast: in a closed loop the demand a window shows
     # depends on the split that served it (a choked decode side lowers the prefill
     # demand, a backlogged prefill side raises it), so a count that was held and served

@@ -11,8 +11,8 @@ profile allows it (the paper's setting). ``prorsa`` and ``oracle`` also take
 ``paper`` first (``prorsa:paper``: the allocator's gain test as paper §4.2 states it, one
 window's capacity ratio, drain and switch time as the only cost; the default prices every
 switch, see docs/allocator.md, with the allocator's default ``objective = "auto"``:
-judging a move by turn latency on a synchronous run and by the capacity ratio on an
-asynchronous one), ``latency`` (``prorsa:latency``: the priced gain test judging each move
+holding a split whose roles keep up on a synchronous run, ``"saturation"``, and judging a
+move by the capacity ratio on an asynchronous one), ``latency`` (``prorsa:latency``: the priced gain test judging each move
 by the seconds a turn spends in the model on every run, ``objective = "turn_latency"``)
 or ``capacity`` (``prorsa:capacity``: by the capacity ratio on every run), and ``tpot=<slack>`` (e.g. ``prorsa:tpot=0.1``, ``oracle:restart:tpot=0.1``): decode sized by step
 time as well as KV, no decode step more than ``slack`` slower than an idle engine's
