@@ -2,11 +2,12 @@
 a cluster of N engines. Target: under 5 ms for 1,024 engines.
 
 Run:  .venv/bin/python benchmarks/bench_allocator.py [--engines 1024] [--repeat 200] [--clock wall|cpu]
-                                                  [--objective capacity|turn_latency]
+                                                  [--objective capacity|turn_latency|saturation]
 
 ``--objective``: what the priced gain test judges a move by: the capacity ratio (an
-asynchronous run's, and the default here) or turn latency (a synchronous run's under the
-allocator's default ``auto``: the benchmark's clusters see no run.started, so it is set).
+asynchronous run's, and the default here), turn latency, or saturation (a synchronous run's
+under the allocator's default ``auto``: the benchmark's clusters see no run.started, so it
+is set).
 
 ``--clock cpu`` times each decision by the thread's CPU time (``time.thread_time``) instead
 of the wall clock: on a host shared with other work it measures what a decision costs,
@@ -93,8 +94,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=200)
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="wall: perf_counter; cpu: the thread's CPU time (a shared host)")
-    ap.add_argument("--objective", choices=("capacity", "turn_latency"), default="capacity",
-                    help="the gain test's objective (turn_latency: a synchronous run's under 'auto')")
+    ap.add_argument("--objective", choices=("capacity", "turn_latency", "saturation"), default="capacity",
+                    help="the gain test's objective (saturation: a synchronous run's under 'auto')")
     args = ap.parse_args()
     global CLOCK
     CLOCK = time.thread_time if args.clock == "cpu" else time.perf_counter
