@@ -926,14 +926,21 @@ def lat_kv(engines: float, fed: float = 1.0) -> TurnLatency:
     return TurnLatency(10.0, 120.0, 0.1, 0.3, None, 3, 20.0, engines * 120.0, fed)
 
 
+def _hand_case(prefill: float = 1.0) -> tuple[list[SwitchPrice], PricedContext, DemandView]:
+    """The moves, context and demand of the hand-computed objective cases: two idle engines
+    (a move is dead 15 s), a decode turn of 20 s, a prefill demand of ``prefill`` engines
+    now and later, decode KV 1 engine, decode step t(n) = 0.1 + 0.3/n s, S = 10 s."""
+    prices = [SwitchPrice(0.0, 15.0), SwitchPrice(0.0, 15.0)]
+    dv = DemandView(prefill, 1.0, prefill, 1.0, 10.0, decode_kv_now=1.0, decode_kv_later=1.0, decode_step=(0.1, 0.3))
+    return prices, PricedContext(50_000.0, decode_turn_s=20.0), dv
+
+
 def test_turn_latency_objective_by_hand() -> None:
     # 5:3 over 120 s (S = 10 s), prefill demand 1 engine now and later, decode KV 1 engine;
     # decode step t(n) = 0.1 + 0.3/n s, a decode turn of 20 s measured at 3 engines
     # (t(3) = 0.2 s). Idle engines: a move is dead 15 s.
     cfg = _config(objective="turn_latency")
-    prices = [SwitchPrice(0.0, 15.0), SwitchPrice(0.0, 15.0)]
-    ctx = PricedContext(50_000.0, decode_turn_s=20.0)
-    dv = DemandView(1.0, 1.0, 1.0, 1.0, 10.0, decode_kv_now=1.0, decode_kv_later=1.0, decode_step=(0.1, 0.3))
+    prices, ctx, dv = _hand_case()
     f_new, f_old = priced_net(5, 3, "decode", prices, dv, cfg, 120.0, ctx)
     # Now: prefill wait 1 x 10 / (2 x 5) = 1 s, decode 20 s: 21 s a turn.
     assert f_old == pytest.approx(1 / 21)
@@ -955,7 +962,7 @@ def test_turn_latency_objective_by_hand() -> None:
     assert lat(2 * 120 * one, 3 * 120 * one, 360 * one, 0.0)[0] == pytest.approx(37.5 + 20.0)
     # Such a split is saturated, and priced_net judges it by the capacity ratio (2/3): in a
     # closed loop whose queues grow, what each role serves sets the pace.
-    short = DemandView(3.0, 1.0, 3.0, 1.0, 10.0, decode_kv_now=1.0, decode_kv_later=1.0, decode_step=(0.1, 0.3))
+    short = _hand_case(prefill=3.0)[2]
     assert lat.saturated(2 * 120 * one, 3 * 120 * one, 360 * one, 0.0)[0]
     _, f_short = priced_net(2, 6, "prefill", prices, short, cfg, 120.0, PricedContext(50_000.0, decode_turn_s=20.0))
     assert f_short == pytest.approx(2 / 3)
@@ -1014,16 +1021,14 @@ def test_saturation_objective_holds_a_split_that_keeps_up() -> None:
     # of prefill work and 1 of decode KV keeps up over 120 s: every move is held (NaN), where
     # turn latency would price moving an engine to decode by the mean turn.
     cfg = _config(objective="saturation")
-    prices = [SwitchPrice(0.0, 15.0), SwitchPrice(0.0, 15.0)]
-    ctx = PricedContext(50_000.0, decode_turn_s=20.0)
-    dv = DemandView(1.0, 1.0, 1.0, 1.0, 10.0, decode_kv_now=1.0, decode_kv_later=1.0, decode_step=(0.1, 0.3))
+    prices, ctx, dv = _hand_case()
     f_new, f_old = priced_net(5, 3, "decode", prices, dv, cfg, 120.0, ctx)
     assert np.isnan(f_new).all() and f_old == pytest.approx(1 / 21)
     f_lat, _ = priced_net(5, 3, "decode", prices, dv, _config(objective="turn_latency"), 120.0, ctx)
     assert np.isfinite(f_lat).all()
     # A prefill pool short of its work (3 engines of work on 2: its queue is not cleared) is
     # judged as under 'turn_latency': by the capacity ratio, 2/3 now.
-    short = DemandView(3.0, 1.0, 3.0, 1.0, 10.0, decode_kv_now=1.0, decode_kv_later=1.0, decode_step=(0.1, 0.3))
+    short = _hand_case(prefill=3.0)[2]
     f_s, f_s_old = priced_net(2, 6, "prefill", prices, short, cfg, 120.0, ctx)
     f_t, f_t_old = priced_net(2, 6, "prefill", prices, short, _config(objective="turn_latency"), 120.0, ctx)
     assert f_s_old == pytest.approx(2 / 3) and f_s == pytest.approx(f_t) and f_s_old == f_t_old
