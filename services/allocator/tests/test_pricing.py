@@ -14,8 +14,8 @@ from prorsa_allocator.config import AllocatorConfig
 from prorsa_allocator.engines import EngineView
 from prorsa_allocator.planner import Allocator
 from prorsa_allocator.pricing import (
-    PricedContext, SwitchPrice, SwitchPrices, TurnLatency, decode_full, price_switch, price_switches, priced_net,
-    role_pressed,
+    PricedContext, SwitchPrice, SwitchPrices, TurnLatency, decode_full, prefill_room, price_switch, price_switches,
+    priced_net, role_pressed,
 )
 from prorsa_allocator.served import CacheRegime
 from prorsa_allocator.switching import DemandView
@@ -553,6 +553,49 @@ def test_before_a_served_rate_a_decode_queue_with_free_kv_is_no_evidence() -> No
     assert got[:1] == ["decode"], reason
 
 
+def test_prefill_room_by_hand() -> None:
+    # Four prefill engines, none queued; share 0.5: the engines left must number at least
+    # twice the demand (the larger of now, later and the provisioning quantile), and one.
+    pre = [view("prefill") for _ in range(4)] + [view("decode")]
+    def room(now: float, later: float, upper=None, share: float = 0.5, engines=pre) -> int:
+        return prefill_room(engines, DemandView(now, 1.0, later, 1.0, 10.0, prefill_upper=upper), 4, share)
+    assert room(0.2, 0.1) == 3  # 0.2 / 0.5 = 0.4: one engine left is enough
+    assert room(0.2, 1.2) == 1  # 1.2 / 0.5 = 2.4: three engines stay
+    assert room(0.2, 0.1, upper=1.6) == 0  # the quantile, 1.6 / 0.5 = 3.2: all four stay
+    assert room(1.0, 1.0) == 2  # exactly 2 x the demand left
+    assert room(0.2, 0.1, share=1.0) == 3 and room(1.5, 1.5, share=1.0) == 2
+    assert room(0.2, 0.1, share=0.0) == 0  # off
+    # A prefill pool that queues (0.5 requests an engine or more) has no room to give.
+    queued = [EngineView(engine="e", server="s", role="prefill", gpus=8, kv_capacity_tokens=100_000,
+                         switch_modes=("in_place",), queued_reqs=1) for _ in range(4)] + [view("decode")]
+    assert room(0.2, 0.1, engines=queued) == 0
+
+
+def test_before_a_served_rate_a_prefill_pool_with_room_gives_engines_to_decode() -> None:
+    # 4:4 idle engines, no served rate yet, a forecast that asks for little prefill and much
+    # decode (a math step's decode), judged by saturation (a synchronous run's objective).
+    # The prefill engines never queue, so no served rate will come; a move to decode is made
+    # as far as the prefill engines left serve twice the forecast's prefill demand
+    # (served_evidence_idle_share 0.5). Under the capacity ratio (an asynchronous run's) it
+    # waits for a served rate.
+    def cmds(prefill: float, queued: int = 0, share: float = 0.5, objective: str = "saturation") -> tuple[list, str]:
+        alloc = _cluster(4, 4, served_evidence_first=True, served_evidence_idle_share=share, objective=objective)
+        for i in range(4):
+            alloc.handle(stats(f"p{i}", "prefill", ts=55.0, queued=queued))
+            alloc.handle(stats(f"d{i}", "decode", ts=55.0, running=40, kv_used=KV // 4))
+        out = alloc.handle(forecast(t=60.0, prefill_engines=prefill, decode_engines=6.0))
+        return [e.to_role for e in out if isinstance(e, EngineCommand)], alloc.last_decision.selection.reason
+
+    got, reason = cmds(0.2)
+    assert got and set(got) == {"decode"} and len(got) <= 3, reason
+    got, reason = cmds(1.2)  # 1.2 engines of prefill work: three engines stay, one may move
+    assert got == ["decode"], reason
+    for kw in ({"prefill": 1.6}, {"prefill": 0.2, "queued": 1}, {"prefill": 0.2, "share": 0.0},
+               {"prefill": 0.2, "objective": "capacity"}):
+        got, reason = cmds(**kw)
+        assert got == [] and "no prefill count has a served rate yet" in reason, kw
+
+
 def test_a_move_to_decode_needs_fewer_prefill_engines_to_serve_more() -> None:
     # 7:1 idle engines, θᴾ = 10k tokens/s. The forecast wants 5:3 (prefill 4 engines, decode
     # 3: band [4, 5]); moving 1 engine gives f = min(6/4, 2/3) ~ 0.67, 2 engines min(5/4, 1) ~ 1,
@@ -1018,24 +1061,33 @@ def test_turn_latency_objective_by_hand() -> None:
 
 def test_saturation_objective_holds_a_split_that_keeps_up() -> None:
     # The cases of test_turn_latency_objective_by_hand under 'saturation'. 5:3 with 1 engine
-    # of prefill work and 1 of decode KV keeps up over 120 s: every move is held (NaN), where
-    # turn latency would price moving an engine to decode by the mean turn.
+    # of prefill work and 1 of decode KV keeps up over 120 s: no move to prefill (NaN),
+    # where turn latency would price it by the mean turn's shorter prefill wait.
     cfg = _config(objective="saturation")
     prices, ctx, dv = _hand_case()
-    f_new, f_old = priced_net(5, 3, "decode", prices, dv, cfg, 120.0, ctx)
+    f_new, f_old = priced_net(5, 3, "prefill", prices, dv, cfg, 120.0, ctx)
     assert np.isnan(f_new).all() and f_old == pytest.approx(1 / 21)
-    f_lat, _ = priced_net(5, 3, "decode", prices, dv, _config(objective="turn_latency"), 120.0, ctx)
+    f_lat, _ = priced_net(5, 3, "prefill", prices, dv, _config(objective="turn_latency"), 120.0, ctx)
     assert np.isfinite(f_lat).all()
+    # A move to decode from it speeds up every decode step, the slowest trajectory's too:
+    # priced as under turn latency (test_turn_latency_objective_by_hand's figures).
+    f_dec, f_dec_old = priced_net(5, 3, "decode", prices, dv, cfg, 120.0, ctx)
+    d1 = (15 * 20 + 105 * 20 * (0.1 + 0.3 / 4) / 0.2) / 120
+    assert f_dec_old == pytest.approx(1 / 21) and f_dec[0] == pytest.approx(1 / (1.25 + d1))
+    f_lat_dec, _ = priced_net(5, 3, "decode", prices, dv, _config(objective="turn_latency"), 120.0, ctx)
+    assert f_dec == pytest.approx(f_lat_dec)
     # A prefill pool short of its work (3 engines of work on 2: its queue is not cleared) is
     # judged as under 'turn_latency': by the capacity ratio, 2/3 now.
     short = _hand_case(prefill=3.0)[2]
     f_s, f_s_old = priced_net(2, 6, "prefill", prices, short, cfg, 120.0, ctx)
     f_t, f_t_old = priced_net(2, 6, "prefill", prices, short, _config(objective="turn_latency"), 120.0, ctx)
     assert f_s_old == pytest.approx(2 / 3) and f_s == pytest.approx(f_t) and f_s_old == f_t_old
-    # So is a decode pool whose KV demand is over it (4 engines of KV on 3).
+    # So is a decode pool whose KV demand is over it (4 engines of KV on 3): a move to
+    # prefill is priced there.
     full = replace(dv, decode_now=4.0, decode_later=4.0, decode_kv_now=4.0, decode_kv_later=4.0)
-    f_full, _ = priced_net(5, 3, "decode", prices, full, cfg, 120.0, ctx)
-    assert np.isfinite(f_full).all()
+    f_full, _ = priced_net(5, 3, "prefill", prices, full, cfg, 120.0, ctx)
+    f_full_t, _ = priced_net(5, 3, "prefill", prices, full, _config(objective="turn_latency"), 120.0, ctx)
+    assert np.isfinite(f_full).all() and f_full == pytest.approx(f_full_t)
     # Without a measured decode turn there is no queue model: the capacity ratio, as under
     # 'turn_latency'.
     f_fb, f_fb_old = priced_net(5, 3, "decode", prices, dv, cfg, 120.0, PricedContext(50_000.0))

@@ -130,9 +130,11 @@ class AllocatorConfig(BaseModel):
         "the seconds a turn spends in the model, prefill wait plus decode (pricing.TurnLatency), "
         "averaged over the horizon; a saturated split (a role short of its work over the "
         "horizon) is judged by the capacity ratio; needs a decode step model and falls back to "
-        "'capacity' without one. 'saturation': a split whose roles keep up over the horizon is "
-        "held, a saturated one is judged as under 'turn_latency' (a synchronous step ends with "
-        "its slowest trajectory, mostly decode, which a gain in the mean turn does not reach). "
+        "'capacity' without one. 'saturation': from a split whose roles keep up over the horizon "
+        "no engine moves to prefill, and a move to decode is judged as under 'turn_latency'; a "
+        "saturated split is judged as under 'turn_latency' (a synchronous step ends with its "
+        "slowest trajectory, mostly decode: a faster decode step reaches it, shorter waits in a "
+        "prefill queue that clears anyway do not). "
         "'auto': 'saturation' while every run the allocator has seen a run.started of is "
         "synchronous, 'capacity' otherwise (an asynchronous run, whose over-dispatch keeps the "
         "roles loaded, or no run.started yet). docs/allocator.md measures the four.",
@@ -230,6 +232,23 @@ class AllocatorConfig(BaseModel):
         "seed 0, 3 steps, from the best fixed ratio): DeepSeek-V3.2 general/8 7:1 -> 6:2 at "
         "t = 30 s (218.2 s; 7:1 held 203.8 s), MiMo-V2.5-Pro general/8 5:3 -> 6:2 -> 4:4 in the "
         "first 40 s (235.5 s; 5:3 held 227.6 s). False: the forecast alone from the first window.",
+    )
+    served_evidence_idle_share: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="'priced' rule, with served_evidence_first, under the 'turn_latency' and "
+        "'saturation' objectives (a synchronous run's): before any served rate, a move "
+        "to decode may still be made while no prefill engine queues and the forecast's prefill "
+        "demand (at the prior θᴾ, every prompt token computed) is at most this share of the "
+        "prefill engines left after it (pricing.prefill_room). CHOICE: 0.5 leaves the forecast "
+        "room to be off by 2x in the run's first windows; a pool that short of work gives no "
+        "served rate to wait for (its engines never queue: MiMo-V2.5-Pro math/0 from 4:4 asks "
+        "for 0.01-0.21 prefill engines in its first windows). Not under the capacity ratio (an "
+        "asynchronous run's): each weight update brings back a re-prefill burst that the windows "
+        "between bursts do not show (with it, seed 0 from the best fixed ratio: DeepSeek-V3.2 "
+        "math/8 from 4:4 250.0 s against 230.4 s, MiMo-V2.5-Pro math/8 from 2:6 296.0 s "
+        "against 283.6 s). 0: no move to decode before a served rate.",
     )
     served_capacity_ceiling: bool = Field(
         default=True,

@@ -206,7 +206,8 @@ def priced_net(
     their drains abort and the cache their flips lose adds Σ x_i engine-seconds to W_P.
     f = min(capᴾ/W_P, capᴰ/W_D), each capped at ``ratio_cap`` (a role with no demand is at
     the cap). Under the 'saturation' objective a split that keeps up with its work
-    (``TurnLatency.saturated`` false) gives f(k) = NaN for every k: it is held."""
+    (``TurnLatency.saturated`` false) gives f(k) = NaN for every k of a move to prefill: it
+    is held; a move to decode from it is judged by turn latency."""
     cap = cfg.ratio_cap
     s = min(demand.horizon_s, horizon)
     later_p = demand.prefill_later
@@ -307,10 +308,15 @@ def priced_net(
         here = (np.array([p * horizon], float), np.array([d * horizon], float), np.array([arriving]), backlog)
         # A saturated split (a role short of its work) is judged by the capacity ratio: in a
         # closed loop whose queues grow, what the roles serve sets the pace, not a sum of waits.
-        if not lat.saturated(*here)[0] and cfg.objective == "saturation":
-            # The split keeps up with its work: held (NaN, select_priced says why).
+        keeps_up = not lat.saturated(*here)[0]
+        if keeps_up and cfg.objective == "saturation" and to_role == "prefill":
+            # The split keeps up with its work: a move to prefill only shortens waits in a
+            # queue that clears anyway, which the step's slowest trajectory, mostly decode,
+            # does not feel. Held (NaN, select_priced says why). A move to decode speeds up
+            # every decode step, the slowest trajectory's too: judged by turn latency below,
+            # where a move that leaves prefill short of its work scores 0.
             return np.full(len(k), np.nan), 1.0 / float(lat(*here)[0])
-        if not lat.saturated(*here)[0]:
+        if keeps_up:
             # Two phases: the moved engines' dead time (the donor role has lost them, the
             # other has not gained them yet), then the new split.
             dead = np.maximum.accumulate(np.minimum(prices.dead_s, horizon))
@@ -496,18 +502,28 @@ def select_priced(
     # A full decode pool is decode's shortage shown, whatever prefill does (``decode_full``).
     full = to_role == "decode" and decode_full(engines)
     pressed = role_pressed(engines, to_role)
+    room = None
     if cfg.served_evidence_first and not ctx.served and not (full or role_pressed(engines, to_role, short=True)):
         # No count's served rate yet (the run's first windows): the forecast's gain rests on
         # priors whose error nothing has measured; the split held is what they are measured at.
-        # Only a shortage the move relieves stands in for that evidence (``short``).
-        return Selection(reason=f"no prefill count has a served rate yet: no move to {to_role} "
-                                f"on the forecast alone")
+        # Only a shortage the move relieves stands in for that evidence (``short``), or, for a
+        # move to decode judged by a queue objective (a synchronous run's), a prefill pool with
+        # room to spare (``prefill_room``). Not under the capacity ratio (an asynchronous
+        # run's): there every weight update brings back a re-prefill burst that the windows
+        # between bursts do not show, so an idle pool between them is no evidence of room.
+        room = 0
+        if to_role == "decode" and cfg.objective in QUEUE_OBJECTIVES:
+            room = prefill_room(engines, demand, p, cfg.served_evidence_idle_share)
+        if room < 1:
+            return Selection(reason=f"no prefill count has a served rate yet: no move to {to_role} "
+                                    f"on the forecast alone")
     if ctx.pause_left_s > 0:
         # In the pause a switch costs no drain, no aborts and no cache: the per-plan cap
         # (a guard against one wrong forecast's drains) does not apply; the gain test does.
         fraction = 1.0
     # Only the candidates taken are priced (a plan of 1,024 engines stays within its budget).
-    candidates = donor_candidates(donors, n, in_flight, wanted, fraction, to_role, now, cfg)
+    candidates = donor_candidates(donors, n, in_flight, wanted if room is None else min(wanted, room), fraction,
+                                  to_role, now, cfg)
     if isinstance(candidates, Selection):
         return candidates
     prices = price_switches(candidates, to_role, cost.for_engines(candidates), cfg, ctx.decode_turn_s,
@@ -530,7 +546,7 @@ def select_priced(
     f_new, f_old = priced_net(p, d, to_role, prices, demand, cfg, horizon, ctx)
     if np.isnan(f_new).all():
         return Selection(reason=f"no role is saturated over {horizon:.0f}s (the prefill queue clears, the decode "
-                                f"KV fits): the split is held (objective 'saturation')")
+                                f"KV fits): no move to prefill (objective 'saturation')")
     # Measured evidence beats the forecast: in a closed loop the demand a window shows
     # depends on the split that served it (a choked decode side lowers the prefill
     # demand, a backlogged prefill side raises it), so a count that was held and served
@@ -601,6 +617,22 @@ def decode_full(engines: list[EngineView]) -> bool:
     dec = [v for v in engines if v.role == "decode" and v.switching_to is None]
     cap = sum(v.kv_capacity_tokens for v in dec)
     return cap > 0 and sum(v.kv_used_tokens for v in dec) > PRESSED_KV * cap
+
+
+def prefill_room(engines: list[EngineView], demand: DemandView, p: int, share: float) -> int:
+    """How many prefill engines may move to decode before any count has a served rate: the
+    most k such that the forecast's prefill demand (the larger of now, later and the
+    provisioning quantile, in engines at θᴾ) is at most ``share`` of the p - k engines left,
+    while no prefill engine queues (``IDLE_QUEUE``). 0: none. Before a served rate θᴾ is
+    the prior and the cache hit 0 (every prompt token computed), so the demand is an upper
+    reading; ``share`` leaves the forecast room to be off by 1/share."""
+    if share <= 0:
+        return 0
+    pre = [v for v in engines if v.role == "prefill" and v.switching_to is None]
+    if not pre or sum(v.queued_reqs for v in pre) / len(pre) >= IDLE_QUEUE:
+        return 0
+    need = max(demand.prefill_now, demand.prefill_later, demand.prefill_upper or 0.0)
+    return max(0, p - max(1, math.ceil(need / share - 1e-9)))
 
 
 def role_pressed(engines: list[EngineView], to_role: str, short: bool = False) -> bool:
