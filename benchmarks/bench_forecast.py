@@ -13,7 +13,11 @@ and names each live request's rank in ``request.queued.dp_rank``.
 ``-o KEY=VALUE`` overrides a ``ForecastConfig`` field (as ``prorsa forecast-eval -o``
 does), to time what one part costs, e.g. ``-o use_dp_rank=false``. ``--pending-update``
 makes the run async with a weight update triggered and not yet landed, the worst case of
-the decode admissions (a mixture over every sub-step it may land in).
+the decode admissions (a mixture over every sub-step it may land in). ``--groups G``
+puts the trajectories in GRPO groups of G whose tool durations share a group effect
+(lognormal, sigma 0.6), so that the forecast runs with the group and trajectory effects
+on tool durations (frailty.py): each open call on its own time scale, each decoding or
+queued trajectory's next call with its own kernel.
 """
 
 from __future__ import annotations
@@ -32,8 +36,11 @@ from prorsa_forecaster.state import LiveState
 from prorsa_schemas import EVENT_TYPES
 
 
-def build(n: int, seed: int = 0, attn_dp: int = 0, pending_update: bool = False) -> LiveState:
+def build(n: int, seed: int = 0, attn_dp: int = 0, pending_update: bool = False, groups: int = 0) -> LiveState:
     rng = np.random.default_rng(seed)
+    history_n = 2000
+    n_groups = max(history_n // groups, 1) if groups else 0
+    effect = rng.normal(0.0, 0.6, n_groups)
     st = LiveState(ForecastConfig())
     mk = EVENT_TYPES
     k = 0
@@ -54,18 +61,22 @@ def build(n: int, seed: int = 0, attn_dp: int = 0, pending_update: bool = False)
             st.apply(ev("engine.registered", 0.0, engine=f"p{e}", server=f"s{e}", role="prefill", gpus=16,
                         kv_capacity_tokens=10**7, parallel={"attn_dp": attn_dp, "dp": attn_dp}))
     # Some history so every duration model is non-trivial.
-    for i in range(2000):
+    for i in range(history_n):
         t = f"h{i}"
-        st.apply(ev("trajectory.dispatched", 0.0, traj=t, prompt_tokens=3000))
+        grp = {"group": f"hg{i // groups}"} if groups else {}
+        st.apply(ev("trajectory.dispatched", 0.0, traj=t, prompt_tokens=3000, **grp))
         st.apply(ev("request.queued", 1.0, traj=t, req=f"{t}-0", turn=0, prompt_tokens=3100, engine=f"p{i % 8}"))
         st.apply(ev("prefill.finished", 1.2, traj=t, req=f"{t}-0", engine=f"p{i % 8}"))
         st.apply(ev("decode.finished", 5.0, traj=t, req=f"{t}-0", output_tokens=300, finish="tool"))
-        st.apply(ev("request.queued", 5.0 + rng.lognormal(1, 1), traj=t, req=f"{t}-1", turn=1, prompt_tokens=4000,
+        mu = 1.0 + (effect[i // groups] if groups else 0.0)
+        st.apply(ev("request.queued", 5.0 + rng.lognormal(mu, 1), traj=t, req=f"{t}-1", turn=1, prompt_tokens=4000,
                     engine=f"p{i % 8}"))
         # Three in four find their previous prompt cached: a learnt hit rate, so that
         # queued warm requests below have a cache flip (the start spread's work).
         st.apply(ev("prefill.finished", 20.0, traj=t, req=f"{t}-1", engine=f"p{i % 8}", cached_tokens=3100 if i % 4 else 0))
         st.apply(ev("decode.finished", 25.0, traj=t, req=f"{t}-1", output_tokens=300, finish="stop"))
+        if groups and i % groups == 0:
+            continue  # one member a group stays in its reward: the group stays live
         st.apply(ev("reward.finished", 25.0 + rng.lognormal(1, 0.5), traj=t, admitted=bool(i % 3)))
     if pending_update:
         st.apply(ev("policy.updated", 30.0, version=1))
@@ -73,7 +84,8 @@ def build(n: int, seed: int = 0, attn_dp: int = 0, pending_update: bool = False)
     for i in range(n):
         t = f"t{i}"
         ts = 30.0 + rng.random() * 60
-        st.apply(ev("trajectory.dispatched", ts, traj=t, prompt_tokens=3000))
+        grp = {"group": f"hg{i % n_groups}"} if groups else {}
+        st.apply(ev("trajectory.dispatched", ts, traj=t, prompt_tokens=3000, **grp))
         phase = i % 6
         if phase == 0:
             st.apply(ev("sandbox.started", ts, traj=t, mode="prewarm" if i % 4 else "cold"))
@@ -107,6 +119,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--attn-dp", type=int, default=0, help="attention DP ranks per prefill engine (0: unregistered)")
     ap.add_argument("--pending-update", action="store_true", help="a triggered weight update may land in the window (the update mixture runs)")
+    ap.add_argument("--groups", type=int, default=0, help="GRPO group size whose tool durations share an effect (0: no groups)")
     ap.add_argument("-o", "--option", action="append", default=[], help="ForecastConfig override KEY=VALUE (repeatable)")
     args = ap.parse_args()
     try:
@@ -115,7 +128,9 @@ def main() -> None:
         raise SystemExit(e.exit_code) from None
     cfg = ForecastConfig(**overrides)
     for n in args.sizes:
-        st = build(n, attn_dp=args.attn_dp, pending_update=args.pending_update)
+        st = build(n, attn_dp=args.attn_dp, pending_update=args.pending_update, groups=args.groups)
+        if args.groups and not st.history.frailty.active:
+            raise SystemExit("--groups: the group effects were not estimated (frailty inactive)")
         t = 100.0
         times, snaps = [], []
         for _ in range(args.repeat):
@@ -134,7 +149,7 @@ def main() -> None:
                 total += float(st.prompt[i])
         loop_s = time.perf_counter() - a
         print(
-            f"live={st.live:>7,} attn_dp={args.attn_dp} pending_update={args.pending_update}  forecast window: median {1e3 * statistics.median(times):6.1f} ms "
+            f"live={st.live:>7,} attn_dp={args.attn_dp} pending_update={args.pending_update} groups={args.groups}  forecast window: median {1e3 * statistics.median(times):6.1f} ms "
             f"(p90 {1e3 * sorted(times)[int(0.9 * len(times)) - 1]:6.1f} ms; snapshot {1e3 * statistics.median(snaps):5.1f} ms)  "
             f"| baseline python loop over trajectories: {1e3 * loop_s:6.1f} ms  "
             f"| W^P={f.prefill_tokens:,.0f} A^D={f.decode_admit_tokens:,.0f}"

@@ -66,6 +66,9 @@ def snapshots(draw):
         decode_turn=turns(draw, n[5]), ready_turn=turns(draw, n[2]), inflight_turn=turns(draw, n[4]),
         tool_turn=turns(draw, n[3]), tool_turn_table=arr(draw, draw(st.integers(0, 25))),
         ready_rank=turns(draw, n[2]), inflight_rank=turns(draw, n[4]),
+        # The group and trajectory effects (frailty.py): carried (any values) or not.
+        **({"effects": True, "tool_theta": arr(draw, n[3]), "decode_theta": arr(draw, n[5]),
+            "ready_theta": arr(draw, n[2]), "inflight_theta": arr(draw, n[4])} if draw(st.booleans()) else {}),
     )
 
 

@@ -58,6 +58,11 @@ class ForecastConfig:
             weighs exp(-age / tau) with tau this many times the tool durations' q90
             (0: every call since the start weighs the same). 1 by default (CHOICE: the
             shortest memory over which most of the calls that return have returned).
+        frailty_min_calls: tool calls finished before the group and trajectory effects on
+            tool durations are estimated (frailty.py); until then, and whenever the
+            durations do not cluster by group or trajectory, every call follows the pooled
+            distribution. 200 by default (CHOICE: the ANOVA's variance estimates settle
+            over a few dozen groups of a few calls each).
         prior_reward_s, prior_sandbox_prewarm_s, prior_sandbox_cold_s, prior_start_s,
         prior_tool_s, prior_launch_s: prior means (seconds) used before any history.
         prior_sync_start_s: prior mean of the announcement of a sync batch (run.started,
@@ -80,6 +85,7 @@ class ForecastConfig:
     kv_page_tokens: int = 1
     duration_half_life: float | None = 5000.0
     returning_memory: float = 1.0
+    frailty_min_calls: int = 200
     prior_reward_s: float = 5.0
     prior_sandbox_prewarm_s: float = 1.0
     prior_sandbox_cold_s: float = 20.0
@@ -119,6 +125,8 @@ class ForecastConfig:
                              f"got {self.returning_memory!r}")
         if not (self.bias_prior_windows >= 0 and math.isfinite(self.bias_prior_windows)):
             raise ValueError(f"bias_prior_windows must be >= 0, got {self.bias_prior_windows!r}")
+        if self.frailty_min_calls < 1:
+            raise ValueError(f"frailty_min_calls must be >= 1, got {self.frailty_min_calls!r}")
         if self.kv_page_tokens < 1:
             raise ValueError(f"kv_page_tokens must be >= 1, got {self.kv_page_tokens!r}")
         for name in (

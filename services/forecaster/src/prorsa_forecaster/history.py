@@ -16,6 +16,7 @@ from .config import ForecastConfig
 from .terms.correction import Correction
 from .terms.prefill_queue import PrefillTimeModel
 from .snapshot import START_COLD, START_DISPATCHED, START_MODES, START_PREWARM, START_READY, TURN_BINS, size_bin, turn_bin
+from .frailty import Frailty
 from .survival import DurationModel
 
 
@@ -135,6 +136,10 @@ class History:
         }
         self.start = [DurationModel(f"start[{m}]", priors[m], half_life=hl) for m in range(START_MODES)]
         self.tool = DurationModel("tool", cfg.prior_tool_s, half_life=hl, cure_memory=cfg.returning_memory)
+        # The group's and the trajectory's own speed (frailty.py): the tool durations
+        # with those effects taken out, and the effects.
+        self.tool_base = DurationModel("tool_base", cfg.prior_tool_s, half_life=hl)
+        self.frailty = Frailty(cfg.frailty_min_calls)
         # Beyond the paper (B.1 ignores a second pass within a horizon): trajectories now
         # queued, in prefill or decoding may call a tool and return within the window.
         self.decode = DurationModel("decode", 10.0, half_life=hl)
@@ -193,6 +198,19 @@ class History:
         # What is learnt from closed windows: the bias factors and the blend with the
         # naive predictors (terms/correction.py).
         self.correction = Correction(cfg)
+
+    def learn_tool(self, duration: float, ts: float, calls: int, logsum: float, group: int) -> tuple[int, float]:
+        """A tool call ended after ``duration`` seconds, its trajectory's ``calls``-th
+        (whose earlier ones' log durations sum to ``logsum``) in group ``group`` (-1:
+        none): the pooled model, the effects (frailty.py) and the baseline with them
+        taken out, each call scaled by the effects estimated before it (what a forecast
+        made just before it ended used). Returns the trajectory's new ``(calls, logsum)``."""
+        self.tool.observe(duration, at=ts)
+        theta = self.frailty.theta_one(calls, logsum, group)
+        self.tool_base.observe(max(duration, 0.0) * math.exp(-theta), at=ts)
+        y = self.frailty.log_duration(duration)
+        self.frailty.observe(y, calls, logsum, group)
+        return calls + 1, logsum + y
 
     @property
     def admit_rate(self) -> float:

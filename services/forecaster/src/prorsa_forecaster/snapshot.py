@@ -160,6 +160,17 @@ class Snapshot:
     ready_turn: np.ndarray = field(default_factory=_i)
     inflight_turn: np.ndarray = field(default_factory=_i)
     tool_turn: np.ndarray = field(default_factory=_i)
+    effects: bool = False
+    """Whether tool durations carry group and trajectory effects
+    (:mod:`~prorsa_forecaster.frailty`): ``tool_theta`` then holds each open call's
+    effect (log units), whose hazard is ``History.tool_base``'s on a time scale of
+    exp(theta), and ``decode_theta``, ``ready_theta`` and ``inflight_theta`` those of
+    the trajectories decoding, queued and in prefill, whose next call it shapes. False:
+    every call follows ``History.tool``."""
+    tool_theta: np.ndarray = field(default_factory=_f)
+    decode_theta: np.ndarray = field(default_factory=_f)
+    ready_theta: np.ndarray = field(default_factory=_f)
+    inflight_theta: np.ndarray = field(default_factory=_f)
     ready_rank: np.ndarray = field(default_factory=_i)
     """Optional: the attention data-parallel rank of its instance that each queued
     request was placed on (``request.queued.dp_rank``), -1 where not said; likewise
@@ -220,6 +231,7 @@ class Snapshot:
             "ready (turn)": ("ready_prompt", "ready_turn"),
             "inflight (turn)": ("inflight_prompt", "inflight_turn"),
             "tool (turn)": ("tool_elapsed", "tool_turn"),
+            "tool (frailty)": ("tool_elapsed", "tool_theta"),
             "ready (rank)": ("ready_prompt", "ready_rank"),
             "inflight (rank)": ("inflight_prompt", "inflight_rank"),
             "tool": ("tool_elapsed", "tool_context", "tool_growth", "tool_result"),
@@ -232,6 +244,11 @@ class Snapshot:
                 continue  # an optional column left empty
             if len(sizes) > 1:
                 raise ValueError(f"snapshot: the {source} arrays differ in length: {sizes}")
+        if self.effects:
+            for source, like in (("tool", "tool_elapsed"), ("decode", "decode_elapsed"), ("ready", "ready_prompt"),
+                                 ("inflight", "inflight_prompt")):
+                if len(getattr(self, f"{source}_theta")) != len(getattr(self, like)):
+                    raise ValueError(f"snapshot: {source}_theta differs in length from {like}")
         if len(self.instance_overhead) == 0:
             raise ValueError("snapshot: at least one prefill instance (or the pool) is needed")
         if not np.isfinite(self.t):

@@ -78,6 +78,12 @@ def build_snapshot(state, t: float) -> Snapshot:
     tool_x = state.context[:n][tool] + np.clip(growth, 0.0, None)
     pause = max(state.last_update_ts + h.update_pause.value - t, 0.0) if h.update_pause.n else 0.0
     ranks = h.config.use_dp_rank
+    effects = h.frailty.active
+
+    def theta(mask: np.ndarray) -> np.ndarray:
+        if not effects:
+            return np.zeros(0)
+        return h.frailty.theta(state.tool_calls[:n][mask], state.tool_logsum[:n][mask], state.group[:n][mask])
 
     return Snapshot(
         t=t,
@@ -123,6 +129,11 @@ def build_snapshot(state, t: float) -> Snapshot:
         ready_turn=state.turn[:n][ready].copy(),
         inflight_turn=state.turn[:n][inflight].copy(),
         tool_turn=state.turn[:n][tool].copy(),
+        effects=effects,
+        tool_theta=theta(tool),
+        decode_theta=theta(decode),
+        ready_theta=theta(ready),
+        inflight_theta=theta(inflight),
         ready_rank=state.rank[:n][ready].copy() if ranks else np.zeros(0, np.int64),
         inflight_rank=state.rank[:n][inflight].copy() if ranks else np.zeros(0, np.int64),
         tool_turn_table=h.tool_turn_table(),

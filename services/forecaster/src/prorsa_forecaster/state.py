@@ -33,7 +33,6 @@ from .trajstate import ABORTED, DECODE, FREE, PREFILL, QUEUED, REWARD, START, TO
 __all__ = ["ABORTED", "DECODE", "FREE", "PREFILL", "QUEUED", "REWARD", "START", "TOOL", "LiveState"]
 
 
-
 class LiveState(SamplerFold, EngineFold):
     """Incremental state of one run (all runs in a log are folded together)."""
 
@@ -76,6 +75,12 @@ class LiveState(SamplerFold, EngineFold):
         # The engine whose prefix cache holds it (-1: unknown).
         self.cache_engine = np.full(cap, -1, np.int64)
         self._req: list[str | None] = [None] * cap
+        # frailty.py: each trajectory's ended tool calls (count, sum of log durations) and
+        # its group's code (-1: none) and name.
+        self.tool_calls = np.zeros(cap, np.int64)
+        self.tool_logsum = np.zeros(cap)
+        self.group = np.full(cap, -1, np.int64)
+        self._group_key: list[object] = [None] * cap
         # Engines: code per name; roles from engine events; last prefill departure.
         self._engine_code: dict[str, int] = {}
         self._engine_names: list[str] = []
@@ -112,11 +117,12 @@ class LiveState(SamplerFold, EngineFold):
         for name, value in list(vars(self).items()):
             if isinstance(value, np.ndarray) and len(value) == cap // 2:
                 fill = {"started_at": np.nan, "engine": -1, "growth": np.nan, "result": -1.0,
-                        "cohort": -1, "rank": -1, "cause": np.nan, "cohort_cause": np.nan, "cache_ts": np.nan}.get(name, 0)
+                        "cohort": -1, "rank": -1, "group": -1, "cause": np.nan, "cohort_cause": np.nan, "cache_ts": np.nan}.get(name, 0)
                 new = np.full(cap, fill, dtype=value.dtype)
                 new[: len(value)] = value
                 setattr(self, name, new)
         self._req.extend([None] * (cap - len(self._req)))
+        self._group_key.extend([None] * (cap - len(self._group_key)))
 
     def _new(self, traj: tuple[str, str], ts: float) -> int:
         if self._free:
@@ -143,12 +149,18 @@ class LiveState(SamplerFold, EngineFold):
         self.cache_ts[i] = np.nan
         self.cache_engine[i] = -1
         self._req[i] = None
+        self.tool_calls[i] = 0
+        self.tool_logsum[i] = 0.0
+        self.group[i] = -1
+        self._group_key[i] = None
         return i
 
     def _release(self, i: int, traj: tuple[str, str], ts: float) -> None:
         if self.state[i] == DECODE:
             self.kv_now -= self.prompt[i]
         self._left_cohort(i, ts)
+        self.history.frailty.leave(traj[0], self._group_key[i], int(self.group[i]))
+        self.group[i] = -1
         self.state[i] = FREE
         del self._slot[traj]
         self._free.append(i)
@@ -190,6 +202,9 @@ class LiveState(SamplerFold, EngineFold):
         self._next_batch(ev.ts)
         i = self._new((ev.run, ev.traj), ev.ts)
         self.dprompt[i] = float(ev.prompt_tokens)
+        if ev.group is not None:
+            self.group[i] = self.history.frailty.group_code(ev.run, ev.group)
+            self._group_key[i] = ev.group
         self._launched(i, ev)
 
     def _on_sandbox_started(self, ev) -> None:
@@ -231,7 +246,8 @@ class LiveState(SamplerFold, EngineFold):
                 if not np.isnan(self.cohort_cause[i]):
                     h.cohort_launch.observe(ev.ts - self.cohort_cause[i])
         elif st == TOOL:
-            h.tool.observe(ev.ts - self.entered[i], at=ev.ts)
+            self.tool_calls[i], self.tool_logsum[i] = h.learn_tool(
+                ev.ts - self.entered[i], ev.ts, int(self.tool_calls[i]), float(self.tool_logsum[i]), int(self.group[i]))
             growth = x - self.context[i]
             h.tool_growth.observe(growth)
             if self.result[i] >= 0:

@@ -23,6 +23,8 @@ from array import array
 
 import numpy as np
 
+from .frailty import THETA_MAX, THETA_STEP
+
 # Grid: 0, then log-spaced from 1 ms to ~28 hours, 1% per bin. Durations beyond the last
 # edge are clamped to it (they still count as "longer than everything else"). An
 # observation is spread evenly over its bin, so the bin width is how sharp a duration
@@ -44,6 +46,21 @@ def bucket_of(elapsed: np.ndarray) -> np.ndarray:
         k = np.rint(np.log(np.maximum(e, 1e-300) / 1e-2) / _LOG_STEP).astype(np.int64) + 1
     k = np.clip(k, 0, len(_BUCKETS) - 1)
     return np.where(e < 5e-3, 0, np.maximum(k, 1))
+
+
+def _scaled_cells(elapsed: np.ndarray, theta: np.ndarray) -> tuple[np.ndarray, int]:
+    """Cells of (elapsed bucket on the time scale exp(-theta), theta quantised to
+    ``frailty.THETA_STEP``) for durations ``T0 exp(theta)``: ``(cell per row, levels of
+    theta)``; a cell is ``bucket * levels + level``."""
+    half = int(round(THETA_MAX / THETA_STEP))
+    q = np.clip(np.rint(np.nan_to_num(np.asarray(theta, dtype=float)) / THETA_STEP), -half, half).astype(np.int64)
+    scaled = np.asarray(elapsed, dtype=float) * np.exp(-q * THETA_STEP)
+    return bucket_of(scaled) * (2 * half + 1) + (q + half), 2 * half + 1
+
+
+def _cell_scale(cells: np.ndarray, levels: int) -> np.ndarray:
+    """exp(-theta) of each cell of :func:`_scaled_cells`."""
+    return np.exp(-(cells % levels - levels // 2) * THETA_STEP)
 
 
 # The recent cure rate is shrunk towards the whole run's by this many pseudo calls (CHOICE,
@@ -187,7 +204,10 @@ class DurationModel:
         """
         e = np.nan_to_num(np.asarray(elapsed, dtype=float), nan=0.0, posinf=_EDGES[-1])
         e = np.clip(e, 0.0, None)
-        grid = e[:, None] + np.linspace(0.0, horizon, steps + 1)[None, :]
+        # ``horizon`` may be one per row (a time scale per row: frailty.py).
+        h = np.broadcast_to(np.asarray(horizon, dtype=float), e.shape)[:, None]
+        edges = h * np.linspace(0.0, 1.0, steps + 1)[None, :]
+        grid = e[:, None] + edges
         cdf = np.interp(grid, _EDGES, self._cumulative())
         surv0 = 1.0 - cdf[:, :1]
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -195,9 +215,8 @@ class DurationModel:
         tail = surv0[:, 0] < 1e-6
         if tail.any():
             # Exponential with mean max(e, horizon): hazard-based fallback.
-            mean = np.maximum(e[tail], horizon)[:, None]
-            edges = np.linspace(0.0, horizon, steps + 1)[None, :]
-            steps_p[tail] = np.diff(1.0 - np.exp(-edges / mean), axis=1)
+            mean = np.maximum(e[tail][:, None], h[tail])
+            steps_p[tail] = np.diff(1.0 - np.exp(-edges[tail] / mean), axis=1)
         return np.clip(np.nan_to_num(steps_p, nan=0.0, posinf=0.0, neginf=0.0), 0.0, 1.0)
 
     def weighted_steps(
@@ -238,11 +257,56 @@ class DurationModel:
             out = out[:, 0, :]
         return out[0] if one else out
 
+    def scaled_weighted_steps(
+        self,
+        elapsed: np.ndarray,
+        theta: np.ndarray,
+        weights: np.ndarray,
+        horizon: float,
+        steps: int,
+        groups: np.ndarray | None = None,
+        ngroups: int = 1,
+    ) -> np.ndarray:
+        """:meth:`weighted_steps` for durations ``T = T0 exp(theta_i)`` (an accelerated
+        failure time per row, :mod:`~prorsa_forecaster.frailty`), this model being T0's:
+        row i's conditional is taken at ``e_i exp(-theta_i)`` over a horizon of
+        ``horizon exp(-theta_i)``. ``theta`` is quantised to ``THETA_STEP`` and the
+        elapsed times bucketed as in :meth:`weighted_steps`, so the cost stays O(n)."""
+        cells, nq = _scaled_cells(elapsed, theta)
+        nb = len(_BUCKETS)
+        g = 1 if groups is None else max(int(ngroups), 1)
+        idx = cells * g
+        if groups is not None:
+            idx = idx + np.clip(np.asarray(groups, dtype=np.int64), 0, g - 1)
+        w = np.asarray(weights, dtype=float)
+        one = w.ndim == 1
+        w2 = w[:, None] if one else w
+        k = w2.shape[1]
+        used, inv = np.unique(idx // g, return_inverse=True)
+        cell = inv * g + (idx % g)
+        sums = np.stack([np.bincount(cell, weights=w2[:, j], minlength=len(used) * g) for j in range(k)])
+        sums = sums.reshape(k, len(used), g)
+        if len(used) == 0:
+            out = np.zeros((k, g, steps))
+        else:
+            table = self.conditional_steps(_BUCKETS[np.minimum(used // nq, nb - 1)], horizon * _cell_scale(used, nq), steps)
+            out = np.einsum("kug,us->kgs", sums, table)
+        if groups is None:
+            out = out[:, 0, :]
+        return out[0] if one else out
+
     def bucket_table(self, elapsed: np.ndarray, horizon: float, steps: int) -> np.ndarray:
         """conditional_steps for each element via the bucket grid: ``(n, steps)``."""
         idx = bucket_of(elapsed)
         used, inv = np.unique(idx, return_inverse=True)
         return self.conditional_steps(_BUCKETS[used], horizon, steps)[inv]
+
+    def scaled_bucket_table(self, elapsed: np.ndarray, theta: np.ndarray, horizon: float, steps: int) -> np.ndarray:
+        """:meth:`bucket_table` for durations ``T0 exp(theta_i)`` (see
+        :meth:`scaled_weighted_steps`): ``(n, steps)``."""
+        cells, nq = _scaled_cells(elapsed, theta)
+        used, inv = np.unique(cells, return_inverse=True)
+        return self.conditional_steps(_BUCKETS[used // nq], horizon * _cell_scale(used, nq), steps)[inv]
 
     def conditional(self, elapsed: np.ndarray, horizon: float) -> np.ndarray:
         """Pr(T < e + horizon | T > e), vectorised over ``elapsed``."""

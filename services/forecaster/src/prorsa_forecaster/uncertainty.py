@@ -51,7 +51,10 @@ def _coin_flips(snap: Snapshot, hist: History, cfg: ForecastConfig):
     variance, one row of expected launches per sub-step)."""
     S, steps = cfg.horizon, cfg.steps
     if len(snap.tool_elapsed):
-        q = hist.tool.bucket_table(clean(snap.tool_elapsed), S, steps)
+        if snap.effects:
+            q = hist.tool_base.scaled_bucket_table(clean(snap.tool_elapsed), snap.tool_theta, S, steps)
+        else:
+            q = hist.tool.bucket_table(clean(snap.tool_elapsed), S, steps)
         result = np.nan_to_num(np.asarray(snap.tool_result, dtype=float), nan=-1.0)
         growth = np.where(result >= 0, result + hist.tool_overhead.value, clean(snap.tool_growth))
         yield q, clean(snap.tool_context) + np.clip(growth, 0.0, None), False

@@ -96,14 +96,20 @@ def rows(snap: Snapshot, x: np.ndarray, prefix=0.0, weight=None) -> np.ndarray:
     return out if weight is None else out * np.tile(np.asarray(weight, dtype=float), 2)[:, None]
 
 
-def spread(model, elapsed: np.ndarray, x: np.ndarray, prefix, snap: Snapshot, cost: np.ndarray, cfg: ForecastConfig, weight=None) -> np.ndarray:
+def spread(model, elapsed: np.ndarray, x: np.ndarray, prefix, snap: Snapshot, cost: np.ndarray, cfg: ForecastConfig, weight=None,
+           theta: np.ndarray | None = None) -> np.ndarray:
     """Expected arrivals per service class and sub-step, ``(4, N_CLASSES, steps)``, of
     requests of ``x`` prompt tokens (``prefix`` of them cached on a hit) whose waiting
     time follows ``model`` (conditioned on the elapsed time); each request counts with
-    its ``weight`` (see :func:`rows`)."""
+    its ``weight`` (see :func:`rows`). With ``theta``, request i waits ``model``'s time
+    scaled by exp(theta_i) (:meth:`DurationModel.scaled_weighted_steps`)."""
     load = rows(snap, x, prefix, weight)
     e = np.concatenate((elapsed, elapsed))
-    return model.weighted_steps(e, load, cfg.horizon, cfg.steps, service_class(load, cost), N_CLASSES)
+    cls = service_class(load, cost)
+    if theta is not None:
+        th = np.concatenate((theta, theta))
+        return model.scaled_weighted_steps(e, th, load, cfg.horizon, cfg.steps, cls, N_CLASSES)
+    return model.weighted_steps(e, load, cfg.horizon, cfg.steps, cls, N_CLASSES)
 
 
 def by_step(load: np.ndarray, cls: np.ndarray, weights: np.ndarray) -> np.ndarray:

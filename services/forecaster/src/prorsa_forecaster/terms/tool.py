@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import ForecastConfig
+from ..frailty import THETA_MAX, Scaled
 from ..guards import BIG, clean
 from ..history import History
 from ..snapshot import Snapshot
@@ -34,6 +35,10 @@ def returns(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray
     x = np.clip(clean(snap.tool_context) + np.clip(growth, 0.0, None), 0.0, BIG)
     cached = snap.column("tool_cached", "tool_elapsed")
     elapsed = clean(snap.tool_elapsed)
+    theta = _effects(snap, "tool_theta")
+    if theta is not None:
+        # The group's and the trajectory's own speed (frailty.py).
+        return spread(hist.tool_base, elapsed, x, cached, snap, cost, cfg, comes, theta=theta)
     return spread(hist.tool, elapsed, x, cached, snap, cost, cfg, comes)
 
 
@@ -62,32 +67,82 @@ def next_turn(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarr
     steps, S = cfg.steps, cfg.horizon
     out = np.zeros((4, N_CLASSES, steps))
     extra = max(hist.output.value, 0.0)
-    # The current prompt will be cached by then: it is the next request's prefix.
-    tool_k, _ = turn_kernels(hist, S, steps)
-    # A new call returns at all with the learnt share.
-    tool_k = returning * tool_k
-    # A decode that a weight update cuts short does not end in a tool call (see
-    # not_interrupted): the decode ends are weighted before the tool kernel.
-    tool_k = not_interrupted(update, cfg)[:, None] * tool_k
+    # A new call returns at all with the learnt share; a decode that a weight update cuts
+    # short does not end in a tool call (see not_interrupted): the decode ends are
+    # weighted before the tool kernel. With the group and trajectory effects
+    # (frailty.py) each level of them has its own tool kernel.
+    cut = returning * not_interrupted(update, cfg)[:, None]
+    levels = _Levels(hist, S, steps, cut)
     pooled = hist.tool_fraction
     if len(snap.decode_elapsed):
+        # The current prompt will be cached by then: it is the next request's prefix.
         p = clean(snap.decode_prompt)
         x = p + extra + clean(snap.decode_growth)
         calls = snap.tool_share("decode_turn", "decode_elapsed", pooled)
-        out += spread(hist.decode, clean(snap.decode_elapsed), x, p, snap, cost, cfg, calls) @ tool_k
+        elapsed = clean(snap.decode_elapsed)
+        theta = _effects(snap, "decode_theta")
+        for sel, tool_k in levels.split(theta, np.ones(len(elapsed), bool)):
+            out += spread(hist.decode, elapsed[sel], x[sel], p[sel], snap, cost, cfg, calls[sel]) @ tool_k
     since = np.concatenate((np.asarray(snap.ready_since, float), np.asarray(snap.inflight_since, float)))
     if len(since):
         p = np.concatenate((clean(snap.ready_prompt), clean(snap.inflight_prompt)))
         x = p + extra + np.concatenate((clean(snap.ready_growth), clean(snap.inflight_growth)))
         calls = np.concatenate((snap.tool_share("ready_turn", "ready_prompt", pooled), snap.tool_share("inflight_turn", "inflight_prompt", pooled)))
-        chain = kernel(hist.decode, S, steps) @ tool_k
+        theta = _effects(snap, "ready_theta", "inflight_theta")
+        decode_k = kernel(hist.decode, S, steps)
         pmf_in, pmf_rd = kq.finish_steps(S, steps)
         pmf = np.concatenate((pmf_rd, pmf_in))  # the order of ``since``: ready, then in flight
         some = pmf.sum(axis=1) > 0  # deep in a queue: not prefilled in the window
-        if some.any():
-            load = rows(snap, x[some], p[some], calls[some])
-            out += by_step(load, service_class(load, cost), np.concatenate((pmf[some], pmf[some]))) @ chain
+        for sel, tool_k in levels.split(theta, some):
+            load = rows(snap, x[sel], p[sel], calls[sel])
+            out += by_step(load, service_class(load, cost), np.concatenate((pmf[sel], pmf[sel]))) @ (decode_k @ tool_k)
     return clean(out)
+
+
+def _effects(snap: Snapshot, *names: str) -> np.ndarray | None:
+    """The group and trajectory effects (frailty.py) of the rows of these columns, one
+    after the other; None when the snapshot does not carry them (the pooled duration
+    model then applies)."""
+    if not snap.effects:
+        return None
+    theta = np.concatenate([np.asarray(getattr(snap, name), dtype=float) for name in names])
+    return np.clip(np.nan_to_num(theta), -THETA_MAX, THETA_MAX)
+
+
+class _Levels:
+    """The tool kernel per level of the group and trajectory effect (frailty.py): the
+    pooled duration model's where the snapshot carries no effects, else the baseline's on
+    a time scale of exp(theta), theta quantised to ``KERNEL_STEP``."""
+
+    KERNEL_STEP = 0.1
+    """Log units (CHOICE: a 10% step in time scale; a kernel is a (steps, steps) matrix,
+    and a trajectory's next call is a fresh draw whose spread, sigma_W, is ten times it)."""
+
+    def __init__(self, hist: History, horizon: float, steps: int, cut: np.ndarray) -> None:
+        self.hist, self.horizon, self.steps, self.cut = hist, horizon, steps, cut
+        self._k: dict[int, np.ndarray] = {}
+
+    def kernel(self, level: int | None) -> np.ndarray:
+        if level not in self._k:
+            if level is None:
+                model = self.hist.tool
+            else:
+                model = Scaled(self.hist.tool_base, level * self.KERNEL_STEP)
+            self._k[level] = self.cut * kernel(model, self.horizon, self.steps)
+        return self._k[level]
+
+    def split(self, theta: np.ndarray | None, among: np.ndarray):
+        """``(rows, tool kernel)`` per level of ``theta`` over the rows ``among`` (all of
+        them at the pooled model's when ``theta`` is None: no effects)."""
+        if not among.any():
+            return
+        if theta is None:
+            yield among, self.kernel(None)
+            return
+        half = int(round(THETA_MAX / self.KERNEL_STEP))
+        q = np.clip(np.rint(np.nan_to_num(theta) / self.KERNEL_STEP), -half, half).astype(np.int64)
+        for level in np.unique(q[among]):
+            yield among & (q == level), self.kernel(int(level))
 
 
 def term(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray, kq: KnownQueue, update: np.ndarray) -> np.ndarray:

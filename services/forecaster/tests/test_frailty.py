@@ -1,0 +1,220 @@
+"""Tool-duration frailty (frailty.py): the ANOVA's variances, the shrunk effects and the
+scaled hazard, on hand-computed cases; and through LiveState, the effects a log teaches."""
+
+import math
+
+import numpy as np
+import pytest
+
+from prorsa_forecaster.config import ForecastConfig
+from prorsa_forecaster.frailty import THETA_MAX, Frailty, _Anova
+from prorsa_forecaster.state import LiveState
+from prorsa_forecaster.survival import DurationModel
+from prorsa_schemas import event_from_dict
+
+
+def test_anova_variances_by_hand():
+    # Units {1, 3} and {4, 6, 8}: means 2 and 6, grand mean 22/5 = 4.4.
+    a = _Anova()
+    for unit in ((1.0, 3.0), (4.0, 6.0, 8.0)):
+        n, s = 0, 0.0
+        for y in unit:
+            a.add(y, n, s)
+            n, s = n + 1, s + y
+    # Within: ((1-2)^2 + (3-2)^2 + (4-6)^2 + 0 + (8-6)^2) / (5 - 2) = 10 / 3.
+    # Between mean square: (2 (2-4.4)^2 + 3 (6-4.4)^2) / 1 = 19.2; n0 = (5 - 13/5) / 1 = 2.4.
+    within, between = a.variances()
+    assert within == pytest.approx(10 / 3)
+    assert between == pytest.approx((19.2 - 10 / 3) / 2.4)
+    # One unit, or one observation a unit: no estimate.
+    b = _Anova()
+    b.add(1.0, 0, 0.0)
+    b.add(2.0, 1, 1.0)
+    assert b.variances()[1] == 0.0 and _Anova().variances()[1] == 0.0
+
+
+def _learn(fr: Frailty, calls: dict[tuple[int, int], list[float]]) -> dict[tuple[int, int], tuple[int, float, int]]:
+    """Feed log durations per (group, trajectory) round-robin; returns each trajectory's
+    (n, sum, group code)."""
+    codes = {g: fr.group_code("r", g) for g, _ in calls}
+    state = {k: (0, 0.0, codes[k[0]]) for k in calls}
+    longest = max(len(v) for v in calls.values())
+    for j in range(longest):
+        for k, ys in calls.items():
+            if j < len(ys):
+                n, s, g = state[k]
+                fr.observe(ys[j], n, s, g)
+                state[k] = (n + 1, s + ys[j], g)
+    return state
+
+
+def test_effects_are_the_shrunk_group_and_trajectory_means():
+    rng = np.random.default_rng(1)
+    fr = Frailty(min_calls=50)
+    # 20 groups of 4 trajectories, 10 calls each: group effect sd 0.6, trajectory 0.3, noise 1.0.
+    g_eff = rng.normal(0, 0.6, 20)
+    t_eff = rng.normal(0, 0.3, (20, 4))
+    calls = {(g, t): list(g_eff[g] + t_eff[g, t] + rng.normal(0, 1.0, 10)) for g in range(20) for t in range(4)}
+    state = _learn(fr, calls)
+    mu, k_t, k_g, spread = fr.components()
+    assert spread > 0 and fr.active
+    # The ANOVA recovers the variances to sampling error (800 calls).
+    assert 1.0 / k_t == pytest.approx(0.3 ** 2 / 1.0 ** 2, abs=0.08)  # sigma_T^2 / sigma_W^2
+    # By hand for one trajectory: its group's mean residual shrunk by n_g / (n_g + k_g),
+    # then its own mean residual less that, shrunk by n_t / (n_t + k_t).
+    n, s, code = state[(3, 1)]
+    n_g, s_g = fr.group_n[code], fr.group_sum[code]
+    g_hat = (s_g / n_g - mu) * n_g / (n_g + k_g)
+    u_hat = (s / n - mu - g_hat) * n / (n + k_t)
+    assert fr.theta_one(n, s, code) == pytest.approx(g_hat + u_hat)
+    # The effects track the true ones: correlation over the 80 trajectories.
+    est = np.array([fr.theta_one(*state[(g, t)]) for g in range(20) for t in range(4)])
+    true = np.array([g_eff[g] + t_eff[g, t] for g in range(20) for t in range(4)])
+    assert np.corrcoef(est, true)[0, 1] > 0.8
+    # A trajectory with no call yet: its group's effect alone; no group, no call: 0.
+    assert fr.theta_one(0, 0.0, code) == pytest.approx(g_hat)
+    assert fr.theta_one(0, 0.0, -1) == 0.0
+
+
+def test_durations_that_do_not_cluster_give_no_effect():
+    rng = np.random.default_rng(2)
+    fr = Frailty(min_calls=50)
+    calls = {(g, t): list(rng.normal(0, 1.0, 10)) for g in range(20) for t in range(4)}
+    state = _learn(fr, calls)
+    # Between-unit variances estimated at (or near) 0: effects near 0 for every trajectory.
+    est = np.array([fr.theta_one(*v) for v in state.values()])
+    assert np.abs(est).max() < 0.25
+    # Before min_calls nothing is estimated.
+    young = Frailty(min_calls=10_000)
+    _learn(young, {(0, 0): [5.0] * 10, (1, 0): [-5.0] * 10})
+    assert not young.active and young.theta_one(10, 50.0, 0) == 0.0
+
+
+def test_effects_are_clipped_and_groups_are_freed():
+    fr = Frailty(min_calls=4)
+    # Two groups of one trajectory each, far apart: effects clipped at THETA_MAX.
+    a, b = fr.group_code("r", "a"), fr.group_code("r", "b")
+    for j in range(10):
+        fr.observe(10.0, j, 10.0 * j, a)
+        fr.observe(-10.0 + 0.01 * j, j, sum(-10.0 + 0.01 * i for i in range(j)), b)
+    assert fr.theta_one(10, 100.0, a) == THETA_MAX
+    assert fr.theta_one(10, -99.55, b) == -THETA_MAX
+    # The last member leaving frees the code for the next group, whose sums start at 0.
+    fr.leave("r", "a", a)
+    c = fr.group_code("r", "c")
+    assert c == a and fr.group_n[c] == 0 and fr.group_sum[c] == 0.0
+    assert fr.group_code("r", None) == -1
+
+
+def test_scaled_query_is_the_query_of_scaled_durations():
+    rng = np.random.default_rng(3)
+    d = np.exp(rng.normal(1.5, 1.0, 5000))
+    base, doubled = DurationModel("b", 1.0, prior_weight=0.0), DurationModel("d", 1.0, prior_weight=0.0)
+    for x in d:
+        base.observe(x)
+        doubled.observe(2.0 * x)
+    elapsed = np.array([0.0, 1.0, 3.0, 8.0, 20.0])
+    w = np.ones(len(elapsed))
+    # theta = 0: the plain query.
+    assert base.scaled_weighted_steps(elapsed, np.zeros(5), w, 10.0, 5) == pytest.approx(
+        base.weighted_steps(elapsed, w, 10.0, 5), abs=1e-9)
+    # theta = log 2: durations twice as long, which the doubled model knows directly
+    # (to the grid: theta quantised at 0.05, elapsed bucketed at 2%).
+    got = base.scaled_weighted_steps(elapsed, np.full(5, math.log(2.0)), w, 10.0, 5)
+    want = doubled.weighted_steps(elapsed, w, 10.0, 5)
+    assert got == pytest.approx(want, abs=0.03)
+    # Rows with different theta and groups keep their sums apart.
+    grouped = base.scaled_weighted_steps(elapsed, np.array([0.0, 0.0, 0.7, 0.7, -0.7]), w, 10.0, 5,
+                                         np.array([0, 1, 0, 1, 1]), 2)
+    assert grouped.shape == (2, 5) and grouped.sum() == pytest.approx(
+        base.scaled_weighted_steps(elapsed, np.array([0.0, 0.0, 0.7, 0.7, -0.7]), w, 10.0, 5).sum())
+
+
+def _ev(kind: str, ts: float, **kw):
+    return event_from_dict({"v": 1, "id": f"{kind}-{ts}-{kw.get('traj', '')}-{kw.get('req', '')}", "type": kind, "ts": ts,
+                        "run": "r", **kw})
+
+
+def test_a_log_teaches_each_group_its_speed():
+    # 30 groups of 2 trajectories, 8 tool calls each; group k's calls take 2 s or 20 s
+    # (alternating groups), with noise. The slow groups' open calls get positive effects.
+    rng = np.random.default_rng(4)
+    st = LiveState(ForecastConfig(frailty_min_calls=50))
+    events = []
+    for g in range(30):
+        slow = g % 2 == 1
+        for k in range(2):
+            tid = f"t{g}-{k}"
+            t = 0.0
+            events.append(_ev("trajectory.dispatched", t, traj=tid, prompt_tokens=100, group=f"g{g}"))
+            for turn in range(8):
+                req = f"{tid}-{turn}"
+                events += [_ev("request.queued", t + 0.1, traj=tid, req=req, turn=turn, prompt_tokens=100 + turn),
+                           _ev("prefill.finished", t + 0.2, traj=tid, req=req),
+                           _ev("decode.finished", t + 0.3, traj=tid, req=req, output_tokens=10, finish="tool")]
+                t += 0.3 + (20.0 if slow else 2.0) * math.exp(rng.normal(0, 0.3))
+    for e in sorted(events, key=lambda e: e.ts):
+        st.apply(e)
+    fr = st.history.frailty
+    assert fr.active and fr.calls == 30 * 2 * 7
+    snap = st.snapshot(max(e.ts for e in events) + 0.01)
+    assert len(snap.tool_theta) == len(snap.tool_elapsed) == 60
+    slow = np.array([g % 2 == 1 for g in range(30) for _ in range(2)])
+    # Slots are in dispatch order: the slow groups' effects are about +log(10)/2, the
+    # fast ones' -log(10)/2 (the grand mean is halfway in log terms).
+    assert np.all(snap.tool_theta[slow] > 0.8) and np.all(snap.tool_theta[~slow] < -0.8)
+    # The baseline is the durations with the effects taken out: narrower than the pooled.
+    assert st.history.tool_base.quantile(0.9) / st.history.tool_base.quantile(0.1) < \
+        st.history.tool.quantile(0.9) / st.history.tool.quantile(0.1) / 3
+
+
+def _history_with_base(tool_s: float, base_s: float):
+    from prorsa_forecaster.history import History
+
+    from .test_core import CFG, fixed
+
+    h = History(CFG)
+    h.decode = fixed("decode", *[3.0] * 50)
+    h.tool = fixed("tool", *[tool_s] * 50)
+    h.tool_base = fixed("tool_base", *[base_s] * 50)
+    h.decode_tool, h.decode_done = 1.0, 1.0  # every response calls a tool
+    h.output.value = 200.0
+    return h
+
+
+def test_an_open_call_returns_on_its_own_time_scale():
+    from prorsa_forecaster.core import forecast
+    from prorsa_forecaster.snapshot import Snapshot
+
+    from .test_core import CFG
+
+    # Baseline calls take 4 s. Two calls open for 1 s: one of a fast group (theta =
+    # log 0.5: 2 s, back at once), one of a slow group (theta = log 4: 16 s, back after
+    # the window). Only the first comes back, with its context plus its growth. The
+    # pooled model (every call 4 s) would bring both back.
+    h = _history_with_base(4.0, 4.0)
+    base = dict(t=0.0, tool_elapsed=np.array([1.0, 1.0]), tool_context=np.array([1000.0, 2000.0]),
+                tool_growth=np.array([100.0, 100.0]), tool_result=np.array([-1.0, -1.0]))
+    with_effects = Snapshot(**base, effects=True, tool_theta=np.array([math.log(0.5), math.log(4.0)]))
+    assert forecast(with_effects, h, CFG).components["tool"] == pytest.approx(1100, rel=1e-6)
+    assert forecast(Snapshot(**base), h, CFG).components["tool"] == pytest.approx(3200, rel=1e-6)
+
+
+def test_a_decoding_trajectory_calls_its_next_tool_on_its_own_time_scale():
+    from prorsa_forecaster.core import forecast
+    from prorsa_forecaster.snapshot import Snapshot
+
+    from .test_core import CFG
+
+    # Decode ends at 3 s; the baseline tool takes 2 s, so a trajectory at theta = 0 is
+    # back at ~5 s with 1000 + 200 (answer) + 100 (growth) tokens, one at theta = log 4
+    # (8 s) after the window. Without effects the pooled 2 s brings both back.
+    h = _history_with_base(2.0, 2.0)
+    base = dict(t=0.0, decode_elapsed=np.array([0.0, 0.0]), decode_prompt=np.array([1000.0, 1000.0]),
+                decode_growth=np.array([100.0, 100.0]))
+    with_effects = Snapshot(**base, effects=True, decode_theta=np.array([0.0, math.log(4.0)]))
+    assert forecast(with_effects, h, CFG).components["tool"] == pytest.approx(1300, rel=1e-6)
+    assert forecast(Snapshot(**base), h, CFG).components["tool"] == pytest.approx(2600, rel=1e-6)
+    # A snapshot that says it carries effects carries one per row.
+    with pytest.raises(ValueError, match="decode_theta"):
+        Snapshot(**base, effects=True)
