@@ -51,29 +51,37 @@ def _learn(fr: Frailty, calls: dict[tuple[int, int], list[float]]) -> dict[tuple
 def test_effects_are_the_shrunk_group_and_trajectory_means():
     rng = np.random.default_rng(1)
     fr = Frailty(min_calls=50)
-    # 20 groups of 4 trajectories, 10 calls each: group effect sd 0.6, trajectory 0.3, noise 1.0.
-    g_eff = rng.normal(0, 0.6, 20)
-    t_eff = rng.normal(0, 0.3, (20, 4))
-    calls = {(g, t): list(g_eff[g] + t_eff[g, t] + rng.normal(0, 1.0, 10)) for g in range(20) for t in range(4)}
+    # 40 groups of 4 trajectories, 20 calls each: group effect sd 0.6, trajectory 0.3, noise 1.0.
+    g_eff = rng.normal(0, 0.6, 40)
+    t_eff = rng.normal(0, 0.3, (40, 4))
+    calls = {(g, t): list(g_eff[g] + t_eff[g, t] + rng.normal(0, 1.0, 20)) for g in range(40) for t in range(4)}
     state = _learn(fr, calls)
-    mu, k_t, k_g, spread = fr.components()
-    assert spread > 0 and fr.active
-    # The ANOVA recovers the variances to sampling error (800 calls).
-    assert 1.0 / k_t == pytest.approx(0.3 ** 2 / 1.0 ** 2, abs=0.08)  # sigma_T^2 / sigma_W^2
+    c = fr.components()
+    assert fr.active and c.var_g > 0 and c.var_t > 0
+    # The ANOVA recovers the variances of the effects drawn, to its sampling error: a
+    # trajectory's mean of 20 calls carries noise of variance 1/20 = 0.05, so the
+    # between-trajectory variance of 160 is known to about sqrt(2/159) x (0.09 + 0.05)
+    # = 0.016, the groups' of 40 to about sqrt(2/39) x (0.36 + 0.03) = 0.09.
+    assert c.var_g == pytest.approx(np.var(g_eff, ddof=1), abs=0.15)
+    assert c.var_t == pytest.approx(np.var(t_eff, ddof=1), abs=0.05)
+    assert c.var_t * c.k_t == pytest.approx(1.0, abs=0.05)  # sigma_W^2, from 3040 degrees of freedom
     # By hand for one trajectory: its group's mean residual shrunk by n_g / (n_g + k_g),
-    # then its own mean residual less that, shrunk by n_t / (n_t + k_t).
+    # then its own mean residual less that, shrunk by n_t / (n_t + k_t); the error's
+    # variance is each effect's variance times k / (n + k).
     n, s, code = state[(3, 1)]
     n_g, s_g = fr.group_n[code], fr.group_sum[code]
-    g_hat = (s_g / n_g - mu) * n_g / (n_g + k_g)
-    u_hat = (s / n - mu - g_hat) * n / (n + k_t)
-    assert fr.theta_one(n, s, code) == pytest.approx(g_hat + u_hat)
-    # The effects track the true ones: correlation over the 80 trajectories.
-    est = np.array([fr.theta_one(*state[(g, t)]) for g in range(20) for t in range(4)])
-    true = np.array([g_eff[g] + t_eff[g, t] for g in range(20) for t in range(4)])
+    g_hat = (s_g / n_g - c.mu) * n_g / (n_g + c.k_g)
+    u_hat = (s / n - c.mu - g_hat) * n / (n + c.k_t)
+    var = c.var_g * c.k_g / (n_g + c.k_g) + c.var_t * c.k_t / (n + c.k_t)
+    assert fr.effect(n, s, code) == pytest.approx((g_hat + u_hat, var))
+    # The effects track the true ones: correlation over the 160 trajectories.
+    est = np.array([fr.effect(*state[(g, t)])[0] for g in range(40) for t in range(4)])
+    true = np.array([g_eff[g] + t_eff[g, t] for g in range(40) for t in range(4)])
     assert np.corrcoef(est, true)[0, 1] > 0.8
-    # A trajectory with no call yet: its group's effect alone; no group, no call: 0.
-    assert fr.theta_one(0, 0.0, code) == pytest.approx(g_hat)
-    assert fr.theta_one(0, 0.0, -1) == 0.0
+    # A trajectory with no call yet: its group's effect alone, and the whole trajectory
+    # variance; no group, no call: 0, with both variances whole.
+    assert fr.effect(0, 0.0, code) == pytest.approx((g_hat, c.var_g * c.k_g / (n_g + c.k_g) + c.var_t))
+    assert fr.effect(0, 0.0, -1) == pytest.approx((0.0, c.var_g + c.var_t))
 
 
 def test_durations_that_do_not_cluster_give_no_effect():
@@ -82,12 +90,12 @@ def test_durations_that_do_not_cluster_give_no_effect():
     calls = {(g, t): list(rng.normal(0, 1.0, 10)) for g in range(20) for t in range(4)}
     state = _learn(fr, calls)
     # Between-unit variances estimated at (or near) 0: effects near 0 for every trajectory.
-    est = np.array([fr.theta_one(*v) for v in state.values()])
+    est = np.array([fr.effect(*v)[0] for v in state.values()])
     assert np.abs(est).max() < 0.25
     # Before min_calls nothing is estimated.
     young = Frailty(min_calls=10_000)
     _learn(young, {(0, 0): [5.0] * 10, (1, 0): [-5.0] * 10})
-    assert not young.active and young.theta_one(10, 50.0, 0) == 0.0
+    assert not young.active and young.effect(10, 50.0, 0) == (0.0, 0.0)
 
 
 def test_effects_are_clipped_and_groups_are_freed():
@@ -97,8 +105,8 @@ def test_effects_are_clipped_and_groups_are_freed():
     for j in range(10):
         fr.observe(10.0, j, 10.0 * j, a)
         fr.observe(-10.0 + 0.01 * j, j, sum(-10.0 + 0.01 * i for i in range(j)), b)
-    assert fr.theta_one(10, 100.0, a) == THETA_MAX
-    assert fr.theta_one(10, -99.55, b) == -THETA_MAX
+    assert fr.effect(10, 100.0, a)[0] == THETA_MAX
+    assert fr.effect(10, -99.55, b)[0] == -THETA_MAX
     # The last member leaving frees the code for the next group, whose sums start at 0.
     fr.leave("r", "a", a)
     c = fr.group_code("r", "c")
@@ -162,7 +170,8 @@ def test_a_log_teaches_each_group_its_speed():
     slow = np.array([g % 2 == 1 for g in range(30) for _ in range(2)])
     # Slots are in dispatch order: the slow groups' effects are about +log(10)/2, the
     # fast ones' -log(10)/2 (the grand mean is halfway in log terms).
-    assert np.all(snap.tool_theta[slow] > 0.8) and np.all(snap.tool_theta[~slow] < -0.8)
+    theta = snap.tool_theta[:, 0]
+    assert np.all(theta[slow] > 0.8) and np.all(theta[~slow] < -0.8)
     # The baseline is the durations with the effects taken out: narrower than the pooled.
     assert st.history.tool_base.quantile(0.9) / st.history.tool_base.quantile(0.1) < \
         st.history.tool.quantile(0.9) / st.history.tool.quantile(0.1) / 3
@@ -195,7 +204,7 @@ def test_an_open_call_returns_on_its_own_time_scale():
     h = _history_with_base(4.0, 4.0)
     base = dict(t=0.0, tool_elapsed=np.array([1.0, 1.0]), tool_context=np.array([1000.0, 2000.0]),
                 tool_growth=np.array([100.0, 100.0]), tool_result=np.array([-1.0, -1.0]))
-    with_effects = Snapshot(**base, effects=True, tool_theta=np.array([math.log(0.5), math.log(4.0)]))
+    with_effects = Snapshot(**base, effects=True, tool_theta=np.array([[math.log(0.5), 0.0], [math.log(4.0), 0.0]]))
     assert forecast(with_effects, h, CFG).components["tool"] == pytest.approx(1100, rel=1e-6)
     assert forecast(Snapshot(**base), h, CFG).components["tool"] == pytest.approx(3200, rel=1e-6)
 
@@ -212,9 +221,34 @@ def test_a_decoding_trajectory_calls_its_next_tool_on_its_own_time_scale():
     h = _history_with_base(2.0, 2.0)
     base = dict(t=0.0, decode_elapsed=np.array([0.0, 0.0]), decode_prompt=np.array([1000.0, 1000.0]),
                 decode_growth=np.array([100.0, 100.0]))
-    with_effects = Snapshot(**base, effects=True, decode_theta=np.array([0.0, math.log(4.0)]))
+    with_effects = Snapshot(**base, effects=True, decode_theta=np.array([[0.0, 0.0], [math.log(4.0), 0.0]]))
     assert forecast(with_effects, h, CFG).components["tool"] == pytest.approx(1300, rel=1e-6)
     assert forecast(Snapshot(**base), h, CFG).components["tool"] == pytest.approx(2600, rel=1e-6)
     # A snapshot that says it carries effects carries one per row.
     with pytest.raises(ValueError, match="decode_theta"):
         Snapshot(**base, effects=True)
+
+
+def test_an_effect_known_roughly_spreads_its_call_over_the_nodes():
+    from prorsa_forecaster.core import forecast
+    from prorsa_forecaster.frailty import nodes
+    from prorsa_forecaster.snapshot import Snapshot
+
+    from .test_core import CFG
+
+    # The 3-point Gauss-Hermite rule: nodes theta and theta +- sqrt(3 var), weights 2/3,
+    # 1/6, 1/6; a row known exactly stays one row.
+    r, th, w = nodes(np.array([0.5, 1.0]), np.array([0.0, 0.12]))
+    assert r.tolist() == [0, 1, 1, 1] and w == pytest.approx([1.0, 2 / 3, 1 / 6, 1 / 6])
+    assert th == pytest.approx([0.5, 1.0, 1.0 + 0.6, 1.0 - 0.6])
+    # A call open 1 s whose baseline takes 4 s, at theta = 0 with an error of variance
+    # (log 2)^2 / 3: the nodes put it at 4 s (2/3, back in the window), 8 s (1/6, back)
+    # and 2 s (1/6, already due: back at once): all of it comes back. With variance
+    # (log 4)^2 / 3 the slow node is 16 s, past the window: 5/6 of it comes back.
+    h = _history_with_base(4.0, 4.0)
+    base = dict(t=0.0, tool_elapsed=np.array([1.0]), tool_context=np.array([1000.0]),
+                tool_growth=np.array([200.0]), tool_result=np.array([-1.0]))
+    near = Snapshot(**base, effects=True, tool_theta=np.array([[0.0, math.log(2.0) ** 2 / 3]]))
+    far = Snapshot(**base, effects=True, tool_theta=np.array([[0.0, math.log(4.0) ** 2 / 3]]))
+    assert forecast(near, h, CFG).components["tool"] == pytest.approx(1200, rel=1e-6)
+    assert forecast(far, h, CFG).components["tool"] == pytest.approx(1000, rel=1e-6)

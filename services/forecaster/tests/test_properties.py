@@ -67,8 +67,9 @@ def snapshots(draw):
         tool_turn=turns(draw, n[3]), tool_turn_table=arr(draw, draw(st.integers(0, 25))),
         ready_rank=turns(draw, n[2]), inflight_rank=turns(draw, n[4]),
         # The group and trajectory effects (frailty.py): carried (any values) or not.
-        **({"effects": True, "tool_theta": arr(draw, n[3]), "decode_theta": arr(draw, n[5]),
-            "ready_theta": arr(draw, n[2]), "inflight_theta": arr(draw, n[4])} if draw(st.booleans()) else {}),
+        **({"effects": True, "tool_theta": arr(draw, 2 * n[3]).reshape(-1, 2),
+            "decode_theta": arr(draw, 2 * n[5]).reshape(-1, 2), "ready_theta": arr(draw, 2 * n[2]).reshape(-1, 2),
+            "inflight_theta": arr(draw, 2 * n[4]).reshape(-1, 2)} if draw(st.booleans()) else {}),
     )
 
 

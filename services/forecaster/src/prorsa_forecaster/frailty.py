@@ -38,6 +38,7 @@ over ``duration_half_life`` calls).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -50,6 +51,41 @@ THETA_MAX = 2.0
 THETA_STEP = 0.05
 # Shortest duration whose log is taken (seconds): a duration of 0 has no log.
 MIN_DURATION_S = 1e-3
+
+
+@dataclass(frozen=True, slots=True)
+class Components:
+    """The frailty's estimates: the grand mean of log durations, the variances of the
+    trajectory and group effects (0: none), and their shrinkage pseudo-counts
+    sigma_W^2 / sigma_T^2 and (within group) / sigma_G^2."""
+
+    mu: float
+    var_t: float
+    var_g: float
+    k_t: float
+    k_g: float
+
+
+# A 3-point Gauss-Hermite rule for a normal's expectation: nodes at 0 and +-sqrt(3) sd,
+# weights 2/3, 1/6, 1/6 (exact for polynomials up to degree 5).
+_GH3 = ((0.0, 2.0 / 3.0), (math.sqrt(3.0), 1.0 / 6.0), (-math.sqrt(3.0), 1.0 / 6.0))
+
+
+def nodes(theta: np.ndarray, variance: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows spread over their effect's remaining uncertainty: ``(row, theta, weight)``,
+    each row with a variance above 0 as three (a 3-point Gauss-Hermite rule for
+    N(theta, variance)), the others once with weight 1."""
+    theta = np.asarray(theta, dtype=float)
+    var = np.clip(np.nan_to_num(np.asarray(variance, dtype=float)), 0.0, None)
+    wide = np.flatnonzero(var > 1e-6)
+    n = len(theta)
+    rows = np.concatenate((np.arange(n), wide, wide))
+    sd = np.sqrt(var[wide])
+    out = np.concatenate((theta, theta[wide] + _GH3[1][0] * sd, theta[wide] + _GH3[2][0] * sd))
+    w = np.ones(n)
+    w[wide] = _GH3[0][1]
+    weight = np.concatenate((w, np.full(len(wide), _GH3[1][1]), np.full(len(wide), _GH3[2][1])))
+    return rows, np.clip(out, -THETA_MAX, THETA_MAX), weight
 
 
 class Scaled:
@@ -113,8 +149,10 @@ class Frailty:
     own calls (count and sum of log durations) live in the caller's slot arrays and are
     passed in, so that a window's effects are one vectorised expression."""
 
-    def __init__(self, min_calls: int = 200) -> None:
+    def __init__(self, min_calls: int = 200, half_life: float | None = 5000.0) -> None:
         self.min_calls = int(min_calls)
+        self._learnt_var = 0.0
+        self._keep_var = 0.5 ** (1.0 / half_life) if half_life else 1.0 - 1e-6
         self._traj = _Anova()
         self._group = _Anova()
         self._codes: dict[tuple[str, object], int] = {}
@@ -176,15 +214,14 @@ class Frailty:
     def calls(self) -> int:
         return self._traj.n
 
-    def components(self) -> tuple[float, float, float, float]:
-        """``(mu, sigma_W^2 / sigma_T^2 or inf, within-group / sigma_G^2 or inf, ...)``:
-        the grand mean and the two shrinkage pseudo-counts, plus sigma_G^2 + sigma_T^2
-        (0: no effect, the model is off)."""
+    def components(self) -> Components:
+        """The grand mean and the effects' variances and shrinkage pseudo-counts (all
+        variances 0 before ``min_calls`` calls, and where durations do not cluster)."""
         if self._cached is not None:
             return self._cached
         inf = math.inf
         if self._traj.n < self.min_calls:
-            self._cached = (0.0, inf, inf, 0.0)
+            self._cached = Components(0.0, 0.0, 0.0, inf, inf)
             return self._cached
         mu = self._traj.total / self._traj.n
         within, between = self._traj.variances()
@@ -192,33 +229,51 @@ class Frailty:
         t_between = max(between - g_between, 0.0)
         k_t = within / t_between if t_between > 0 and math.isfinite(within) else inf
         k_g = g_within / g_between if g_between > 0 and math.isfinite(g_within) else inf
-        self._cached = (mu, k_t, k_g, t_between + g_between)
+        self._cached = Components(mu, t_between if math.isfinite(k_t) else 0.0, g_between if math.isfinite(k_g) else 0.0,
+                                  k_t, k_g)
         return self._cached
 
     @property
     def active(self) -> bool:
         """Whether the durations cluster by group or trajectory (some effect is not 0)."""
-        return self.components()[3] > 0
+        c = self.components()
+        return c.var_t + c.var_g > 0
 
-    def theta(self, traj_n: np.ndarray, traj_sum: np.ndarray, group: np.ndarray) -> np.ndarray:
-        """The effects g_hat + u_hat (log units) of trajectories with ``traj_n`` finished
-        calls summing to ``traj_sum`` in groups ``group`` (-1: none), vectorised."""
-        mu, k_t, k_g, spread = self.components()
+    def effects(self, traj_n: np.ndarray, traj_sum: np.ndarray, group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(theta, variance)``, vectorised: the effects g_hat + u_hat (log units) of
+        trajectories with ``traj_n`` ended calls summing to ``traj_sum`` in groups
+        ``group`` (-1: none), and the variance of their error (a group or trajectory
+        with no call yet: its whole effect's variance; less with each call)."""
+        c = self.components()
         n_t = np.asarray(traj_n, dtype=float)
-        out = np.zeros(n_t.shape)
-        if spread <= 0:
-            return out
+        if c.var_t + c.var_g <= 0:
+            return np.zeros(n_t.shape), np.zeros(n_t.shape)
         g = np.asarray(group, dtype=np.int64)
         has = g >= 0
         n_g = np.where(has, self.group_n[np.maximum(g, 0)], 0).astype(float)
         s_g = np.where(has, self.group_sum[np.maximum(g, 0)], 0.0)
+        zero = np.zeros(n_t.shape)
         with np.errstate(invalid="ignore", divide="ignore"):
-            r_g = np.where(n_g > 0, s_g / np.maximum(n_g, 1.0) - mu, 0.0)
-            g_hat = r_g * n_g / (n_g + k_g) if math.isfinite(k_g) else np.zeros(n_t.shape)
-            r_t = np.where(n_t > 0, np.asarray(traj_sum, dtype=float) / np.maximum(n_t, 1.0) - mu - g_hat, 0.0)
-            u_hat = r_t * n_t / (n_t + k_t) if math.isfinite(k_t) else np.zeros(n_t.shape)
-        out = np.nan_to_num(g_hat + u_hat, nan=0.0, posinf=0.0, neginf=0.0)
-        return np.clip(out, -THETA_MAX, THETA_MAX)
+            r_g = np.where(n_g > 0, s_g / np.maximum(n_g, 1.0) - c.mu, 0.0)
+            g_hat = r_g * n_g / (n_g + c.k_g) if c.var_g > 0 else zero
+            r_t = np.where(n_t > 0, np.asarray(traj_sum, dtype=float) / np.maximum(n_t, 1.0) - c.mu - g_hat, 0.0)
+            u_hat = r_t * n_t / (n_t + c.k_t) if c.var_t > 0 else zero
+            var = (c.var_g * c.k_g / (n_g + c.k_g) if c.var_g > 0 else zero) + \
+                (c.var_t * c.k_t / (n_t + c.k_t) if c.var_t > 0 else zero)
+        theta = np.clip(np.nan_to_num(g_hat + u_hat, nan=0.0, posinf=0.0, neginf=0.0), -THETA_MAX, THETA_MAX)
+        return theta, np.clip(np.nan_to_num(var, nan=0.0, posinf=0.0), 0.0, THETA_MAX ** 2)
 
-    def theta_one(self, traj_n: int, traj_sum: float, group: int) -> float:
-        return float(self.theta(np.array([traj_n]), np.array([traj_sum]), np.array([group]))[0])
+    def effect(self, traj_n: int, traj_sum: float, group: int) -> tuple[float, float]:
+        """:meth:`effects` of one trajectory."""
+        theta, var = self.effects(np.array([traj_n]), np.array([traj_sum]), np.array([group]))
+        return float(theta[0]), float(var[0])
+
+    def learnt(self, variance: float) -> None:
+        """A call entered the baseline scaled by an effect whose error had this variance:
+        the baseline is that much wider than the durations' own (a running mean over the
+        baseline's memory, ``half_life`` calls)."""
+        self._learnt_var += (1.0 - self._keep_var) * (variance - self._learnt_var)
+
+    def extra(self, variance: np.ndarray) -> np.ndarray:
+        """The variance an effect's error adds beyond what the baseline learnt with."""
+        return np.clip(np.asarray(variance, dtype=float) - self._learnt_var, 0.0, None)

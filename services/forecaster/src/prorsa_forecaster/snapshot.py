@@ -162,11 +162,12 @@ class Snapshot:
     tool_turn: np.ndarray = field(default_factory=_i)
     effects: bool = False
     """Whether tool durations carry group and trajectory effects
-    (:mod:`~prorsa_forecaster.frailty`): ``tool_theta`` then holds each open call's
-    effect (log units), whose hazard is ``History.tool_base``'s on a time scale of
-    exp(theta), and ``decode_theta``, ``ready_theta`` and ``inflight_theta`` those of
-    the trajectories decoding, queued and in prefill, whose next call it shapes. False:
-    every call follows ``History.tool``."""
+    (:mod:`~prorsa_forecaster.frailty`): ``tool_theta`` then holds, per open call, its
+    estimated effect theta (log units) and the variance its error adds to the
+    baseline's, ``(n, 2)``: the call's hazard is ``History.tool_base``'s on a time
+    scale of exp(theta), averaged over that variance. ``decode_theta``, ``ready_theta``
+    and ``inflight_theta`` are those of the trajectories decoding, queued and in
+    prefill, whose next call they shape. False: every call follows ``History.tool``."""
     tool_theta: np.ndarray = field(default_factory=_f)
     decode_theta: np.ndarray = field(default_factory=_f)
     ready_theta: np.ndarray = field(default_factory=_f)

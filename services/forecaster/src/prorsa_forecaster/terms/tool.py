@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import ForecastConfig
-from ..frailty import THETA_MAX, Scaled
+from ..frailty import THETA_MAX, Scaled, nodes
 from ..guards import BIG, clean
 from ..history import History
 from ..snapshot import Snapshot
@@ -35,10 +35,12 @@ def returns(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray
     x = np.clip(clean(snap.tool_context) + np.clip(growth, 0.0, None), 0.0, BIG)
     cached = snap.column("tool_cached", "tool_elapsed")
     elapsed = clean(snap.tool_elapsed)
-    theta = _effects(snap, "tool_theta")
-    if theta is not None:
-        # The group's and the trajectory's own speed (frailty.py).
-        return spread(hist.tool_base, elapsed, x, cached, snap, cost, cfg, comes, theta=theta)
+    known = effects(snap, "tool_theta")
+    if known is not None:
+        # The group's and the trajectory's own speed (frailty.py), each call over the
+        # error of its effect's estimate.
+        r, theta, w = nodes(*known)
+        return spread(hist.tool_base, elapsed[r], x[r], cached[r], snap, cost, cfg, np.asarray(comes)[r] * w, theta=theta)
     return spread(hist.tool, elapsed, x, cached, snap, cost, cfg, comes)
 
 
@@ -80,33 +82,37 @@ def next_turn(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarr
         x = p + extra + clean(snap.decode_growth)
         calls = snap.tool_share("decode_turn", "decode_elapsed", pooled)
         elapsed = clean(snap.decode_elapsed)
-        theta = _effects(snap, "decode_theta")
-        for sel, tool_k in levels.split(theta, np.ones(len(elapsed), bool)):
-            out += spread(hist.decode, elapsed[sel], x[sel], p[sel], snap, cost, cfg, calls[sel]) @ tool_k
+        r, theta, w = levels.rows(effects(snap, "decode_theta"), len(elapsed))
+        for sel, tool_k in levels.split(theta, np.ones(len(r), bool)):
+            rs = r[sel]
+            out += spread(hist.decode, elapsed[rs], x[rs], p[rs], snap, cost, cfg, calls[rs] * w[sel]) @ tool_k
     since = np.concatenate((np.asarray(snap.ready_since, float), np.asarray(snap.inflight_since, float)))
     if len(since):
         p = np.concatenate((clean(snap.ready_prompt), clean(snap.inflight_prompt)))
         x = p + extra + np.concatenate((clean(snap.ready_growth), clean(snap.inflight_growth)))
         calls = np.concatenate((snap.tool_share("ready_turn", "ready_prompt", pooled), snap.tool_share("inflight_turn", "inflight_prompt", pooled)))
-        theta = _effects(snap, "ready_theta", "inflight_theta")
+        r, theta, w = levels.rows(effects(snap, "ready_theta", "inflight_theta"), len(since))
         decode_k = kernel(hist.decode, S, steps)
         pmf_in, pmf_rd = kq.finish_steps(S, steps)
-        pmf = np.concatenate((pmf_rd, pmf_in))  # the order of ``since``: ready, then in flight
+        pmf = np.concatenate((pmf_rd, pmf_in))[r]  # the order of ``since``: ready, then in flight
         some = pmf.sum(axis=1) > 0  # deep in a queue: not prefilled in the window
         for sel, tool_k in levels.split(theta, some):
-            load = rows(snap, x[sel], p[sel], calls[sel])
+            rs = r[sel]
+            load = rows(snap, x[rs], p[rs], calls[rs] * w[sel])
             out += by_step(load, service_class(load, cost), np.concatenate((pmf[sel], pmf[sel]))) @ (decode_k @ tool_k)
     return clean(out)
 
 
-def _effects(snap: Snapshot, *names: str) -> np.ndarray | None:
-    """The group and trajectory effects (frailty.py) of the rows of these columns, one
-    after the other; None when the snapshot does not carry them (the pooled duration
-    model then applies)."""
+def effects(snap: Snapshot, *names: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(theta, variance)``: the group and trajectory effects (frailty.py) of the rows
+    of these columns, one after the other, and the variance of their error; None when
+    the snapshot does not carry them (the pooled duration model then applies)."""
     if not snap.effects:
         return None
-    theta = np.concatenate([np.asarray(getattr(snap, name), dtype=float) for name in names])
-    return np.clip(np.nan_to_num(theta), -THETA_MAX, THETA_MAX)
+    cols = [np.asarray(getattr(snap, name), dtype=float).reshape(-1, 2) for name in names]
+    both = np.concatenate(cols) if cols else np.zeros((0, 2))
+    theta = np.clip(np.nan_to_num(both[:, 0]), -THETA_MAX, THETA_MAX)
+    return theta, np.clip(np.nan_to_num(both[:, 1], nan=0.0, posinf=0.0), 0.0, THETA_MAX ** 2)
 
 
 class _Levels:
@@ -130,6 +136,14 @@ class _Levels:
                 model = Scaled(self.hist.tool_base, level * self.KERNEL_STEP)
             self._k[level] = self.cut * kernel(model, self.horizon, self.steps)
         return self._k[level]
+
+    @staticmethod
+    def rows(effects: tuple[np.ndarray, np.ndarray] | None, n: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+        """``(row, theta, weight)``: the ``n`` rows over their effects' error
+        (:func:`~prorsa_forecaster.frailty.nodes`), or each once with no theta."""
+        if effects is None:
+            return np.arange(n), None, np.ones(n)
+        return nodes(*effects)
 
     def split(self, theta: np.ndarray | None, among: np.ndarray):
         """``(rows, tool kernel)`` per level of ``theta`` over the rows ``among`` (all of
