@@ -204,7 +204,7 @@ def test_an_open_call_returns_on_its_own_time_scale():
     h = _history_with_base(4.0, 4.0)
     base = dict(t=0.0, tool_elapsed=np.array([1.0, 1.0]), tool_context=np.array([1000.0, 2000.0]),
                 tool_growth=np.array([100.0, 100.0]), tool_result=np.array([-1.0, -1.0]))
-    with_effects = Snapshot(**base, effects=True, tool_theta=np.array([[math.log(0.5), 0.0], [math.log(4.0), 0.0]]))
+    with_effects = Snapshot(**base, effects=True, tool_theta=np.array([[math.log(0.5), 1.0], [math.log(4.0), 1.0]]))
     assert forecast(with_effects, h, CFG).components["tool"] == pytest.approx(1100, rel=1e-6)
     assert forecast(Snapshot(**base), h, CFG).components["tool"] == pytest.approx(3200, rel=1e-6)
 
@@ -221,7 +221,7 @@ def test_a_decoding_trajectory_calls_its_next_tool_on_its_own_time_scale():
     h = _history_with_base(2.0, 2.0)
     base = dict(t=0.0, decode_elapsed=np.array([0.0, 0.0]), decode_prompt=np.array([1000.0, 1000.0]),
                 decode_growth=np.array([100.0, 100.0]))
-    with_effects = Snapshot(**base, effects=True, decode_theta=np.array([[0.0, 0.0], [math.log(4.0), 0.0]]))
+    with_effects = Snapshot(**base, effects=True, decode_theta=np.array([[0.0, 1.0], [math.log(4.0), 1.0]]))
     assert forecast(with_effects, h, CFG).components["tool"] == pytest.approx(1300, rel=1e-6)
     assert forecast(Snapshot(**base), h, CFG).components["tool"] == pytest.approx(2600, rel=1e-6)
     # A snapshot that says it carries effects carries one per row.
@@ -229,26 +229,35 @@ def test_a_decoding_trajectory_calls_its_next_tool_on_its_own_time_scale():
         Snapshot(**base, effects=True)
 
 
-def test_an_effect_known_roughly_spreads_its_call_over_the_nodes():
+def test_a_call_mixes_the_baseline_and_the_pooled_distribution_by_what_is_resolved():
     from prorsa_forecaster.core import forecast
-    from prorsa_forecaster.frailty import nodes
     from prorsa_forecaster.snapshot import Snapshot
 
     from .test_core import CFG
 
-    # The 3-point Gauss-Hermite rule: nodes theta and theta +- sqrt(3 var), weights 2/3,
-    # 1/6, 1/6; a row known exactly stays one row.
-    r, th, w = nodes(np.array([0.5, 1.0]), np.array([0.0, 0.12]))
-    assert r.tolist() == [0, 1, 1, 1] and w == pytest.approx([1.0, 2 / 3, 1 / 6, 1 / 6])
-    assert th == pytest.approx([0.5, 1.0, 1.0 + 0.6, 1.0 - 0.6])
-    # A call open 1 s whose baseline takes 4 s, at theta = 0 with an error of variance
-    # (log 2)^2 / 3: the nodes put it at 4 s (2/3, back in the window), 8 s (1/6, back)
-    # and 2 s (1/6, already due: back at once): all of it comes back. With variance
-    # (log 4)^2 / 3 the slow node is 16 s, past the window: 5/6 of it comes back.
-    h = _history_with_base(4.0, 4.0)
-    base = dict(t=0.0, tool_elapsed=np.array([1.0]), tool_context=np.array([1000.0]),
-                tool_growth=np.array([200.0]), tool_result=np.array([-1.0]))
-    near = Snapshot(**base, effects=True, tool_theta=np.array([[0.0, math.log(2.0) ** 2 / 3]]))
-    far = Snapshot(**base, effects=True, tool_theta=np.array([[0.0, math.log(4.0) ** 2 / 3]]))
-    assert forecast(near, h, CFG).components["tool"] == pytest.approx(1200, rel=1e-6)
-    assert forecast(far, h, CFG).components["tool"] == pytest.approx(1000, rel=1e-6)
+    # Baseline calls take 4 s, pooled ones 2 s. A call open 1 s at theta = log 4 (16 s:
+    # not back in the window) resolved at 0.25: both kinds have survived to 1 s, so it
+    # is the pooled kind with 0.75 and comes back with that weight.
+    h = _history_with_base(2.0, 4.0)
+    base = dict(t=0.0, tool_context=np.array([1000.0]), tool_growth=np.array([200.0]), tool_result=np.array([-1.0]))
+    theta = np.array([[math.log(4.0), 0.25]])
+    young = Snapshot(**base, tool_elapsed=np.array([1.0]), effects=True, tool_theta=theta)
+    assert forecast(young, h, CFG).components["tool"] == pytest.approx(0.75 * 1200, rel=1e-6)
+    # Open 3 s, it is past every pooled call: it is the slow kind, and does not come back.
+    old = Snapshot(**base, tool_elapsed=np.array([3.0]), effects=True, tool_theta=theta)
+    assert forecast(old, h, CFG).components["tool"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_decoding_trajectory_mixes_its_next_call_by_what_is_resolved():
+    from prorsa_forecaster.core import forecast
+    from prorsa_forecaster.snapshot import Snapshot
+
+    from .test_core import CFG
+
+    # Decode ends at 3 s; the pooled tool takes 2 s (back at ~5 s), the baseline at theta
+    # = log 4 takes 16 s (after the window). Resolved at 0.3 (a step of the kernels'
+    # 0.1 grid), the next call comes back with weight 0.7: 0.7 x (1000 + 200 + 100).
+    h = _history_with_base(2.0, 4.0)
+    snap = Snapshot(t=0.0, decode_elapsed=np.array([0.0]), decode_prompt=np.array([1000.0]),
+                    decode_growth=np.array([100.0]), effects=True, decode_theta=np.array([[math.log(4.0), 0.3]]))
+    assert forecast(snap, h, CFG).components["tool"] == pytest.approx(0.7 * 1300, rel=1e-6)

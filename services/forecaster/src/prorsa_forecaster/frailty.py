@@ -66,28 +66,6 @@ class Components:
     k_g: float
 
 
-# A 3-point Gauss-Hermite rule for a normal's expectation: nodes at 0 and +-sqrt(3) sd,
-# weights 2/3, 1/6, 1/6 (exact for polynomials up to degree 5).
-_GH3 = ((0.0, 2.0 / 3.0), (math.sqrt(3.0), 1.0 / 6.0), (-math.sqrt(3.0), 1.0 / 6.0))
-
-
-def nodes(theta: np.ndarray, variance: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rows spread over their effect's remaining uncertainty: ``(row, theta, weight)``,
-    each row with a variance above 0 as three (a 3-point Gauss-Hermite rule for
-    N(theta, variance)), the others once with weight 1."""
-    theta = np.asarray(theta, dtype=float)
-    var = np.clip(np.nan_to_num(np.asarray(variance, dtype=float)), 0.0, None)
-    wide = np.flatnonzero(var > 1e-6)
-    n = len(theta)
-    rows = np.concatenate((np.arange(n), wide, wide))
-    sd = np.sqrt(var[wide])
-    out = np.concatenate((theta, theta[wide] + _GH3[1][0] * sd, theta[wide] + _GH3[2][0] * sd))
-    w = np.ones(n)
-    w[wide] = _GH3[0][1]
-    weight = np.concatenate((w, np.full(len(wide), _GH3[1][1]), np.full(len(wide), _GH3[2][1])))
-    return rows, np.clip(out, -THETA_MAX, THETA_MAX), weight
-
-
 class Scaled:
     """A duration model on a time scale of exp(theta): ``T = T0 exp(theta)``, for what
     reads a model's ``cdf`` alone (a fresh delay's kernel, terms/common.py)."""
@@ -149,10 +127,8 @@ class Frailty:
     own calls (count and sum of log durations) live in the caller's slot arrays and are
     passed in, so that a window's effects are one vectorised expression."""
 
-    def __init__(self, min_calls: int = 200, half_life: float | None = 5000.0) -> None:
+    def __init__(self, min_calls: int = 200) -> None:
         self.min_calls = int(min_calls)
-        self._learnt_var = 0.0
-        self._keep_var = 0.5 ** (1.0 / half_life) if half_life else 1.0 - 1e-6
         self._traj = _Anova()
         self._group = _Anova()
         self._codes: dict[tuple[str, object], int] = {}
@@ -268,12 +244,13 @@ class Frailty:
         theta, var = self.effects(np.array([traj_n]), np.array([traj_sum]), np.array([group]))
         return float(theta[0]), float(var[0])
 
-    def learnt(self, variance: float) -> None:
-        """A call entered the baseline scaled by an effect whose error had this variance:
-        the baseline is that much wider than the durations' own (a running mean over the
-        baseline's memory, ``half_life`` calls)."""
-        self._learnt_var += (1.0 - self._keep_var) * (variance - self._learnt_var)
-
-    def extra(self, variance: np.ndarray) -> np.ndarray:
-        """The variance an effect's error adds beyond what the baseline learnt with."""
-        return np.clip(np.asarray(variance, dtype=float) - self._learnt_var, 0.0, None)
+    def resolved(self, variance: np.ndarray) -> np.ndarray:
+        """The share of the effects' variance an estimate has resolved, 1 - (its
+        error's variance) / (sigma_G^2 + sigma_T^2): 0 for a trajectory with no call in
+        a group with none (its calls follow the pooled distribution), towards 1 as calls
+        end (they follow the baseline at its effect)."""
+        c = self.components()
+        total = c.var_t + c.var_g
+        if total <= 0:
+            return np.zeros(np.shape(variance))
+        return np.clip(1.0 - np.asarray(variance, dtype=float) / total, 0.0, 1.0)

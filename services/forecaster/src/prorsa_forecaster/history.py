@@ -139,7 +139,7 @@ class History:
         # The group's and the trajectory's own speed (frailty.py): the tool durations
         # with those effects taken out, and the effects.
         self.tool_base = DurationModel("tool_base", cfg.prior_tool_s, half_life=hl)
-        self.frailty = Frailty(cfg.frailty_min_calls, half_life=hl)
+        self.frailty = Frailty(cfg.frailty_min_calls)
         # Beyond the paper (B.1 ignores a second pass within a horizon): trajectories now
         # queued, in prefill or decoding may call a tool and return within the window.
         self.decode = DurationModel("decode", 10.0, half_life=hl)
@@ -206,9 +206,8 @@ class History:
         taken out, each call scaled by the effects estimated before it (what a forecast
         made just before it ended used). Returns the trajectory's new ``(calls, logsum)``."""
         self.tool.observe(duration, at=ts)
-        theta, var = self.frailty.effect(calls, logsum, group)
+        theta, _ = self.frailty.effect(calls, logsum, group)
         self.tool_base.observe(max(duration, 0.0) * math.exp(-theta), at=ts)
-        self.frailty.learnt(var)
         y = self.frailty.log_duration(duration)
         self.frailty.observe(y, calls, logsum, group)
         return calls + 1, logsum + y

@@ -163,9 +163,10 @@ class Snapshot:
     effects: bool = False
     """Whether tool durations carry group and trajectory effects
     (:mod:`~prorsa_forecaster.frailty`): ``tool_theta`` then holds, per open call, its
-    estimated effect theta (log units) and the variance its error adds to the
-    baseline's, ``(n, 2)``: the call's hazard is ``History.tool_base``'s on a time
-    scale of exp(theta), averaged over that variance. ``decode_theta``, ``ready_theta``
+    estimated effect theta (log units) and rho, the share of the effects' variance the
+    estimate has resolved, ``(n, 2)``: the call follows ``History.tool_base`` on a time
+    scale of exp(theta) with weight rho and ``History.tool`` (the pooled distribution)
+    with the rest (:func:`~prorsa_forecaster.frailty.mixture`). ``decode_theta``, ``ready_theta``
     and ``inflight_theta`` are those of the trajectories decoding, queued and in
     prefill, whose next call they shape. False: every call follows ``History.tool``."""
     tool_theta: np.ndarray = field(default_factory=_f)

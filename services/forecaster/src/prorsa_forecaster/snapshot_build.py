@@ -81,12 +81,12 @@ def build_snapshot(state, t: float) -> Snapshot:
     effects = h.frailty.active
 
     def theta(mask: np.ndarray) -> np.ndarray:
-        """The effects of the masked slots and the variance their error adds to the
-        baseline's, as ``(rows, 2)``."""
+        """The effects of the masked slots and the share of their variance resolved, as
+        ``(rows, 2)``."""
         if not effects:
             return np.zeros((0, 2))
         th, var = h.frailty.effects(state.tool_calls[:n][mask], state.tool_logsum[:n][mask], state.group[:n][mask])
-        return np.stack((th, h.frailty.extra(var)), axis=1)
+        return np.stack((th, h.frailty.resolved(var)), axis=1)
 
     return Snapshot(
         t=t,

@@ -25,7 +25,6 @@ import math
 import numpy as np
 
 from .config import ForecastConfig
-from .frailty import nodes
 from .guards import clean
 from .history import History
 from .snapshot import START_MODES, Snapshot
@@ -33,7 +32,7 @@ from .terms.common import kernel
 from .terms.decode_admit import AdmitDetail
 from .terms.known_queue import known_queue
 from .terms.sampler import sync_batch
-from .terms.tool import effects, turn_kernels
+from .terms.tool import effects, open_weight, turn_kernels
 from .terms.update import not_interrupted, update_steps
 
 ABS_NORMAL = math.sqrt(2.0 / math.pi)
@@ -54,10 +53,11 @@ def _coin_flips(snap: Snapshot, hist: History, cfg: ForecastConfig):
     if len(snap.tool_elapsed):
         known = effects(snap, "tool_theta")
         if known is not None:
-            # Each call over the error of its effect's estimate (frailty.nodes).
-            r, theta, w = nodes(*known)
-            q = np.zeros((len(snap.tool_elapsed), steps))
-            np.add.at(q, r, w[:, None] * hist.tool_base.scaled_bucket_table(clean(snap.tool_elapsed)[r], theta, S, steps))
+            # The mixture of the baseline at the call's effect and the pooled distribution.
+            elapsed = clean(snap.tool_elapsed)
+            w = open_weight(hist, elapsed, *known)[:, None]
+            q = (w * hist.tool_base.scaled_bucket_table(elapsed, known[0], S, steps)
+                 + (1.0 - w) * hist.tool.bucket_table(elapsed, S, steps))
         else:
             q = hist.tool.bucket_table(clean(snap.tool_elapsed), S, steps)
         result = np.nan_to_num(np.asarray(snap.tool_result, dtype=float), nan=-1.0)

@@ -96,20 +96,14 @@ def rows(snap: Snapshot, x: np.ndarray, prefix=0.0, weight=None) -> np.ndarray:
     return out if weight is None else out * np.tile(np.asarray(weight, dtype=float), 2)[:, None]
 
 
-def spread(model, elapsed: np.ndarray, x: np.ndarray, prefix, snap: Snapshot, cost: np.ndarray, cfg: ForecastConfig, weight=None,
-           theta: np.ndarray | None = None) -> np.ndarray:
+def spread(model, elapsed: np.ndarray, x: np.ndarray, prefix, snap: Snapshot, cost: np.ndarray, cfg: ForecastConfig, weight=None) -> np.ndarray:
     """Expected arrivals per service class and sub-step, ``(4, N_CLASSES, steps)``, of
     requests of ``x`` prompt tokens (``prefix`` of them cached on a hit) whose waiting
     time follows ``model`` (conditioned on the elapsed time); each request counts with
-    its ``weight`` (see :func:`rows`). With ``theta``, request i waits ``model``'s time
-    scaled by exp(theta_i) (:meth:`DurationModel.scaled_weighted_steps`)."""
+    its ``weight`` (see :func:`rows`)."""
     load = rows(snap, x, prefix, weight)
     e = np.concatenate((elapsed, elapsed))
-    cls = service_class(load, cost)
-    if theta is not None:
-        th = np.concatenate((theta, theta))
-        return model.scaled_weighted_steps(e, th, load, cfg.horizon, cfg.steps, cls, N_CLASSES)
-    return model.weighted_steps(e, load, cfg.horizon, cfg.steps, cls, N_CLASSES)
+    return model.weighted_steps(e, load, cfg.horizon, cfg.steps, service_class(load, cost), N_CLASSES)
 
 
 def by_step(load: np.ndarray, cls: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -119,6 +113,22 @@ def by_step(load: np.ndarray, cls: np.ndarray, weights: np.ndarray) -> np.ndarra
     for c in np.unique(cls):
         sel = cls == c
         out[:, c, :] = load[sel].T @ weights[sel]
+    return out
+
+
+def grouped_by_step(load: np.ndarray, group: np.ndarray, ngroups: int, weights: np.ndarray) -> np.ndarray:
+    """``(4, ngroups, steps)``: load rows summed per group (an int in 0..ngroups-1 per
+    row), each row spread over the sub-steps by its ``(rows, steps)`` weights; one
+    sorted pass (:func:`by_step` with any number of groups)."""
+    steps = weights.shape[1]
+    out = np.zeros((4, ngroups, steps))
+    if len(load) == 0:
+        return out
+    order = np.argsort(group, kind="stable")
+    g, lo, wo = np.asarray(group)[order], load[order], weights[order]
+    edges = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1], [True])))
+    for a, b in zip(edges[:-1], edges[1:]):
+        out[:, g[a], :] = lo[a:b].T @ wo[a:b]
     return out
 
 

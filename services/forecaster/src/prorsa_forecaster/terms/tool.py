@@ -14,11 +14,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import ForecastConfig
-from ..frailty import THETA_MAX, Scaled, nodes
+from ..frailty import THETA_MAX, Scaled
 from ..guards import BIG, clean
 from ..history import History
 from ..snapshot import Snapshot
-from .common import N_CLASSES, by_step, kernel, rows, service_class, spread
+from .common import N_CLASSES, by_step, grouped_by_step, kernel, rows, service_class, spread
 from .known_queue import KnownQueue
 from .update import not_interrupted
 
@@ -36,12 +36,28 @@ def returns(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray
     cached = snap.column("tool_cached", "tool_elapsed")
     elapsed = clean(snap.tool_elapsed)
     known = effects(snap, "tool_theta")
-    if known is not None:
-        # The group's and the trajectory's own speed (frailty.py), each call over the
-        # error of its effect's estimate.
-        r, theta, w = nodes(*known)
-        return spread(hist.tool_base, elapsed[r], x[r], cached[r], snap, cost, cfg, np.asarray(comes)[r] * w, theta=theta)
-    return spread(hist.tool, elapsed, x, cached, snap, cost, cfg, comes)
+    if known is None:
+        return spread(hist.tool, elapsed, x, cached, snap, cost, cfg, comes)
+    # The group's and the trajectory's own speed (frailty.py): the baseline at the call's
+    # effect with the weight rho, the pooled distribution with the rest.
+    theta, rho = known
+    w = np.tile(open_weight(hist, elapsed, theta, rho), 2)[:, None]
+    load = rows(snap, x, cached, comes)
+    cls = service_class(load, cost)
+    e, th = np.concatenate((elapsed, elapsed)), np.concatenate((theta, theta))
+    return (hist.tool_base.scaled_weighted_steps(e, th, load * w, cfg.horizon, cfg.steps, cls, N_CLASSES)
+            + hist.tool.weighted_steps(e, load * (1.0 - w), cfg.horizon, cfg.steps, cls, N_CLASSES))
+
+
+def open_weight(hist: History, elapsed: np.ndarray, theta: np.ndarray, rho: np.ndarray) -> np.ndarray:
+    """The baseline's weight in the mixture of a call open for ``elapsed``: rho, times its
+    survival to that age, over the mixture's (a call open long is likelier the slow
+    kind; where both survivals vanish, rho)."""
+    at_base = rho * (1.0 - hist.tool_base.cdf(elapsed * np.exp(-theta)))
+    at_pool = (1.0 - rho) * (1.0 - hist.tool.cdf(elapsed))
+    total = at_base + at_pool
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.clip(np.where(total > 1e-12, at_base / total, rho), 0.0, 1.0)
 
 
 def turn_kernels(hist: History, horizon: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
@@ -74,7 +90,7 @@ def next_turn(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarr
     # weighted before the tool kernel. With the group and trajectory effects
     # (frailty.py) each level of them has its own tool kernel.
     cut = returning * not_interrupted(update, cfg)[:, None]
-    levels = _Levels(hist, S, steps, cut)
+    tool_k = cut * kernel(hist.tool, S, steps)
     pooled = hist.tool_fraction
     if len(snap.decode_elapsed):
         # The current prompt will be cached by then: it is the next request's prefix.
@@ -82,81 +98,91 @@ def next_turn(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarr
         x = p + extra + clean(snap.decode_growth)
         calls = snap.tool_share("decode_turn", "decode_elapsed", pooled)
         elapsed = clean(snap.decode_elapsed)
-        r, theta, w = levels.rows(effects(snap, "decode_theta"), len(elapsed))
-        for sel, tool_k in levels.split(theta, np.ones(len(r), bool)):
-            rs = r[sel]
-            out += spread(hist.decode, elapsed[rs], x[rs], p[rs], snap, cost, cfg, calls[rs] * w[sel]) @ tool_k
+        known = effects(snap, "decode_theta")
+        if known is None:
+            out += spread(hist.decode, elapsed, x, p, snap, cost, cfg, calls) @ tool_k
+        else:
+            lv = _Levels(hist, S, steps, cut, tool_k, known)
+            load = rows(snap, x, p, calls)
+            cls = service_class(load, cost)
+            by = hist.decode.weighted_steps(np.concatenate((elapsed, elapsed)), load, S, steps,
+                                            lv.groups(cls), lv.count * N_CLASSES)
+            out += lv.apply(by, lv.kernels)
     since = np.concatenate((np.asarray(snap.ready_since, float), np.asarray(snap.inflight_since, float)))
     if len(since):
         p = np.concatenate((clean(snap.ready_prompt), clean(snap.inflight_prompt)))
         x = p + extra + np.concatenate((clean(snap.ready_growth), clean(snap.inflight_growth)))
         calls = np.concatenate((snap.tool_share("ready_turn", "ready_prompt", pooled), snap.tool_share("inflight_turn", "inflight_prompt", pooled)))
-        r, theta, w = levels.rows(effects(snap, "ready_theta", "inflight_theta"), len(since))
         decode_k = kernel(hist.decode, S, steps)
         pmf_in, pmf_rd = kq.finish_steps(S, steps)
-        pmf = np.concatenate((pmf_rd, pmf_in))[r]  # the order of ``since``: ready, then in flight
-        some = pmf.sum(axis=1) > 0  # deep in a queue: not prefilled in the window
-        for sel, tool_k in levels.split(theta, some):
-            rs = r[sel]
-            load = rows(snap, x[rs], p[rs], calls[rs] * w[sel])
-            out += by_step(load, service_class(load, cost), np.concatenate((pmf[sel], pmf[sel]))) @ (decode_k @ tool_k)
+        pmf = np.concatenate((pmf_rd, pmf_in))  # the order of ``since``: ready, then in flight
+        some = np.flatnonzero(pmf.sum(axis=1) > 0)  # deep in a queue: not prefilled in the window
+        if len(some):
+            load = rows(snap, x[some], p[some], calls[some])
+            cls = service_class(load, cost)
+            twice = np.concatenate((pmf[some], pmf[some]))
+            known = effects(snap, "ready_theta", "inflight_theta")
+            if known is None:
+                out += by_step(load, cls, twice) @ (decode_k @ tool_k)
+            else:
+                lv = _Levels(hist, S, steps, cut, tool_k, (known[0][some], known[1][some]))
+                by = grouped_by_step(load, lv.groups(cls), lv.count * N_CLASSES, twice)
+                out += lv.apply(by, decode_k[None, :, :] @ lv.kernels)
     return clean(out)
 
 
 def effects(snap: Snapshot, *names: str) -> tuple[np.ndarray, np.ndarray] | None:
-    """``(theta, variance)``: the group and trajectory effects (frailty.py) of the rows
-    of these columns, one after the other, and the variance of their error; None when
-    the snapshot does not carry them (the pooled duration model then applies)."""
+    """``(theta, rho)``: the group and trajectory effects (frailty.py) of the rows of
+    these columns, one after the other, and the share of the effects' variance each
+    estimate resolved; None when the snapshot does not carry them (the pooled duration
+    model then applies)."""
     if not snap.effects:
         return None
     cols = [np.asarray(getattr(snap, name), dtype=float).reshape(-1, 2) for name in names]
     both = np.concatenate(cols) if cols else np.zeros((0, 2))
     theta = np.clip(np.nan_to_num(both[:, 0]), -THETA_MAX, THETA_MAX)
-    return theta, np.clip(np.nan_to_num(both[:, 1], nan=0.0, posinf=0.0), 0.0, THETA_MAX ** 2)
+    return theta, np.clip(np.nan_to_num(both[:, 1], nan=0.0, posinf=0.0), 0.0, 1.0)
 
 
 class _Levels:
-    """The tool kernel per level of the group and trajectory effect (frailty.py): the
-    pooled duration model's where the snapshot carries no effects, else the baseline's on
-    a time scale of exp(theta), theta quantised to ``KERNEL_STEP``."""
+    """Rows grouped by their group and trajectory effect (frailty.py), each group with
+    its tool kernel: rho times the baseline's on a time scale of exp(theta) plus 1 - rho
+    times the pooled distribution's, theta quantised to ``KERNEL_STEP`` and rho to
+    ``RHO_STEP``."""
 
     KERNEL_STEP = 0.1
     """Log units (CHOICE: a 10% step in time scale; a kernel is a (steps, steps) matrix,
     and a trajectory's next call is a fresh draw whose spread, sigma_W, is ten times it)."""
+    RHO_STEP = 0.1
+    """The mixture's weight in steps of a tenth (CHOICE: the share resolved moves by more
+    than that from one call to the next early in a trajectory, and little later)."""
 
-    def __init__(self, hist: History, horizon: float, steps: int, cut: np.ndarray) -> None:
-        self.hist, self.horizon, self.steps, self.cut = hist, horizon, steps, cut
-        self._k: dict[int, np.ndarray] = {}
-
-    def kernel(self, level: int | None) -> np.ndarray:
-        if level not in self._k:
-            if level is None:
-                model = self.hist.tool
-            else:
-                model = Scaled(self.hist.tool_base, level * self.KERNEL_STEP)
-            self._k[level] = self.cut * kernel(model, self.horizon, self.steps)
-        return self._k[level]
-
-    @staticmethod
-    def rows(effects: tuple[np.ndarray, np.ndarray] | None, n: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
-        """``(row, theta, weight)``: the ``n`` rows over their effects' error
-        (:func:`~prorsa_forecaster.frailty.nodes`), or each once with no theta."""
-        if effects is None:
-            return np.arange(n), None, np.ones(n)
-        return nodes(*effects)
-
-    def split(self, theta: np.ndarray | None, among: np.ndarray):
-        """``(rows, tool kernel)`` per level of ``theta`` over the rows ``among`` (all of
-        them at the pooled model's when ``theta`` is None: no effects)."""
-        if not among.any():
-            return
-        if theta is None:
-            yield among, self.kernel(None)
-            return
+    def __init__(self, hist: History, horizon: float, steps: int, cut: np.ndarray, pooled: np.ndarray,
+                 known: tuple[np.ndarray, np.ndarray]) -> None:
+        theta, rho = known
         half = int(round(THETA_MAX / self.KERNEL_STEP))
-        q = np.clip(np.rint(np.nan_to_num(theta) / self.KERNEL_STEP), -half, half).astype(np.int64)
-        for level in np.unique(q[among]):
-            yield among & (q == level), self.kernel(int(level))
+        per = int(round(1 / self.RHO_STEP)) + 1
+        q = np.clip(np.rint(theta / self.KERNEL_STEP), -half, half).astype(np.int64) + half
+        r = np.rint(np.clip(rho, 0.0, 1.0) / self.RHO_STEP).astype(np.int64)
+        used, self.level = np.unique(q * per + r, return_inverse=True)
+        q_used, r_used = np.divmod(used, per)
+        scaled = {k: cut * kernel(Scaled(hist.tool_base, (k - half) * self.KERNEL_STEP), horizon, steps)
+                  for k in np.unique(q_used)}
+        self.kernels = np.stack([r * self.RHO_STEP * scaled[k] + (1.0 - r * self.RHO_STEP) * pooled
+                                 for k, r in zip(q_used, r_used)]) if len(used) else pooled[None]
+        self.count = len(self.kernels)
+
+    def groups(self, cls: np.ndarray) -> np.ndarray:
+        """The (level, service class) group of each load row (a request's two cache
+        outcomes, one after the other)."""
+        level = np.concatenate((self.level, self.level))
+        return level * N_CLASSES + cls
+
+    def apply(self, by: np.ndarray, kernels: np.ndarray) -> np.ndarray:
+        """``(4, N_CLASSES, steps)``: loads per (level, class) and sub-step, ``(4, levels x
+        N_CLASSES, steps)``, each level through its ``(steps, steps)`` kernel."""
+        by = by.reshape(by.shape[0], self.count, N_CLASSES, by.shape[-1])
+        return np.einsum("klcs,lst->kct", by, kernels)
 
 
 def term(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray, kq: KnownQueue, update: np.ndarray) -> np.ndarray:
