@@ -261,3 +261,23 @@ def test_a_decoding_trajectory_mixes_its_next_call_by_what_is_resolved():
     snap = Snapshot(t=0.0, decode_elapsed=np.array([0.0]), decode_prompt=np.array([1000.0]),
                     decode_growth=np.array([100.0]), effects=True, decode_theta=np.array([[math.log(4.0), 0.3]]))
     assert forecast(snap, h, CFG).components["tool"] == pytest.approx(0.7 * 1300, rel=1e-6)
+
+
+def test_a_queued_request_calls_its_next_tool_on_its_own_time_scale():
+    from prorsa_forecaster.core import forecast
+    from prorsa_forecaster.snapshot import Snapshot
+
+    from .test_core import CFG
+
+    # test_core's queued case: two 5500-token prompts prefilled at 5.5 s and 11 s, decode
+    # 3 s, the tool 1 s: the first is back at ~9.5 s with 5800 tokens. On the baseline at
+    # theta = 0 the same; at theta = log 4 its tool takes 4 s and it is back after the window.
+    h = _history_with_base(1.0, 1.0)
+    base = dict(t=0.0, ready_prompt=np.array([5500.0, 5500.0]), ready_since=np.array([-0.2, -0.1]),
+                ready_instance=np.zeros(2, int), ready_growth=np.array([100.0, 100.0]),
+                instance_overhead=np.array([0.0]), instance_per_token=np.array([0.001]),
+                instance_per_pair=np.array([0.0]), instance_servers=np.array([1]))
+    same = Snapshot(**base, effects=True, ready_theta=np.array([[0.0, 1.0], [0.0, 1.0]]))
+    slow = Snapshot(**base, effects=True, ready_theta=np.array([[math.log(4.0), 1.0], [0.0, 1.0]]))
+    assert forecast(same, h, CFG).components["tool"] == pytest.approx(5800, rel=1e-6)
+    assert forecast(slow, h, CFG).components["tool"] == pytest.approx(0.0, abs=1e-6)

@@ -116,22 +116,6 @@ def by_step(load: np.ndarray, cls: np.ndarray, weights: np.ndarray) -> np.ndarra
     return out
 
 
-def grouped_by_step(load: np.ndarray, group: np.ndarray, ngroups: int, weights: np.ndarray) -> np.ndarray:
-    """``(4, ngroups, steps)``: load rows summed per group (an int in 0..ngroups-1 per
-    row), each row spread over the sub-steps by its ``(rows, steps)`` weights; one
-    sorted pass (:func:`by_step` with any number of groups)."""
-    steps = weights.shape[1]
-    out = np.zeros((4, ngroups, steps))
-    if len(load) == 0:
-        return out
-    order = np.argsort(group, kind="stable")
-    g, lo, wo = np.asarray(group)[order], load[order], weights[order]
-    edges = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1], [True])))
-    for a, b in zip(edges[:-1], edges[1:]):
-        out[:, g[a], :] = lo[a:b].T @ wo[a:b]
-    return out
-
-
 def delay_pmf(model, horizon: float, steps: int) -> np.ndarray:
     """Pr(delay in sub-step l) for an event placed mid-sub-step, l = 0..steps-1."""
     h = horizon / steps

@@ -18,7 +18,7 @@ from ..frailty import THETA_MAX, Scaled
 from ..guards import BIG, clean
 from ..history import History
 from ..snapshot import Snapshot
-from .common import N_CLASSES, by_step, grouped_by_step, kernel, rows, service_class, spread
+from .common import N_CLASSES, by_step, kernel, rows, service_class, spread
 from .known_queue import KnownQueue
 from .update import not_interrupted
 
@@ -125,9 +125,11 @@ def next_turn(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarr
             if known is None:
                 out += by_step(load, cls, twice) @ (decode_k @ tool_k)
             else:
+                # Each request's prefill ends, then its decode, then its tool call on its
+                # level's kernel: pushed through per level, then summed per class.
                 lv = _Levels(hist, S, steps, cut, tool_k, (known[0][some], known[1][some]))
-                by = grouped_by_step(load, lv.groups(cls), lv.count * N_CLASSES, twice)
-                out += lv.apply(by, decode_k[None, :, :] @ lv.kernels)
+                back = lv.through(pmf[some], decode_k[None, :, :] @ lv.kernels)
+                out += by_step(load, cls, np.concatenate((back, back)))
     return clean(out)
 
 
@@ -177,6 +179,17 @@ class _Levels:
         outcomes, one after the other)."""
         level = np.concatenate((self.level, self.level))
         return level * N_CLASSES + cls
+
+    def through(self, pmf: np.ndarray, kernels: np.ndarray) -> np.ndarray:
+        """``(rows, steps)``: each row's sub-step weights through its level's kernel."""
+        out = np.empty_like(pmf)
+        order = np.argsort(self.level, kind="stable")
+        lv = self.level[order]
+        edges = np.flatnonzero(np.concatenate(([True], lv[1:] != lv[:-1], [True])))
+        for a, b in zip(edges[:-1], edges[1:]):
+            rows_ = order[a:b]
+            out[rows_] = pmf[rows_] @ kernels[lv[a]]
+        return out
 
     def apply(self, by: np.ndarray, kernels: np.ndarray) -> np.ndarray:
         """``(4, N_CLASSES, steps)``: loads per (level, class) and sub-step, ``(4, levels x
