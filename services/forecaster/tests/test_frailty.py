@@ -124,18 +124,18 @@ def test_scaled_query_is_the_query_of_scaled_durations():
     elapsed = np.array([0.0, 1.0, 3.0, 8.0, 20.0])
     w = np.ones(len(elapsed))
     # theta = 0: the plain query.
-    assert base.scaled_weighted_steps(elapsed, np.zeros(5), w, 10.0, 5) == pytest.approx(
+    assert base.weighted_steps(elapsed, w, 10.0, 5, theta=np.zeros(5)) == pytest.approx(
         base.weighted_steps(elapsed, w, 10.0, 5), abs=1e-9)
     # theta = log 2: durations twice as long, which the doubled model knows directly
     # (to the grid: theta quantised at 0.05, elapsed bucketed at 2%).
-    got = base.scaled_weighted_steps(elapsed, np.full(5, math.log(2.0)), w, 10.0, 5)
+    got = base.weighted_steps(elapsed, w, 10.0, 5, theta=np.full(5, math.log(2.0)))
     want = doubled.weighted_steps(elapsed, w, 10.0, 5)
     assert got == pytest.approx(want, abs=0.03)
     # Rows with different theta and groups keep their sums apart.
-    grouped = base.scaled_weighted_steps(elapsed, np.array([0.0, 0.0, 0.7, 0.7, -0.7]), w, 10.0, 5,
-                                         np.array([0, 1, 0, 1, 1]), 2)
+    grouped = base.weighted_steps(elapsed, w, 10.0, 5, np.array([0, 1, 0, 1, 1]), 2,
+                                  theta=np.array([0.0, 0.0, 0.7, 0.7, -0.7]))
     assert grouped.shape == (2, 5) and grouped.sum() == pytest.approx(
-        base.scaled_weighted_steps(elapsed, np.array([0.0, 0.0, 0.7, 0.7, -0.7]), w, 10.0, 5).sum())
+        base.weighted_steps(elapsed, w, 10.0, 5, theta=np.array([0.0, 0.0, 0.7, 0.7, -0.7])).sum())
 
 
 def _ev(kind: str, ts: float, **kw):

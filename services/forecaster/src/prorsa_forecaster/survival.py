@@ -48,10 +48,13 @@ def bucket_of(elapsed: np.ndarray) -> np.ndarray:
     return np.where(e < 5e-3, 0, np.maximum(k, 1))
 
 
-def _scaled_cells(elapsed: np.ndarray, theta: np.ndarray) -> tuple[np.ndarray, int]:
+def _cells(elapsed: np.ndarray, theta: np.ndarray | None) -> tuple[np.ndarray, int]:
     """Cells of (elapsed bucket on the time scale exp(-theta), theta quantised to
     ``frailty.THETA_STEP``) for durations ``T0 exp(theta)``: ``(cell per row, levels of
-    theta)``; a cell is ``bucket * levels + level``."""
+    theta)``; a cell is ``bucket * levels + level``. Without ``theta``, the buckets
+    (one level)."""
+    if theta is None:
+        return bucket_of(elapsed), 1
     half = int(round(THETA_MAX / THETA_STEP))
     q = np.clip(np.rint(np.nan_to_num(np.asarray(theta, dtype=float)) / THETA_STEP), -half, half).astype(np.int64)
     scaled = np.asarray(elapsed, dtype=float) * np.exp(-q * THETA_STEP)
@@ -59,7 +62,7 @@ def _scaled_cells(elapsed: np.ndarray, theta: np.ndarray) -> tuple[np.ndarray, i
 
 
 def _cell_scale(cells: np.ndarray, levels: int) -> np.ndarray:
-    """exp(-theta) of each cell of :func:`_scaled_cells`."""
+    """exp(-theta) of each cell of :func:`_cells`."""
     return np.exp(-(cells % levels - levels // 2) * THETA_STEP)
 
 
@@ -227,6 +230,7 @@ class DurationModel:
         steps: int,
         groups: np.ndarray | None = None,
         ngroups: int = 1,
+        theta: np.ndarray | None = None,
     ) -> np.ndarray:
         """sum_i w_i * conditional_steps(e_i) for one or more weight columns, in O(n).
 
@@ -236,44 +240,13 @@ class DurationModel:
         ``weights`` is ``(n,)`` or ``(n, k)``; the result is ``(steps,)`` or ``(k, steps)``.
         With ``groups`` (an int in 0..ngroups-1 per row) the sums are kept apart per
         group: the result is ``(k, ngroups, steps)`` (or ``(ngroups, steps)``).
-        """
-        nb = len(_BUCKETS)
-        idx = bucket_of(elapsed)
-        g = 1 if groups is None else max(int(ngroups), 1)
-        if groups is not None:
-            idx = idx * g + np.clip(np.asarray(groups, dtype=np.int64), 0, g - 1)
-        w = np.asarray(weights, dtype=float)
-        one = w.ndim == 1
-        w2 = w[:, None] if one else w
-        k = w2.shape[1]
-        sums = np.stack([np.bincount(idx, weights=w2[:, j], minlength=nb * g) for j in range(k)]).reshape(k, nb, g)
-        used = np.flatnonzero(sums.any(axis=(0, 2)))
-        if len(used) == 0:
-            out = np.zeros((k, g, steps))
-        else:
-            table = self.conditional_steps(_BUCKETS[used], horizon, steps)
-            out = np.einsum("kug,us->kgs", sums[:, used, :], table)
-        if groups is None:
-            out = out[:, 0, :]
-        return out[0] if one else out
 
-    def scaled_weighted_steps(
-        self,
-        elapsed: np.ndarray,
-        theta: np.ndarray,
-        weights: np.ndarray,
-        horizon: float,
-        steps: int,
-        groups: np.ndarray | None = None,
-        ngroups: int = 1,
-    ) -> np.ndarray:
-        """:meth:`weighted_steps` for durations ``T = T0 exp(theta_i)`` (an accelerated
-        failure time per row, :mod:`~prorsa_forecaster.frailty`), this model being T0's:
-        row i's conditional is taken at ``e_i exp(-theta_i)`` over a horizon of
-        ``horizon exp(-theta_i)``. ``theta`` is quantised to ``THETA_STEP`` and the
-        elapsed times bucketed as in :meth:`weighted_steps`, so the cost stays O(n)."""
-        cells, nq = _scaled_cells(elapsed, theta)
-        nb = len(_BUCKETS)
+        With ``theta``, row i's duration is ``T0 exp(theta_i)`` (an accelerated failure
+        time per row, :mod:`~prorsa_forecaster.frailty`), this model being T0's: its
+        conditional is taken at ``e_i exp(-theta_i)`` over ``horizon exp(-theta_i)``,
+        with theta quantised to ``THETA_STEP`` (a cell per bucket and level).
+        """
+        cells, nq = _cells(elapsed, theta)
         g = 1 if groups is None else max(int(ngroups), 1)
         idx = cells * g
         if groups is not None:
@@ -282,31 +255,28 @@ class DurationModel:
         one = w.ndim == 1
         w2 = w[:, None] if one else w
         k = w2.shape[1]
-        used, inv = np.unique(idx // g, return_inverse=True)
-        cell = inv * g + (idx % g)
-        sums = np.stack([np.bincount(cell, weights=w2[:, j], minlength=len(used) * g) for j in range(k)])
-        sums = sums.reshape(k, len(used), g)
+        ncells = len(_BUCKETS) * nq
+        sums = np.stack([np.bincount(idx, weights=w2[:, j], minlength=ncells * g) for j in range(k)]).reshape(k, ncells, g)
+        used = np.flatnonzero(sums.any(axis=(0, 2)))
         if len(used) == 0:
             out = np.zeros((k, g, steps))
         else:
-            table = self.conditional_steps(_BUCKETS[np.minimum(used // nq, nb - 1)], horizon * _cell_scale(used, nq), steps)
-            out = np.einsum("kug,us->kgs", sums, table)
+            out = np.einsum("kug,us->kgs", sums[:, used, :], self._cell_table(used, nq, horizon, steps))
         if groups is None:
             out = out[:, 0, :]
         return out[0] if one else out
 
-    def bucket_table(self, elapsed: np.ndarray, horizon: float, steps: int) -> np.ndarray:
-        """conditional_steps for each element via the bucket grid: ``(n, steps)``."""
-        idx = bucket_of(elapsed)
-        used, inv = np.unique(idx, return_inverse=True)
-        return self.conditional_steps(_BUCKETS[used], horizon, steps)[inv]
-
-    def scaled_bucket_table(self, elapsed: np.ndarray, theta: np.ndarray, horizon: float, steps: int) -> np.ndarray:
-        """:meth:`bucket_table` for durations ``T0 exp(theta_i)`` (see
-        :meth:`scaled_weighted_steps`): ``(n, steps)``."""
-        cells, nq = _scaled_cells(elapsed, theta)
+    def bucket_table(self, elapsed: np.ndarray, horizon: float, steps: int,
+                     theta: np.ndarray | None = None) -> np.ndarray:
+        """conditional_steps for each element via the bucket grid: ``(n, steps)``; with
+        ``theta``, for durations ``T0 exp(theta_i)`` as in :meth:`weighted_steps`."""
+        cells, nq = _cells(elapsed, theta)
         used, inv = np.unique(cells, return_inverse=True)
-        return self.conditional_steps(_BUCKETS[used // nq], horizon * _cell_scale(used, nq), steps)[inv]
+        return self._cell_table(used, nq, horizon, steps)[inv]
+
+    def _cell_table(self, cells: np.ndarray, levels: int, horizon: float, steps: int) -> np.ndarray:
+        """conditional_steps at each cell of :func:`_cells`: ``(len(cells), steps)``."""
+        return self.conditional_steps(_BUCKETS[cells // levels], horizon * _cell_scale(cells, levels), steps)
 
     def conditional(self, elapsed: np.ndarray, horizon: float) -> np.ndarray:
         """Pr(T < e + horizon | T > e), vectorised over ``elapsed``."""

@@ -56,7 +56,7 @@ def _coin_flips(snap: Snapshot, hist: History, cfg: ForecastConfig):
             # The mixture of the baseline at the call's effect and the pooled distribution.
             elapsed = clean(snap.tool_elapsed)
             w = open_weight(hist, elapsed, *known)[:, None]
-            q = (w * hist.tool_base.scaled_bucket_table(elapsed, known[0], S, steps)
+            q = (w * hist.tool_base.bucket_table(elapsed, S, steps, theta=known[0])
                  + (1.0 - w) * hist.tool.bucket_table(elapsed, S, steps))
         else:
             q = hist.tool.bucket_table(clean(snap.tool_elapsed), S, steps)

@@ -45,7 +45,7 @@ def returns(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray
     load = rows(snap, x, cached, comes)
     cls = service_class(load, cost)
     e, th = np.concatenate((elapsed, elapsed)), np.concatenate((theta, theta))
-    return (hist.tool_base.scaled_weighted_steps(e, th, load * w, cfg.horizon, cfg.steps, cls, N_CLASSES)
+    return (hist.tool_base.weighted_steps(e, load * w, cfg.horizon, cfg.steps, cls, N_CLASSES, theta=th)
             + hist.tool.weighted_steps(e, load * (1.0 - w), cfg.horizon, cfg.steps, cls, N_CLASSES))
 
 
