@@ -28,7 +28,10 @@ class EventRow(Base):
     type: Mapped[str] = mapped_column(String(32))
     ts: Mapped[float] = mapped_column(Float)
     raw: Mapped[bytes] = mapped_column(LargeBinary)
-    __table_args__ = (Index("ix_events_run_traj_pos", "run", "traj", "pos"), Index("ix_events_run_pos", "run", "pos"))
+    # (type, pos): the reads that select a few types out of the log (engine events, the
+    # forecast windows: console_queries.py, tools.py) use it instead of scanning the table.
+    __table_args__ = (Index("ix_events_run_traj_pos", "run", "traj", "pos"), Index("ix_events_run_pos", "run", "pos"),
+                      Index("ix_events_type_pos", "type", "pos"))
 
 
 class TrajectoryRow(Base):
