@@ -179,3 +179,47 @@ def test_the_memory_is_kept_small_without_a_query():
     off = DurationModel("tool", prior_mean=5.0)
     off.observe(10.0, at=10.0)
     assert len(off._starts) == 0
+
+
+def test_the_closed_form_interpolation_is_numpys():
+    from prorsa_forecaster import survival
+
+    rng = np.random.default_rng(0)
+    values = np.sort(rng.random(len(survival._EDGES)))
+    # Large (closed form) and small (np.interp) arrays; every edge, off the grid, NaN, inf.
+    big = np.concatenate((np.exp(rng.normal(0.0, 4.0, 20_000)), survival._EDGES,
+                          [0.0, -1.0, 5e-4, 1e9, np.inf, -np.inf, np.nan]))
+    for x in (big, big[:50]):
+        got, want = survival.interp_edges(x, values), np.interp(x, survival._EDGES, values)
+        assert np.array_equal(np.isnan(got), np.isnan(want))
+        assert np.nanmax(np.abs(got - want)) < 1e-12
+
+
+def test_compress_is_unique_with_its_inverse():
+    from prorsa_forecaster.survival import compress
+
+    cells = np.array([7, 3, 7, 0, 9, 3, 3])
+    used, inv = compress(cells, 10)
+    want_used, want_inv = np.unique(cells, return_inverse=True)
+    assert used.tolist() == want_used.tolist() == [0, 3, 7, 9]
+    assert inv.tolist() == want_inv.tolist() and (used[inv] == cells).all()
+    assert [a.tolist() for a in compress(np.zeros(0, np.int64), 5)] == [[], []]
+
+
+def test_weighted_steps_sums_apart_per_group_on_both_paths():
+    m = DurationModel("x", prior_mean=1.0, prior_weight=0.0)
+    for d in (1.0, 2.0, 3.0, 4.0, 8.0):
+        m.observe(d)
+    elapsed = np.array([0.0, 1.5, 0.0, 2.5, 1.5])
+    w = np.array([[1.0, 2.0], [3.0, 0.5], [2.0, 1.0], [1.0, 1.0], [0.0, 4.0]])
+    table = m.bucket_table(elapsed, 4.0, 4)  # (rows, steps), row by row
+    groups = np.array([0, 1, 1, 0, 5])
+    for ngroups in (6, 40):  # the dense sum over (bucket, group), and the sparse one of many groups
+        got = m.weighted_steps(elapsed, w, 4.0, 4, groups, ngroups)
+        assert got.shape == (2, ngroups, 4)
+        for g in range(ngroups):
+            rows_ = groups == g
+            assert got[:, g, :] == pytest.approx(w[rows_].T @ table[rows_], abs=1e-12)
+    # The same with a time scale per row (theta 0 everywhere: the same numbers).
+    got = m.weighted_steps(elapsed, w, 4.0, 4, groups, 6, theta=np.zeros(5))
+    assert got == pytest.approx(m.weighted_steps(elapsed, w, 4.0, 4, groups, 6), abs=1e-12)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pydantic_core import from_json
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, select
 
 from prorsa_schemas import ENGINE_TYPES, LogWriter
 from prorsa_schemas.codec import TRUNCATED, iter_raw_lines, open_log_binary
@@ -121,16 +121,19 @@ def engine_context(engine: Engine, run: str, all_engines: bool = False) -> list[
     last: dict[str, int] = {}
     with engine.connect() as conn:
         registers: set[str] = set()  # engines whose first event in the run is their registration
-        q = (select(EventRow.pos, EventRow.type, EventRow.raw)
-             .where(EventRow.run == run, EventRow.type.in_(types)).order_by(EventRow.pos))
+        # Sorted here, not by the database: ordered by pos, the planners read the run's
+        # every event through (run, pos) rather than its few engine events through (type, pos).
+        q = select(EventRow.pos, EventRow.type, EventRow.raw).where(EventRow.run == run, EventRow.type.in_(types))
         rows = [(pos, type_, bytes(raw)) for pos, type_, raw in conn.execution_options(yield_per=10_000).execute(q)]
         if all_engines:
-            lo, hi = conn.execute(select(func.min(EventRow.pos), func.max(EventRow.pos)).where(EventRow.run == run)).one()
-            if lo is not None:
+            # The run's first and last position: one probe each of (run, pos).
+            ends = [conn.execute(select(EventRow.pos).where(EventRow.run == run).order_by(o).limit(1)).scalar()
+                    for o in (EventRow.pos.asc(), EventRow.pos.desc())]
+            if ends[0] is not None:
                 q = (select(EventRow.pos, EventRow.type, EventRow.raw)
-                     .where(EventRow.pos.between(lo, hi), EventRow.type.in_(types), EventRow.run != run))
+                     .where(EventRow.pos.between(*ends), EventRow.type.in_(types), EventRow.run != run))
                 rows += [(pos, type_, bytes(raw)) for pos, type_, raw in conn.execute(q)]
-                rows.sort()
+        rows.sort()
         for pos, type_, raw in rows:
             name = from_json(raw)["engine"]
             if name not in first:

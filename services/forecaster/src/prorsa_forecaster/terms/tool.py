@@ -18,6 +18,7 @@ from ..frailty import THETA_MAX, Scaled
 from ..guards import BIG, clean
 from ..history import History
 from ..snapshot import Snapshot
+from ..survival import compress
 from .common import N_CLASSES, by_step, kernel, rows, service_class, spread
 from .known_queue import KnownQueue
 from .update import not_interrupted
@@ -166,7 +167,7 @@ class _Levels:
         per = int(round(1 / self.RHO_STEP)) + 1
         q = np.clip(np.rint(theta / self.KERNEL_STEP), -half, half).astype(np.int64) + half
         r = np.rint(np.clip(rho, 0.0, 1.0) / self.RHO_STEP).astype(np.int64)
-        used, self.level = np.unique(q * per + r, return_inverse=True)
+        used, self.level = compress(q * per + r, (2 * half + 1) * per)
         q_used, r_used = np.divmod(used, per)
         scaled = {k: cut * kernel(Scaled(hist.tool_base, (k - half) * self.KERNEL_STEP), horizon, steps)
                   for k in np.unique(q_used)}
