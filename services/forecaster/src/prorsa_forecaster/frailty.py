@@ -66,19 +66,6 @@ class Components:
     k_g: float
 
 
-class Scaled:
-    """A duration model on a time scale of exp(theta): ``T = T0 exp(theta)``, for what
-    reads a model's ``cdf`` alone (a fresh delay's kernel, terms/common.py)."""
-
-    __slots__ = ("model", "theta")
-
-    def __init__(self, model, theta: float) -> None:
-        self.model, self.theta = model, float(theta)
-
-    def cdf(self, x):
-        return self.model.cdf(np.asarray(x, dtype=float) * math.exp(-self.theta))
-
-
 class _Anova:
     """Running totals of a one-way random-effects ANOVA over units (groups or
     trajectories) whose observations arrive one at a time."""

@@ -123,6 +123,19 @@ def delay_pmf(model, horizon: float, steps: int) -> np.ndarray:
     return np.clip(np.diff(model.cdf(edges)), 0.0, 1.0)
 
 
+def scaled_kernels(model, thetas: np.ndarray, horizon: float, steps: int) -> np.ndarray:
+    """:func:`kernel` of durations ``T0 exp(theta)`` for each theta, ``model`` being T0's
+    (the group and trajectory effects, frailty.py): ``(len(thetas), steps, steps)``, the
+    delays' distribution read in one ``cdf`` call."""
+    h = horizon / steps
+    edges = np.concatenate(([0.0], (np.arange(steps) + 0.5) * h))
+    cdf = model.cdf(edges[None, :] * np.exp(-np.asarray(thetas, dtype=float))[:, None])
+    pmf = np.clip(np.diff(cdf, axis=1), 0.0, 1.0)
+    k = np.arange(steps)
+    lag = k[None, :] - k[:, None]
+    return np.where(lag >= 0, pmf[:, np.clip(lag, 0, steps - 1)], 0.0)
+
+
 def kernel(model, horizon: float, steps: int) -> np.ndarray:
     """(steps, steps) matrix: mass placed in sub-step k lands in sub-step j after a fresh
     delay drawn from ``model`` (upper triangular; what falls past the window is lost)."""

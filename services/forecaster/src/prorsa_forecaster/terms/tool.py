@@ -14,12 +14,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import ForecastConfig
-from ..frailty import THETA_MAX, Scaled
+from ..frailty import THETA_MAX
 from ..guards import BIG, clean
 from ..history import History
 from ..snapshot import Snapshot
 from ..survival import compress
-from .common import N_CLASSES, by_step, kernel, rows, service_class, spread
+from .common import N_CLASSES, by_step, kernel, rows, scaled_kernels, service_class, spread
 from .known_queue import KnownQueue
 from .update import not_interrupted
 
@@ -121,10 +121,9 @@ def next_turn(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarr
         if len(some):
             load = rows(snap, x[some], p[some], calls[some])
             cls = service_class(load, cost)
-            twice = np.concatenate((pmf[some], pmf[some]))
             known = effects(snap, "ready_theta", "inflight_theta")
             if known is None:
-                out += by_step(load, cls, twice) @ (decode_k @ tool_k)
+                out += by_step(load, cls, np.concatenate((pmf[some], pmf[some]))) @ (decode_k @ tool_k)
             else:
                 # Each request's prefill ends, then its decode, then its tool call on its
                 # level's kernel: pushed through per level, then summed per class.
@@ -169,10 +168,13 @@ class _Levels:
         r = np.rint(np.clip(rho, 0.0, 1.0) / self.RHO_STEP).astype(np.int64)
         used, self.level = compress(q * per + r, (2 * half + 1) * per)
         q_used, r_used = np.divmod(used, per)
-        scaled = {k: cut * kernel(Scaled(hist.tool_base, (k - half) * self.KERNEL_STEP), horizon, steps)
-                  for k in np.unique(q_used)}
-        self.kernels = np.stack([r * self.RHO_STEP * scaled[k] + (1.0 - r * self.RHO_STEP) * pooled
-                                 for k, r in zip(q_used, r_used)]) if len(used) else pooled[None]
+        if len(used):
+            ks, at = np.unique(q_used, return_inverse=True)
+            scaled = cut * scaled_kernels(hist.tool_base, (ks - half) * self.KERNEL_STEP, horizon, steps)
+            share = (r_used * self.RHO_STEP)[:, None, None]
+            self.kernels = share * scaled[at] + (1.0 - share) * pooled[None]
+        else:
+            self.kernels = pooled[None]
         self.count = len(self.kernels)
 
     def groups(self, cls: np.ndarray) -> np.ndarray:
@@ -184,7 +186,7 @@ class _Levels:
     def through(self, pmf: np.ndarray, kernels: np.ndarray) -> np.ndarray:
         """``(rows, steps)``: each row's sub-step weights through its level's kernel."""
         out = np.empty_like(pmf)
-        order = np.argsort(self.level, kind="stable")
+        order = np.argsort(self.level.astype(np.int16), kind="stable")  # at most 451 levels: a radix sort
         lv = self.level[order]
         edges = np.flatnonzero(np.concatenate(([True], lv[1:] != lv[:-1], [True])))
         for a, b in zip(edges[:-1], edges[1:]):
