@@ -194,7 +194,7 @@ def test_a_closed_window_teaches_each_correction_its_own_part():
         components={"sampler": 0.0, "sandbox": 100.0, "tool": 1000.0, "reprefill": 0.0},
         raw_alpha=(1.0, 0.5), raw_decode=500.0, raw_decode_known=200.0,
         admit_detail=SimpleNamespace(alpha=(1.0, 0.5)),
-        model_prefill=1600.0, model_decode=800.0, new_model=0.0,
+        model_prefill=1600.0, model_decode=800.0, new_model=0.0, around_update=False,
     )
     for _ in range(2):  # a factor needs two windows
         corr.learn(f, prefill=2000.0, decode=900.0, decode_known=300.0,
@@ -251,3 +251,23 @@ def test_errors_far_above_a_tiny_average_window_keep_the_weights_defined():
         w = b.weights()
     assert np.all(np.isfinite(w)) and math.isclose(w.sum(), 1.0)
     assert w[0] >= w[1]  # the smaller error keeps at least the larger weight
+
+
+def test_windows_near_a_weight_update_learn_their_own_blend():
+    from prorsa_forecaster.terms.correction import SeriesBlend
+
+    sb = SeriesBlend()
+    # A steady series that the naive predictors copy, and a lifecycle forecast 20% off
+    # (its scaled copy, 0.83 of it, is right).
+    for _ in range(30):
+        sb.close(lifecycle=1200.0, actual=1000.0)
+    steady = sb.blend.named()
+    assert steady["lifecycle"] < 0.01 and sb.around_update.windows == 0
+    # Nothing learnt yet near an update: the lifecycle forecast alone, which knows of it.
+    assert sb.combine(lifecycle=300.0, around=True) == pytest.approx(300.0)
+    assert sb.combine(lifecycle=300.0) > 600.0  # the steady blend leans on the naive ones
+    # The update's windows: the level drops to 300, the lifecycle forecast says so and
+    # last value does not. They teach the window's blend, not the steady one's.
+    sb.close(lifecycle=300.0, actual=300.0, around=True)
+    assert sb.around_update.windows == 1 and sb.blend.named() == steady
+    assert sb.around_update.named()["lifecycle"] > 0.5

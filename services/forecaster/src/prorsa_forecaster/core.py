@@ -20,6 +20,7 @@ the decode admissions know when the requests come and how long their prefill tak
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,6 +33,7 @@ from .history import History
 from .snapshot import Snapshot
 from .terms import inflight, ready, sampler, sandbox, tool, update
 from .terms.common import class_sums, pooled_cost, rows, service_class
+from .terms.correction import UPDATE_WINDOWS
 from .terms.decode_admit import AdmitDetail, PendingUpdate, decode_admissions_split
 from .terms.known_queue import known_queue
 
@@ -81,6 +83,9 @@ class Forecast:
     """The blend's weights per series (``prefill``, ``decode``: the lifecycle forecast, the
     same scaled, and each naive predictor; ``new``: the sampler term and the naive
     predictors of new trajectories' arrivals)."""
+    around_update: bool = False
+    """A weight update may land in the window or landed less than
+    ``correction.UPDATE_WINDOWS`` windows before it: the blends of such windows apply."""
 
     def contract_components(self) -> ForecastComponents:
         """``forecast.window``'s ``components`` for this forecast. The contract has no field
@@ -131,9 +136,12 @@ def forecast(snap: Snapshot, hist: History, cfg: ForecastConfig | None = None) -
         admit = known_admit + corrected
         decode_model = admit * corr.decode.factor
 
-        # What is published: each series' lifecycle forecast blended with its naive ones.
-        prefill = corr.prefill_blend.combine(model, known)
-        decode = corr.decode_blend.combine(decode_model)
+        # What is published: each series' lifecycle forecast blended with its naive ones,
+        # by the weights learnt on windows like this one (near a weight update or not).
+        since = snap.since_update
+        around = bool(landing.sum() > 0 or (math.isfinite(since) and 0 <= since < UPDATE_WINDOWS * cfg.horizon))
+        prefill = corr.prefill_blend.combine(model, known, around)
+        decode = corr.decode_blend.combine(decode_model, around=around)
     predicted = sum(comps[k] for k in PREDICTED)
     return Forecast(
         t=snap.t, horizon=cfg.horizon,
@@ -146,8 +154,9 @@ def forecast(snap: Snapshot, hist: History, cfg: ForecastConfig | None = None) -
         admit_detail=AdmitDetail(tuple(float(a) for a in alpha), detail.known_var, detail.arrival_tokens),
         model_prefill=_ok(model), model_decode=_ok(decode_model),
         new_model=_ok(fs["sampler"] * comps["sampler"]), new_series=_ok(level),
-        weights={"prefill": corr.prefill_blend.blend.named(), "decode": corr.decode_blend.blend.named(),
+        weights={"prefill": corr.prefill_blend.pick(around).named(), "decode": corr.decode_blend.pick(around).named(),
                  "new": corr.new.blend.named()},
+        around_update=around,
     )
 
 

@@ -131,6 +131,8 @@ class Snapshot:
     update_elapsed: float = float("nan")
     """Seconds since the pending weight update was triggered (one batch of admitted
     samples since the last update, async only); NaN when none is pending."""
+    since_update: float = float("nan")
+    """Seconds since the last weight update landed (``policy.updated``); NaN before any."""
     decode_live: int = 0
     instance_overhead: np.ndarray = field(default_factory=lambda: np.array([0.0165]))
     instance_per_token: np.ndarray = field(default_factory=lambda: np.array([1.86e-5]))

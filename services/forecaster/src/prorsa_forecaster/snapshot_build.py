@@ -144,4 +144,5 @@ def build_snapshot(state, t: float) -> Snapshot:
         cache_cold=h.cache_cold.value,
         live=state.live,
         update_elapsed=t - state.update_trigger if state.update_trigger is not None else float("nan"),
+        since_update=t - state.last_update_ts if np.isfinite(state.last_update_ts) else float("nan"),
     )

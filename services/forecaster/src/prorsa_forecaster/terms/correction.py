@@ -250,31 +250,50 @@ class WapeScale:
         return float(np.sqrt(self.EDGES[i - 1] * self.EDGES[i]))
 
 
+UPDATE_WINDOWS = 2
+"""Windows after a weight update (besides the one a pending update may land in) whose
+blend is learnt apart (:class:`SeriesBlend`). CHOICE: on the simulator's async general
+logs the forecast's error by window after an update (benchmarks/forecast_diagnostics.py)
+is largest in the window the update lands in and the two after it, and there the naive
+predictors carry the level from before the pause."""
+
+
 class SeriesBlend:
     """One series: the lifecycle forecast, the same with its predicted part (what is not
     known at t: the backlog is) times its :class:`WapeScale`, and the naive predictors of
-    the series."""
+    the series.
+
+    Two blends of them: one for the windows a weight update may land in or has just
+    landed in (``around``: the engines pause, caches flush, decodes are aborted and
+    re-queued, a sync run's next batch comes; the lifecycle forecast knows, the naive
+    predictors carry the level from before), one for the rest. Each learns its weights
+    from its own windows; the naive predictors see every window."""
 
     def __init__(self) -> None:
         self.naive = make_baselines()
         self.scale = WapeScale()
         self.blend = Blend((LIFECYCLE, SCALED, *NAIVE))
+        self.around_update = Blend((LIFECYCLE, SCALED, *NAIVE))
+
+    def pick(self, around: bool) -> Blend:
+        """The blend of a window near a weight update (``around``) or of the others."""
+        return self.around_update if around else self.blend
 
     def forecasts(self, lifecycle: float, known: float = 0.0) -> list[float]:
         f = float(clean(lifecycle))
         k = min(float(clean(known)), f)
         return [f, k + (f - k) * self.scale.factor, *(b.predict() for b in self.naive)]
 
-    def combine(self, lifecycle: float, known: float = 0.0) -> float:
+    def combine(self, lifecycle: float, known: float = 0.0, around: bool = False) -> float:
         """The published forecast: the weighted average of every predictor's."""
-        return float(self.blend.weights() @ clean(self.forecasts(lifecycle, known)))
+        return float(self.pick(around).weights() @ clean(self.forecasts(lifecycle, known)))
 
-    def close(self, lifecycle: float, actual: float, known: float = 0.0) -> None:
+    def close(self, lifecycle: float, actual: float, known: float = 0.0, around: bool = False) -> None:
         """A window closed: score every predictor on it, then let each learn from it."""
         a = _actual(actual)
         if a is None:
             return
-        self.blend.update(self.forecasts(lifecycle, known), a)
+        self.pick(around).update(self.forecasts(lifecycle, known), a)
         k = min(float(clean(known)), float(clean(lifecycle)))
         self.scale.update(float(clean(lifecycle)) - k, max(a - k, 0.0))
         for b in self.naive:
@@ -359,6 +378,7 @@ class Correction:
                 ex_post = f.raw_decode_known + sum(a * x for a, x in zip(alpha, arrivals_by_step, strict=True))
         self.decode.update(ex_post, decode)
         # Each predictor scored on the window, then the naive ones see it.
-        self.prefill_blend.close(f.model_prefill, prefill, f.components.get("ready", 0.0) + f.components.get("inflight", 0.0))
-        self.decode_blend.close(f.model_decode, decode)
+        known = f.components.get("ready", 0.0) + f.components.get("inflight", 0.0)
+        self.prefill_blend.close(f.model_prefill, prefill, known, f.around_update)
+        self.decode_blend.close(f.model_decode, decode, around=f.around_update)
         self.new.close(f.new_model, sources.get("sampler", 0.0) + sources.get("other", 0.0))
