@@ -168,7 +168,7 @@ class Snapshot:
     estimated effect theta (log units) and rho, the share of the effects' variance the
     estimate has resolved, ``(n, 2)``: the call follows ``History.tool_base`` on a time
     scale of exp(theta) with weight rho and ``History.tool`` (the pooled distribution)
-    with the rest (:func:`~prorsa_forecaster.frailty.mixture`). ``decode_theta``, ``ready_theta``
+    with the rest (``terms/tool.py``: :func:`open_weight` for an open call, ``_Levels`` for a next call). ``decode_theta``, ``ready_theta``
     and ``inflight_theta`` are those of the trajectories decoding, queued and in
     prefill, whose next call they shape. False: every call follows ``History.tool``."""
     tool_theta: np.ndarray = field(default_factory=_f)

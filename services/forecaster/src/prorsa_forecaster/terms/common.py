@@ -116,30 +116,31 @@ def by_step(load: np.ndarray, cls: np.ndarray, weights: np.ndarray) -> np.ndarra
     return out
 
 
-def delay_pmf(model, horizon: float, steps: int) -> np.ndarray:
-    """Pr(delay in sub-step l) for an event placed mid-sub-step, l = 0..steps-1."""
+def delay_pmf(model, horizon: float, steps: int, thetas: np.ndarray | None = None) -> np.ndarray:
+    """Pr(delay in sub-step l) for an event placed mid-sub-step, l = 0..steps-1. With
+    ``thetas``, one row per theta for delays ``T0 exp(theta)``, ``model`` being T0's (the
+    group and trajectory effects, frailty.py), read in one ``cdf`` call."""
     h = horizon / steps
     edges = np.concatenate(([0.0], (np.arange(steps) + 0.5) * h))
-    return np.clip(np.diff(model.cdf(edges)), 0.0, 1.0)
+    if thetas is not None:
+        edges = edges[None, :] * np.exp(-np.asarray(thetas, dtype=float))[:, None]
+    return np.clip(np.diff(model.cdf(edges), axis=-1), 0.0, 1.0)
 
 
-def scaled_kernels(model, thetas: np.ndarray, horizon: float, steps: int) -> np.ndarray:
-    """:func:`kernel` of durations ``T0 exp(theta)`` for each theta, ``model`` being T0's
-    (the group and trajectory effects, frailty.py): ``(len(thetas), steps, steps)``, the
-    delays' distribution read in one ``cdf`` call."""
-    h = horizon / steps
-    edges = np.concatenate(([0.0], (np.arange(steps) + 0.5) * h))
-    cdf = model.cdf(edges[None, :] * np.exp(-np.asarray(thetas, dtype=float))[:, None])
-    pmf = np.clip(np.diff(cdf, axis=1), 0.0, 1.0)
+def _lagged(pmf: np.ndarray) -> np.ndarray:
+    """``(..., steps, steps)``: mass in sub-step k lands in sub-step j with ``pmf[..., j - k]``."""
+    steps = pmf.shape[-1]
     k = np.arange(steps)
     lag = k[None, :] - k[:, None]
-    return np.where(lag >= 0, pmf[:, np.clip(lag, 0, steps - 1)], 0.0)
+    return np.where(lag >= 0, pmf[..., np.clip(lag, 0, steps - 1)], 0.0)
 
 
 def kernel(model, horizon: float, steps: int) -> np.ndarray:
     """(steps, steps) matrix: mass placed in sub-step k lands in sub-step j after a fresh
     delay drawn from ``model`` (upper triangular; what falls past the window is lost)."""
-    pmf = delay_pmf(model, horizon, steps)
-    k = np.arange(steps)
-    lag = k[None, :] - k[:, None]
-    return np.where(lag >= 0, pmf[np.clip(lag, 0, steps - 1)], 0.0)
+    return _lagged(delay_pmf(model, horizon, steps))
+
+
+def scaled_kernels(model, thetas: np.ndarray, horizon: float, steps: int) -> np.ndarray:
+    """:func:`kernel` of delays ``T0 exp(theta)`` for each theta: ``(len(thetas), steps, steps)``."""
+    return _lagged(delay_pmf(model, horizon, steps, thetas))
