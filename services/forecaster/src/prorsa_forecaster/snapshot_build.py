@@ -104,7 +104,7 @@ def build_snapshot(state, t: float) -> Snapshot:
         tool_growth=growth,
         tool_result=state.result[:n][tool].copy(),
         inflight_prompt=state.prompt[:n][inflight].copy(),
-        inflight_started=state.started_at[:n][inflight].copy(),
+        inflight_started=state.in_flight_begins(inflight),
         inflight_instance=inst(inflight),
         inflight_since=state.queued_at[:n][inflight].copy(),
         ready_growth=all_growth[ready],

@@ -26,7 +26,7 @@ from .config import ForecastConfig
 from .history import History
 from .snapshot import START_COLD, START_DISPATCHED, START_PREWARM, START_READY, RunInfo, Snapshot
 from .snapshot_build import build_snapshot
-from .state_engines import EngineFold
+from .state_engines import EngineFold, RankDepartures
 from .state_sampler import SamplerFold
 from .trajstate import ABORTED, DECODE, FREE, PREFILL, QUEUED, REWARD, START, TOOL
 
@@ -86,7 +86,7 @@ class LiveState(SamplerFold, EngineFold):
         self._engine_names: list[str] = []
         self._role: dict[str, str] = {}
         self._departures: dict[str | None, deque[float]] = {}
-        self._rank_departures: dict[tuple[str | None, int], float] = {}  # last per (engine, dp rank)
+        self._rank_departures = RankDepartures()
         self._servers: dict[str, int] = {}  # data-parallel prefill queues per engine
         self._decode_kv: dict[str, int] = {}
         self.kv_now = 0.0

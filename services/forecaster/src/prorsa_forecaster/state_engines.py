@@ -21,6 +21,44 @@ from prorsa_schemas.registry import EngineRegistry
 DEPARTURES_KEPT = 256  # prefill departures kept per engine (and for the pool); more when it has more queues
 
 
+class RankDepartures:
+    """The last prefill departure on each (engine code, attention data-parallel rank),
+    as one array so that a snapshot reads every in-flight request's in one lookup."""
+
+    __slots__ = ("_ts",)
+
+    def __init__(self) -> None:
+        self._ts = np.full((0, 0), -np.inf)
+
+    def get(self, code: int, rank: int) -> float:
+        """When the last request left the rank (-inf: none since it registered)."""
+        if 0 <= code < self._ts.shape[0] and 0 <= rank < self._ts.shape[1]:
+            return float(self._ts[code, rank])
+        return -np.inf
+
+    def set(self, code: int, rank: int, ts: float) -> None:
+        if code < 0 or rank < 0:
+            return
+        rows, cols = self._ts.shape
+        if code >= rows or rank >= cols:
+            grown = np.full((max(rows, code + 1), max(cols, rank + 1)), -np.inf)
+            grown[:rows, :cols] = self._ts
+            self._ts = grown
+        self._ts[code, rank] = ts
+
+    def forget(self, code: int) -> None:
+        """A re-registered engine starts afresh."""
+        if 0 <= code < self._ts.shape[0]:
+            self._ts[code] = -np.inf
+
+    def lookup(self, codes: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+        """:meth:`get` of each (code, rank) pair (-inf where either is unknown)."""
+        out = np.full(len(codes), -np.inf)
+        ok = (codes >= 0) & (codes < self._ts.shape[0]) & (ranks >= 0) & (ranks < self._ts.shape[1])
+        out[ok] = self._ts[codes[ok], ranks[ok]]
+        return out
+
+
 class EngineFold:
     """Engine events and the prefill helpers of the fold (see LiveState).
 
@@ -32,10 +70,15 @@ class EngineFold:
     """
 
     # Set by LiveState.__init__.
+    n: int
+    config: object
+    started_at: np.ndarray
+    engine: np.ndarray
+    rank: np.ndarray
     _role: dict
     _servers: dict
     _departures: dict
-    _rank_departures: dict
+    _rank_departures: RankDepartures
     _decode_kv: dict
 
     @cached_property
@@ -72,6 +115,18 @@ class EngineFold:
         prompt = np.asarray(prompt, dtype=float)
         c = np.where(warm, h.cache_warm.value * np.minimum(cache_prompt, prompt), h.cache_cold.value * prompt)
         return np.clip(c, 0.0, np.maximum(prompt - 1.0, 0.0))
+
+    def in_flight_begins(self, mask: np.ndarray) -> np.ndarray:
+        """When each slot of ``mask`` (requests in prefill) began to hold its queue: its
+        ``prefill.started``, or on a named rank the later of that and the rank's last
+        departure, the start that service times are learnt from (:meth:`_learn_prefill`):
+        chunked prefill starts a request in the chunk that ends the one before it."""
+        n = self.n
+        started = self.started_at[:n][mask].copy()
+        if self.config.use_dp_rank and len(started):
+            dep = self._rank_departures.lookup(self.engine[:n][mask], self.rank[:n][mask])
+            started = np.where(dep > started, dep, started)  # NaN (no prefill.started) stays NaN
+        return started
 
     def servers(self, engine: str | None) -> int:
         """Data-parallel prefill queues of an engine (1 when unknown). ``None`` is the pool
@@ -129,17 +184,17 @@ class EngineFold:
             begin = max(self.queued_at[i], last)
         else:
             begin = self.started_at[i]
-        rank = int(self.rank[i])
-        if rank >= 0 and self.config.use_dp_rank:
+        rank = int(self.rank[i]) if self.config.use_dp_rank else -1
+        if rank >= 0 and c >= 0:
             # The rank is known (request.queued.dp_rank): the queue model's service time
             # is how long the request held its rank's queue, from the later of its start
             # and the previous departure on that rank. Chunked prefill packs the head of
             # the next request into the chunk that ends the previous one, so from
             # prefill.started alone consecutive requests overlap and their times add up
-            # to more than the rank spent on them.
-            key = (name, rank)
-            begin = max(begin, self._rank_departures.get(key, -np.inf))
-            self._rank_departures[key] = ts
+            # to more than the rank spent on them. (A request in flight is timed the same
+            # way: :meth:`in_flight_begins`.)
+            begin = max(begin, self._rank_departures.get(c, rank))
+            self._rank_departures.set(c, rank, ts)
         if begin >= self.last_update_ts:
             h.prefill_model(name).observe(x, ts - begin, cached)
         deps.append(ts)
@@ -160,8 +215,7 @@ def _registered(fold, ev: EngineRegistered) -> None:
     servers = (par.attn_dp or par.dp or 1) if par is not None else 1
     fold._servers[ev.engine] = int(servers)
     fold._departures.pop(ev.engine, None)
-    for key in [k for k in fold._rank_departures if k[0] == ev.engine]:
-        del fold._rank_departures[key]
+    fold._rank_departures.forget(fold._code(ev.engine))
 
 
 @_mutate.on("engine.stats")
