@@ -1,7 +1,7 @@
 """Where a forecaster's error comes from, on one contract log (the figures behind the
 analysis in docs/forecaster.md).
 
-    .venv/bin/python benchmarks/forecast_diagnostics.py LOG [--horizon 10] [--revealed]
+    .venv/bin/python benchmarks/forecast_diagnostics.py LOG [--horizon 10] [--revealed] [--queue]
 
 Prints:
 
@@ -21,6 +21,11 @@ Prints:
   t (queued or in prefill), as made and with each one's cache outcome revealed (the
   ``cached_tokens`` its ``prefill.finished`` will report), to tell the cache's coin flips
   from the queue model's placement;
+* with ``--queue`` (a second replay): the queue model's timing of the requests known at
+  t on a named rank (``request.queued.dp_rank``), against the log: when each queued one
+  starts to hold its rank (the later of its ``prefill.started`` and the rank's previous
+  departure, as service times are learnt) and how long it holds it, overall and by
+  prompt size; and when each one in prefill at t finishes;
 * the prefill engines' balance: from ``engine.stats`` (``--with-engines`` exports), by
   window, each prefill engine's requests (running + queued), where the pool holds at least
   8: the busiest engine over the mean and the coefficient of variation, averaged (a
@@ -45,6 +50,7 @@ import numpy as np
 
 from prorsa_forecaster.config import ForecastConfig
 from prorsa_forecaster.snapshot import size_bin
+from prorsa_forecaster.terms.known_queue import known_queue
 from prorsa_forecaster.trajstate import PREFILL, QUEUED, TOOL
 from prorsa_forecaster.windows import WindowLoop
 from prorsa_schemas import read_log
@@ -247,6 +253,86 @@ def known_revealed(path: str, results, horizon: float) -> None:
           f"{np.abs(rev - act).sum() / tot:.1%} (signed {(rev - act).sum() / tot:+.1%}; {len(results)} windows)")
 
 
+class _Queue(WindowLoop):
+    """The window loop, keeping at each window's start the queue model's expected start
+    and service of each known request queued on a named rank, and the expected finish of
+    each one in prefill (seconds after t)."""
+
+    def __init__(self, cfg: ForecastConfig) -> None:
+        super().__init__(cfg)
+        self.queued: list[tuple[np.ndarray, ...]] = []  # (reqs, prompt, start, service)
+        self.inflight: list[tuple[np.ndarray, ...]] = []  # (reqs, t, finish)
+
+    def _snapshot(self, t: float):
+        snap = super()._snapshot(t)
+        st = self.state
+        n = st.n
+        kq = known_queue(snap)
+        reqs = np.array([st.request_of(i) for i in range(n)], dtype=object)
+        ready = reqs[st.state[:n] == QUEUED]
+        ranked = np.asarray(snap.ready_rank)
+        if len(ranked) == len(ready) and len(ready):
+            m = ranked >= 0
+            self.queued.append((ready[m], kq.x_rd[m], kq.s_rd[m] + t, kq.svc_rd[m]))
+        inflight = reqs[st.state[:n] == PREFILL]
+        if len(inflight) == len(kq.x_in) and len(inflight):
+            finish = kq.started + kq.p_in * kq.gh_in + (1.0 - kq.p_in) * kq.gm_in
+            self.inflight.append((inflight, np.full(len(inflight), t), np.maximum(finish, 0.0) + t))
+        return snap
+
+
+def queue_timing(path: str, horizon: float) -> None:
+    """The queue model's timing of the known requests against the log (see :class:`_Queue`)."""
+    begin, finish, rank_of, started, last = {}, {}, {}, {}, {}
+    for line in read_log(path):
+        ev = line.event
+        if ev is None:
+            continue
+        if ev.type == "request.queued":
+            rank_of[ev.req] = (ev.engine, ev.dp_rank) if ev.engine is not None and ev.dp_rank is not None else None
+        elif ev.type == "prefill.started":
+            started[ev.req] = ev.ts
+        elif ev.type == "prefill.finished":
+            key = rank_of.get(ev.req)
+            finish[ev.req] = ev.ts
+            if key is not None and ev.req in started:
+                begin[ev.req] = max(started[ev.req], last.get(key, -np.inf))
+                last[key] = ev.ts
+    loop = _Queue(ForecastConfig(horizon=horizon))
+    for line in read_log(path):
+        if line.event is not None:
+            loop.feed(line.event)
+
+    def actual(table, reqs):
+        return np.fromiter((table.get(r, np.nan) for r in reqs), float, len(reqs))
+
+    if loop.queued:
+        reqs = np.concatenate([q[0] for q in loop.queued])
+        x, s, g = (np.concatenate([q[k] for q in loop.queued]) for k in (1, 2, 3))
+        b, f = actual(begin, reqs), actual(finish, reqs)
+        ok = np.isfinite(b) & np.isfinite(f)
+        x, s, g, b, f = x[ok], s[ok], g[ok], b[ok], f[ok]
+        svc = f - b
+        if len(x):
+            print(f"known requests queued on a named rank at a window's start ({len(x)} request-windows): "
+                  f"start {np.mean(b - s):+.2f} s after the queue model's on average; service {svc.mean():.2f} s "
+                  f"against {g.mean():.2f} s forecast ({svc.sum() / g.sum():.3f}x)")
+            edges = np.quantile(x, [0.0, 0.25, 0.5, 0.75, 1.0])
+            for k, (lo, hi) in enumerate(zip(edges[:-1], edges[1:])):
+                m = (x >= lo) & ((x < hi) if k < 3 else (x <= hi))
+                if m.any():
+                    print(f"  prompt [{lo:,.0f}, {hi:,.0f}] tokens: service {svc[m].mean():.2f} s against "
+                          f"{g[m].mean():.2f} s ({svc[m].sum() / g[m].sum():.3f}x)")
+    if loop.inflight:
+        reqs = np.concatenate([q[0] for q in loop.inflight])
+        t, pf = (np.concatenate([q[k] for q in loop.inflight]) for k in (1, 2))
+        f = actual(finish, reqs)
+        ok = np.isfinite(f)
+        if ok.any():
+            print(f"known requests in prefill at a window's start ({int(ok.sum())} request-windows): finish "
+                  f"{np.mean(f[ok] - t[ok]):.2f} s after t against {np.mean(pf[ok] - t[ok]):.2f} s forecast")
+
+
 def admitted_share(results) -> None:
     """Of the prefill arrivals of each window, the share admitted to decode in the same
     window (token-weighted), forecast (the queue model on the predicted arrivals) against
@@ -272,6 +358,7 @@ def main() -> None:
     ap.add_argument("log")
     ap.add_argument("--horizon", type=float, default=10.0)
     ap.add_argument("--revealed", action="store_true", help="also replay with the known requests' cache outcomes revealed (a second replay)")
+    ap.add_argument("--queue", action="store_true", help="also replay to time the queue model's known requests against the log (a second replay)")
     args = ap.parse_args()
     if not os.path.isfile(args.log):
         ap.error(f"no such log file: {args.log}")
@@ -308,6 +395,8 @@ def main() -> None:
     after_updates(update_ts, results)
     if args.revealed:
         known_revealed(args.log, results, args.horizon)
+    if args.queue:
+        queue_timing(args.log, args.horizon)
 
     for name, f_of, a_of in (
         ("prefill", lambda r: r.forecast.prefill_tokens, lambda r: r.prefill_actual),
