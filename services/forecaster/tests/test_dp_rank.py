@@ -152,8 +152,10 @@ def test_a_request_in_flight_behind_another_on_its_rank_is_timed_from_that_depar
     # Rank 0 of p0: r0 finishes at 4.0 s; r1 started at 3.5 s in r0's last chunk. At 5 s
     # r1 has held the rank for 1 s (the service times are learnt so), not 1.5 s; on
     # rank 1, which r0 never used, its start stands.
+    states = []
     for rank, use, want in ((0, True, 4.0), (1, True, 3.5), (0, False, 3.5)):
         st = LiveState(ForecastConfig(use_dp_rank=use))
+        states.append(st)
         ev = _events()
         st.apply(ev("engine.registered", 0.0, engine="p0", server="s0", role="prefill", gpus=8,
                     kv_capacity_tokens=10**6, parallel={"tp": 1, "dp": 2, "ep": 2, "attn_dp": 2}))
@@ -163,7 +165,10 @@ def test_a_request_in_flight_behind_another_on_its_rank_is_timed_from_that_depar
         st.apply(ev("prefill.started", 3.5, traj="b", req="r1", engine="p0"))
         st.apply(ev("prefill.finished", 4.0, traj="a", req="r0", engine="p0", cached_tokens=0))
         assert st.snapshot(5.0).inflight_started.tolist() == [want]
-    # A re-registered engine starts afresh: no departure before it counts.
-    st.apply(ev("engine.registered", 4.5, engine="p0", server="s0", role="prefill", gpus=8,
-                kv_capacity_tokens=10**6, parallel={"tp": 1, "dp": 2, "ep": 2, "attn_dp": 2}))
+    # A re-registered engine starts afresh: no departure before it counts (the first
+    # case's state, which holds r0's departure from rank 0 at 4.0 s).
+    st = states[0]
+    assert st._rank_departures.get(0, 0) == 4.0
+    st.apply(_events()("engine.registered", 4.5, engine="p0", server="s0", role="prefill", gpus=8,
+                       kv_capacity_tokens=10**6, parallel={"tp": 1, "dp": 2, "ep": 2, "attn_dp": 2}))
     assert st._rank_departures.get(0, 0) == -np.inf
