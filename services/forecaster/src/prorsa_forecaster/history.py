@@ -232,10 +232,15 @@ class History:
         """The slope of the injection function f under ``replace``."""
         return self.launched / self.admitted_for_launch
 
-    def prefill_model(self, engine: str | None) -> PrefillTimeModel:
+    def prefill_model(self, engine: str | None, servers: int = 1) -> PrefillTimeModel:
+        """The prefill time model of ``engine`` (``None``: the pool), made on first use
+        with the prior of an engine of ``servers`` attention-DP ranks (the pool's prior
+        follows ``servers`` until its first measurement)."""
         if engine is None:
+            if self.pool_prefill.n == 0 and self.pool_prefill.servers != max(int(servers), 1):
+                self.pool_prefill = PrefillTimeModel(servers=servers)
             return self.pool_prefill
         model = self.prefill.get(engine)
         if model is None:
-            model = self.prefill[engine] = PrefillTimeModel()
+            model = self.prefill[engine] = PrefillTimeModel(servers=servers)
         return model
