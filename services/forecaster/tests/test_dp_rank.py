@@ -197,4 +197,8 @@ def test_the_prefill_prior_follows_the_engines_ranks():
     st.apply(ev("prefill.finished", 3.0, traj="t", req="r", cached_tokens=0))
     pool = h.prefill_model(None, st.ranks(None))
     assert pool.n == 1
-    assert h.prefill_model(None, 1) is pool
+    assert h.prefill_model(None, 1) is pool and h.prefill_model(None) is pool
+    # Unmeasured, the pool's prior is re-made only when ranks are given.
+    fresh = History(ForecastConfig())
+    fresh.prefill_model(None, 16)
+    assert fresh.prefill_model(None).servers == 16 and fresh.prefill_model(None, 2).servers == 2
