@@ -14,7 +14,6 @@ from prorsa_forecaster.core import forecast
 from prorsa_forecaster.history import History
 from prorsa_forecaster.snapshot import Snapshot
 from prorsa_forecaster.state import LiveState
-from prorsa_forecaster.terms.prefill_queue import PrefillTimeModel
 from prorsa_schemas import event_from_dict
 
 CFG = ForecastConfig(horizon=10.0, steps=10, bias_half_life=0)
@@ -173,32 +172,3 @@ def test_a_request_in_flight_behind_another_on_its_rank_is_timed_from_that_depar
     st.apply(_events()("engine.registered", 4.5, engine="p0", server="s0", role="prefill", gpus=8,
                        kv_capacity_tokens=10**6, parallel={"tp": 1, "dp": 2, "ep": 2, "attn_dp": 2}))
     assert st._rank_departures.get(0, 0) == -np.inf
-
-
-def test_the_prefill_prior_follows_the_engines_ranks():
-    # Named engines take their own ranks; the pool (engines the log does not name) the
-    # mean over its prefill engines, until its first measurement.
-    st = LiveState(ForecastConfig())
-    ev = _events()
-    assert st.ranks(None) == 1
-    for name, ranks in (("p0", 16), ("p1", 8), ("d0", 4)):
-        st.apply(ev("engine.registered", 0.0, engine=name, server="s0", role="prefill" if name[0] == "p" else "decode",
-                    gpus=16, kv_capacity_tokens=10**6, parallel={"tp": 1, "dp": ranks, "ep": 16, "attn_dp": ranks}))
-    assert (st.ranks("p0"), st.ranks("p1"), st.ranks(None)) == (16, 8, 12)
-    h = st.history
-    assert h.prefill_model("p0", st.ranks("p0")).servers == 16
-    assert h.prefill_model(None, st.ranks(None)).servers == 12
-    # The snapshot prices an unmeasured engine with its own ranks' prior.
-    snap = st.snapshot(1.0)
-    b1 = PrefillTimeModel().coefficients3()[1]
-    assert snap.instance_per_token.tolist() == pytest.approx([16 * b1, 8 * b1], rel=1e-3)
-    # Measured, the pool keeps its model when the engines change.
-    st.apply(ev("request.queued", 1.0, traj="t", req="r", turn=0, prompt_tokens=1000))
-    st.apply(ev("prefill.finished", 3.0, traj="t", req="r", cached_tokens=0))
-    pool = h.prefill_model(None, st.ranks(None))
-    assert pool.n == 1
-    assert h.prefill_model(None, 1) is pool and h.prefill_model(None) is pool
-    # Unmeasured, the pool's prior is re-made only when ranks are given.
-    fresh = History(ForecastConfig())
-    fresh.prefill_model(None, 16)
-    assert fresh.prefill_model(None).servers == 16 and fresh.prefill_model(None, 2).servers == 2

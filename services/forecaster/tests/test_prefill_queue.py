@@ -47,33 +47,3 @@ def test_prefill_time_model_prior_and_bad_input():
     assert m.n == 0
     a, b = m.coefficients()
     assert a >= 0 and b > 0
-
-
-def test_the_prior_of_an_engine_of_several_ranks_is_per_rank():
-    # The profile is one engine serving one request at a time; each of 16 attention-DP
-    # ranks serves its own at 1/16 of the engine's rate: 16x the per-token and per-pair
-    # costs, the same fixed cost.
-    one, ranks = PrefillTimeModel(), PrefillTimeModel(servers=16)
-    a1, b1, d1 = one.coefficients3()
-    a16, b16, d16 = ranks.coefficients3()
-    assert (one.servers, ranks.servers) == (1, 16)
-    assert a16 == pytest.approx(a1, rel=1e-3)
-    assert b16 == pytest.approx(16 * b1, rel=1e-3) and d16 == pytest.approx(16 * d1, rel=1e-3)
-    assert PrefillTimeModel(servers=0).servers == 1
-
-
-def test_prefills_of_one_size_leave_the_slope_to_the_prior():
-    # A math step: every prompt 250 tokens, each holding its rank 0.06 s. The data pin
-    # g(250) and nothing else, so a 10k-token re-prefill is priced by the prior's slope:
-    # the per-rank one on a 16-rank engine, 16x the single-instance one.
-    g = {}
-    for servers in (1, 16):
-        m = PrefillTimeModel(servers=servers)
-        for _ in range(500):
-            m.observe(250.0, 0.06)
-        assert m.g(np.array([250.0]))[0] == pytest.approx(0.06, rel=0.02)
-        g[servers] = float(m.g(np.array([10000.0]))[0])
-    a, b, d = PrefillTimeModel().coefficients3()
-    profile_slope = b + d * 10000 / 2  # per token of an uncached 10k prompt, about
-    assert g[1] == pytest.approx(0.06 + 9750 * profile_slope, rel=0.15)
-    assert g[16] == pytest.approx(0.06 + 16 * 9750 * profile_slope, rel=0.15)

@@ -232,16 +232,10 @@ class History:
         """The slope of the injection function f under ``replace``."""
         return self.launched / self.admitted_for_launch
 
-    def prefill_model(self, engine: str | None, servers: int | None = None) -> PrefillTimeModel:
-        """The prefill time model of ``engine`` (``None``: the pool), made on first use
-        with the prior of an engine of ``servers`` attention-DP ranks (1 when not given).
-        Given, ``servers`` also re-makes the pool's prior until its first measurement."""
+    def prefill_model(self, engine: str | None) -> PrefillTimeModel:
         if engine is None:
-            pool = self.pool_prefill
-            if servers is not None and pool.n == 0 and pool.servers != max(int(servers), 1):
-                self.pool_prefill = PrefillTimeModel(servers=servers)
             return self.pool_prefill
         model = self.prefill.get(engine)
         if model is None:
-            model = self.prefill[engine] = PrefillTimeModel(servers=1 if servers is None else servers)
+            model = self.prefill[engine] = PrefillTimeModel()
         return model

@@ -17,7 +17,7 @@ def _instance_costs(state, names: list[str | None]) -> list[tuple[float, float, 
     some prefills, else the pool's (service times measured without engine names), else
     the best-measured engine's (same model, same hardware, in practice), else the prior."""
     h = state.history
-    coefs = [h.prefill_model(name, state.ranks(name)).coefficients3() for name in names]
+    coefs = [h.prefill_model(name).coefficients3() for name in names]
     if names == [None]:
         return coefs
     measured = [h.prefill_model(nm).n > 0 for nm in names]

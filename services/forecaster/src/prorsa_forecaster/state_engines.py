@@ -136,15 +136,6 @@ class EngineFold:
             return self._servers.get(engine, 1)
         return self._pool_servers
 
-    def ranks(self, engine: str | None) -> int:
-        """Attention-DP ranks of one engine: ``servers(engine)``, and for the pool the
-        mean over its prefill (and mixed) engines (1 when none is known). The prefill
-        time model's prior is scaled by it (:class:`~.terms.prefill_queue.PrefillTimeModel`)."""
-        if engine is not None:
-            return self.servers(engine)
-        pool = [self._servers.get(e, 1) for e, r in self._role.items() if r in ("prefill", "mixed")]
-        return max(round(sum(pool) / len(pool)), 1) if pool else 1
-
     @cached_property
     def _pool_servers(self) -> int:
         """The pool's queues (``servers(None)``), recomputed after an engine event."""
@@ -205,7 +196,7 @@ class EngineFold:
             begin = max(begin, self._rank_departures.get(c, rank))
             self._rank_departures.set(c, rank, ts)
         if begin >= self.last_update_ts:
-            h.prefill_model(name, self.ranks(name)).observe(x, ts - begin, cached)
+            h.prefill_model(name).observe(x, ts - begin, cached)
         deps.append(ts)
         self.cache_prompt[i] = x
         self.cache_ts[i] = ts

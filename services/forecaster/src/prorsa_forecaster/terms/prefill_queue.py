@@ -47,17 +47,9 @@ class PrefillTimeModel:
     more than its few new tokens suggest. Coefficients stay >= 0 (active-set refit). It
     starts from a prior (Dynamo's mocker profile) worth ``prior_weight`` observations and
     forgets old observations with the given half-life.
-
-    ``servers``: the attention-DP ranks of the engine, each a queue of its own. The
-    profile is an engine serving one request at a time; its ranks serve one each at once
-    and share the engine's compute (the MoE layers run over the same GPUs in lock-step),
-    so a rank's prior per-token and per-pair costs are ``servers`` times the profile's
-    (the fixed cost is not). Data outweighs it within a few dozen prefills of varied size;
-    it decides the slope while every prefill measured is of one size (a math step's
-    prompts), until the first long prompt (a re-prefill after a weight update).
     """
 
-    __slots__ = ("_xtx", "_xty", "_decay", "n", "_coef", "servers")
+    __slots__ = ("_xtx", "_xty", "_decay", "n", "_coef")
 
     def __init__(
         self,
@@ -66,15 +58,13 @@ class PrefillTimeModel:
         prior_weight: float = 4.0,
         half_life: float = 2000.0,
         seconds_per_pair: float = PRIOR_SECONDS_PER_PAIR,
-        servers: int = 1,
     ) -> None:
         self._decay = 0.5 ** (1.0 / half_life)
         self.n = 0
         self._xtx = np.zeros((3, 3))
         self._xty = np.zeros(3)
         self._coef: np.ndarray | None = None
-        self.servers = max(int(servers), 1)
-        prior = np.array([overhead_s, self.servers * seconds_per_token, self.servers * seconds_per_pair])
+        prior = np.array([overhead_s, seconds_per_token, seconds_per_pair])
         # Prior pseudo observations: uncached prompts of 1k and 16k tokens, and warm turns
         # (2k new tokens after a 30k prefix) so that every coefficient is pinned.
         for x, c in ((1000.0, 0.0), (16000.0, 0.0), (32000.0, 30000.0)):
