@@ -182,3 +182,24 @@ def test_free_port_never_gives_one_process_the_same_port_twice(monkeypatch):
     monkeypatch.setattr(natsserver, "_HANDED_OUT", set())
     monkeypatch.setattr(natsserver.socket, "socket", Offering)
     assert [natsserver.free_port() for _ in range(3)] == [41001, 41002, 41003]
+
+
+def test_stop_signals_set_a_flag_without_a_lock() -> None:
+    # The handler only sets a flag: a signal that lands while the loop is in wait() (or
+    # anywhere else in the main thread) is seen at the loop's next check.
+    import os
+    import signal
+
+    from prorsa_runtime.cli import StopSignals
+
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            stop = StopSignals()
+            assert stop.wait(0.0) is False
+            os.kill(os.getpid(), sig)
+            assert stop.wait(0.0) is True and stop.stopped
+            assert signal.getsignal(sig) == stop._on_signal
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)

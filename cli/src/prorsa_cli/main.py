@@ -81,21 +81,17 @@ def nats_cmd(
     """Run a local JetStream nats-server on a data folder (Ctrl-C stops it)."""
     if ctx.invoked_subcommand is not None:
         return
-    import signal
-    import threading
-
+    from prorsa_runtime.cli import StopSignals
     from prorsa_runtime.natsserver import NatsServer, NatsServerError, NatsServerNotFound
 
-    done = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: done.set())
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    stop = StopSignals()
     try:
         server = NatsServer(data, port=port, host=host).start()
     except (NatsServerError, NatsServerNotFound) as exc:
         fail(str(exc))
     out.print(server.url, highlight=False)
     console.print(f"nats-server with JetStream, store {data.resolve()}; Ctrl-C to stop")
-    while not done.wait(0.5):
+    while not stop.wait(0.5):
         if not server.running():
             fail("nats-server exited unexpectedly", 1)
     server.stop()

@@ -119,3 +119,31 @@ def namespace(prefix: str, stream: str):
 
 def is_tty() -> bool:
     return sys.stderr.isatty() and os.environ.get("CI") is None
+
+
+class StopSignals:
+    """SIGINT and SIGTERM set a flag that a foreground command's loop polls (:meth:`wait`).
+
+    The handler takes no lock. Python runs a signal handler in the main thread between two
+    bytecodes, so a ``threading.Event.set()`` there deadlocks when the signal lands while
+    that thread holds the event's own lock inside ``Event.wait``: the command then never
+    stops, and what it started (a nats-server, emulated engines) is left running."""
+
+    def __init__(self) -> None:
+        import signal
+
+        self.stopped = False
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, *_: object) -> None:
+        self.stopped = True
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds`` unless a stop was asked already; whether one was asked.
+        A signal during the sleep sets the flag, and the sleep ends when its time is up."""
+        import time
+
+        if not self.stopped:
+            time.sleep(seconds)
+        return self.stopped

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from prorsa_runtime.cli import positive
+from prorsa_runtime.cli import StopSignals, positive
 
 NATS_DEFAULT = "nats://127.0.0.1:4222"
 
@@ -78,9 +78,6 @@ def register(app: typer.Typer) -> None:
         no_switch: Annotated[bool, typer.Option("--no-switch", help="Without --enable-pd-role-switch.")] = False,
     ) -> None:
         """Launch N emulated SGLang engines and a router as local processes (Ctrl-C stops)."""
-        import signal
-        import threading
-
         try:
             from prorsa_emulated import EmulatedCluster
         except ImportError:
@@ -102,10 +99,8 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"router {cluster.router.url}")
         for p, role in zip(cluster.engines, roles):
             typer.echo(f"{p.name} {p.url} {role}")
-        done = threading.Event()
-        signal.signal(signal.SIGINT, lambda *_: done.set())
-        signal.signal(signal.SIGTERM, lambda *_: done.set())
-        while not done.wait(0.5):
+        stop = StopSignals()
+        while not stop.wait(0.5):
             if not all(p.running() for p in [cluster.router, *cluster.engines]):
                 typer.echo("an emulated process exited; stopping", err=True)
                 break
