@@ -3,12 +3,12 @@
 The forecaster's promise is that its published forecast is never worse than the best naive
 predictor (last value, EMA, Kalman) on any log (docs/forecaster.md, "Against the
 targets"). docs/forecaster.md measures it on paper-scale logs of 10 steps; this replays
-small runs of every workload the simulator has, synchronous and asynchronous, through
-``prorsa forecast-eval``'s evaluation, so that a change that breaks the promise on one
-kind of demand fails here: math (one burst of short prompts a step, then long decodes;
-asynchronous, the re-prefill bursts after each weight update) and the general agent
-(tool calls and growing contexts). The coding agent's logs are the slowest to replay and
-are scored in docs/forecaster.md. The simulator is deterministic, so each log is the
+small runs of two of the simulator's three workloads, synchronous and asynchronous,
+through ``prorsa forecast-eval``'s evaluation, so that a change that breaks the promise on
+one kind of demand fails here: math (one burst of short prompts a step, then long
+decodes; asynchronous, the re-prefill bursts after each weight update) and the general
+agent (tool calls and growing contexts). The coding agent's logs are the slowest to
+replay (about 20 s each at this size) and are scored in docs/forecaster.md only. The simulator is deterministic, so each log is the
 same every run.
 """
 
