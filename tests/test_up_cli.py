@@ -255,3 +255,16 @@ def test_a_free_block_is_claimed_against_every_other_planner(tmp_path: Path, mon
     mine.release()
     assert mine.claim([1]) and mine.claim([2]) and mine.claim([3])
     assert other.claim([1]) and not other.claim([3])
+
+
+def test_the_advise_policy_runs_the_allocator_in_advisory_mode(tmp_path: Path):
+    from prorsa_cli.options import UpOptions
+    from prorsa_cli.stack import plan_stack
+
+    def allocator(policy: str):
+        plan = plan_stack(UpOptions(workdir=tmp_path / policy, port_base=0, emulated_cluster=True, policy=policy))
+        return next((s for s in plan.specs if s.name == "allocator"), None)
+
+    assert allocator("advise").env["PRORSA_ALLOCATOR_ACTUATE"] == "false"
+    assert "PRORSA_ALLOCATOR_ACTUATE" not in allocator("prorsa").env
+    assert allocator("static") is None and allocator("colocation") is None

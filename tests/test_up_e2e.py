@@ -180,3 +180,28 @@ def test_up_runs_an_asynchronous_rollout_and_the_tracker_follows_it(tmp_path: Pa
     ends = {e["traj"] for e in run if e["type"] in ("reward.finished", "trajectory.dropped")}
     assert ends == {e["traj"] for e in run if e["type"] == "trajectory.dispatched"}
     assert "sampler" in out and "async, staleness 1" in out
+
+
+def test_up_in_advisory_mode_plans_switches_and_makes_none(tmp_path: Path):
+    # --policy advise: the same stack and the same low θᴾ that makes the allocator switch in
+    # the runs above, with the allocator in advisory mode. Its plans ask for switches; no
+    # engine.command goes out, so no engine changes role, and the summary says so.
+    proc = _start(tmp_path, "--policy", "advise")
+    out = _finish(proc)
+    assert proc.returncode == 0, out[-4000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["policy"] == "advise" and summary["anomalies"] == 0
+    import sqlite3
+
+    db = sqlite3.connect(tmp_path / "tracker.db")
+    raws = [json.loads(r) for (r,) in db.execute("select raw from events order by pos")]
+    plans = [e for e in raws if e["type"] == "allocation.plan"]
+    advised = [s for e in plans for s in e.get("switches") or []]
+    assert advised, "the allocator planned no switch: the test's θᴾ no longer makes it want one"
+    assert not [e for e in raws if e["type"] in ("engine.command", "engine.switching", "engine.switched")]
+    assert summary["commands"] == summary["switches"] == 0
+    # The summary reads the log when the rollout ends; plans go on until the stack stops.
+    assert 0 < summary["planned_switches"] <= len(advised) and 0 < summary["plans"] <= len(plans)
+    assert "switches advised" in out, out[-3000:]
+    log = (tmp_path / "logs" / "allocator.log").read_text()
+    assert "advisory mode (actuate=false)" in log and "advice (not commanded) t=" in log

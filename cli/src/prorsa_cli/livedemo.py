@@ -327,6 +327,9 @@ def _print_summary(s: dict, plan: StackPlan, opts: UpOptions) -> None:
     t.add_row("events: published / in the log / anomalies", f"{s['driver_events']} / {s['tracker_events']} / {s['anomalies']}")
     t.add_row("switches: commanded / executed / failed", f"{s['commands']} / {s['switches']} / {s['switch_failures']}"
               + (f" ({s['switches_unsettled']} without an outcome)" if s.get("switches_unsettled") else ""))
+    if s.get("policy") == "advise":
+        t.add_row("switches advised, not commanded",
+                  f"{s.get('planned_switches', 0)} in {s.get('plans_with_switches', 0)} of {s.get('plans', 0)} plans")
     w = s["forecast_wape"]
     pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
     sim_s = f", {opts.window_s * opts.time_scale:g} s simulated" if opts.time_scale != 1 else ""

@@ -11,7 +11,9 @@ from typing import Literal
 
 from prorsa_schemas.events import DEFAULT_WINDOW_S
 
-Policy = Literal["prorsa", "static", "colocation"]
+Policy = Literal["prorsa", "advise", "static", "colocation"]
+"""prorsa: PD with the allocator switching engines; advise: PD with the allocator in advisory
+mode (plans published, no switch); static: PD, no allocator; colocation: mixed engines."""
 RouterKind = Literal["sglang", "emulated"]
 
 

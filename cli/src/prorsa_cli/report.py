@@ -111,6 +111,9 @@ def summarise(events: list[dict], run: str, driver: dict | None, forecaster_metr
         "switches": by_type.get("engine.switched", 0),
         "switch_failures": by_type.get("engine.switch_failed", 0),
         "plans": by_type.get("allocation.plan", 0),
+        # What the plans asked for: under --policy advise nothing of it is commanded.
+        "planned_switches": sum(len(e.get("switches") or []) for e in events if e["type"] == "allocation.plan"),
+        "plans_with_switches": sum(1 for e in events if e["type"] == "allocation.plan" and e.get("switches")),
         "forecast_windows": len(fc),
         "horizon_s": horizon,
         "forecast_wape": wape,

@@ -208,9 +208,12 @@ def plan_stack(opts: UpOptions) -> StackPlan:
         "PRORSA_FORECASTER_METRICS_PORT": str(ports.forecaster_metrics),
         **_nats_login("PRORSA_FORECASTER_", "forecaster", passwords)},
         ready=lambda: _http_ok(m["forecaster"] + "/metrics")))
-    if opts.policy == "prorsa":
+    if opts.policy in ("prorsa", "advise"):
         alloc_env = {"PRORSA_ALLOCATOR_METRICS_PORT": str(ports.allocator_metrics),
                      **_nats_login("PRORSA_ALLOCATOR_", "allocator", passwords)}
+        if opts.policy == "advise":
+            # Advisory mode: every plan published and logged, no engine switched.
+            alloc_env["PRORSA_ALLOCATOR_ACTUATE"] = "false"
         if opts.emulated_cluster:
             # The cluster runs `speed` times faster than the services' wall clock: every
             # duration of the allocator's defaults is scaled to it (a 30 s dwell stays 30 s of

@@ -45,7 +45,7 @@ def register(app: typer.Typer) -> None:
         engines: Annotated[int, typer.Option(help="Emulated engines.")] = 6,
         prefill: Annotated[Optional[int], typer.Option(help="Engines that start as prefill (default: a third).")] = None,
         agents: Annotated[int, typer.Option(help="Engine agents the engines are spread over.")] = 2,
-        policy: Annotated[str, typer.Option(help="prorsa (switching), static (PD, no switching) or colocation.")] = "prorsa",
+        policy: Annotated[str, typer.Option(help="prorsa (switching), advise (PD; the allocator plans and publishes, no engine is switched), static (PD, no allocator) or colocation.")] = "prorsa",
         speed: Annotated[float, typer.Option(help="Simulated seconds per wall second (workload and engines).", callback=positive)] = 10.0,
         workload: Annotated[str, typer.Option(help="math, coding or general.")] = "general",
         batch_size: Annotated[int, typer.Option(help="Trajectories per rollout step.")] = 24,
@@ -82,7 +82,7 @@ def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo_cmd(
         workdir: WorkdirOpt = Path(".prorsa/demo"),
-        policy: Annotated[str, typer.Option(help="prorsa (switching), static or colocation (for comparison).")] = "prorsa",
+        policy: Annotated[str, typer.Option(help="prorsa (switching), advise (the allocator's plans published, no switch), static or colocation (for comparison).")] = "prorsa",
         speed: Annotated[float, typer.Option(help="Simulated seconds per wall second (5: what two CPU cores keep up with; see docs/demo.md).", callback=positive)] = 5.0,
         engines: Annotated[int, typer.Option(help="Emulated engines.")] = 4,
         batch_size: Annotated[int, typer.Option(help="Trajectories per rollout step (256: 4 per attention-DP rank of 4 DeepSeek-V3.2 engines, the paper's load per rank).")] = 256,
@@ -105,7 +105,7 @@ def register(app: typer.Typer) -> None:
 
         base = dict(locals())
         if compare and policy == "colocation":
-            fail("--compare runs colocation against --policy prorsa or static")
+            fail("--compare runs colocation against --policy prorsa, advise or static")
         code = 0
         for pol in (["colocation"] if compare else []) + [policy]:
             other = "prorsa" if pol == "colocation" else "colocation"
@@ -121,8 +121,8 @@ def register(app: typer.Typer) -> None:
 
 def _options(cls, given: dict):
     policy = given.get("policy", "prorsa")
-    if policy not in ("prorsa", "static", "colocation"):
-        fail(f"--policy must be prorsa, static or colocation, got {policy!r}")
+    if policy not in ("prorsa", "advise", "static", "colocation"):
+        fail(f"--policy must be prorsa, advise, static or colocation, got {policy!r}")
     if given.get("router", "sglang") not in ("sglang", "emulated"):
         fail(f"--router must be sglang or emulated, got {given['router']!r}")
     if given.get("max_restarts", 0) < 0:

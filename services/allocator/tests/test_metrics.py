@@ -72,3 +72,24 @@ def test_the_objective_in_force_follows_a_sync_run() -> None:
     got = {s.labels["objective"]: s.value for fam in text_string_to_metric_families(text)
            if fam.name == "prorsa_allocator_objective" for s in fam.samples}
     assert got == {"capacity": 0.0, "turn_latency": 0.0, "saturation": 1.0}
+
+
+def test_advisory_mode_is_exported_with_its_advised_switches() -> None:
+    from prometheus_client import generate_latest
+
+    def scraped(alloc: Allocator) -> dict[str, float]:
+        text = generate_latest(allocator_registry(ServiceState(alloc))).decode()
+        return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+                if s.name in ("prorsa_allocator_actuating", "prorsa_allocator_advised_total",
+                              "prorsa_allocator_commands_total")}
+
+    for actuate, expected in ((True, {"prorsa_allocator_actuating": 1.0, "prorsa_allocator_advised_total": 0.0,
+                                      "prorsa_allocator_commands_total": 2.0}),
+                              (False, {"prorsa_allocator_actuating": 0.0, "prorsa_allocator_advised_total": 2.0,
+                                       "prorsa_allocator_commands_total": 0.0})):
+        alloc = Allocator(_config(actuate=actuate))
+        for i in range(4):
+            alloc.handle(registered(f"p{i}", "prefill"))
+            alloc.handle(registered(f"d{i}", "decode"))
+        alloc.handle(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0))
+        assert scraped(alloc) == expected

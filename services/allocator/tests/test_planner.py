@@ -52,6 +52,33 @@ def test_prefill_heavy_forecast_moves_the_least_loaded_decode_engines() -> None:
     assert len({c.cmd for c in cmds}) == 2
 
 
+def test_advisory_mode_publishes_the_plan_and_commands_nothing() -> None:
+    # The same cluster and forecast as above, with actuate off: the plan names the same two
+    # switches, no command goes out, and the engines stay as they are.
+    acting, advising = cluster(4, 4, config(min_dwell_s=30.0)), cluster(4, 4, config(actuate=False, min_dwell_s=30.0))
+    loads = {"d0": (10, 50_000), "d1": (0, 0), "d2": (3, 9_000), "d3": (3, 2_000)}
+    for alloc in (acting, advising):
+        for eng, (running, kv) in loads.items():
+            alloc.handle(stats(eng, "decode", ts=50.0, running=running, kv_used=kv))
+    acted = acting.handle(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0))
+    advised = advising.handle(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0))
+    assert plan_of(advised).switches == plan_of(acted).switches
+    assert [(s.engine, s.to_role) for s in plan_of(advised).switches] == [("d1", "prefill"), ("d3", "prefill")]
+    assert len(commands(acted)) == 2 and commands(advised) == []
+    assert advising.table.commands == {} and all(v.command is None for v in advising.table.engines.values())
+    assert {e: v.role for e, v in advising.table.engines.items()} == {**{f"p{i}": "prefill" for i in range(4)},
+                                                                      **{f"d{i}": "decode" for i in range(4)}}
+    assert (advising.counters.commands, advising.counters.advised, advising.counters.plans) == (0, 2, 1)
+    # Nothing moved, so nothing dwells or settles: ten seconds later the same demand gets the
+    # same advice (the acting allocator counts its two moving engines as prefill already).
+    again = advising.handle(forecast(t=70.0, prefill_engines=6.0, decode_engines=1.0))
+    assert [(s.engine, s.to_role) for s in plan_of(again).switches] == [("d1", "prefill"), ("d3", "prefill")]
+    assert commands(again) == [] and advising.counters.advised == 4
+    assert commands(acting.handle(forecast(t=70.0, prefill_engines=6.0, decode_engines=1.0))) == []
+    # No deadline to miss: advancing event time retries nothing.
+    assert advising.advance(600.0) == []
+
+
 def test_balanced_forecast_within_band_switches_nothing() -> None:
     alloc = cluster(4, 4)
     out = alloc.handle(forecast(t=60.0, prefill_engines=1.0, decode_engines=1.0))

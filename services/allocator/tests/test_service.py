@@ -102,6 +102,33 @@ async def test_forecast_to_plan_and_commands_then_switched(nats_url: str, ns: Na
         assert "prefill count 6 within target band" in lines[1], lines
 
 
+async def test_advisory_mode_publishes_plans_and_no_command(nats_url: str, ns: Namespace, caplog) -> None:
+    # PRORSA_ALLOCATOR_ACTUATE=false: the plans go out with the switches they advise, and
+    # no engine.command reaches the bus (one publisher lane: a command of a plan would come
+    # before the next plan).
+    caplog.set_level("INFO", logger="prorsa.allocator.service")
+    async with Harness(nats_url, ns, actuate=False) as h:
+        svc = await h.start_service()
+        await cluster(h)
+        await h.publish(stats("d0", "decode", ts=50.0, running=9, kv_used=90_000))
+        for t in (60.0, 70.0):
+            await h.publish(forecast(t=t, prefill_engines=6.0, decode_engines=1.0))
+        await async_wait_until(lambda: len(h.of(AllocationPlan)) == 2, 10, what="two plans")
+        first, second = h.of(AllocationPlan)
+        assert (first.n_prefill, first.n_decode) == (6, 1) and len(first.switches) == 2
+        assert "d0" not in {s.engine for s in first.switches}  # the busy one stays, as when acting
+        assert second.switches == first.switches  # nothing moved: the same advice
+        assert h.of(EngineCommand) == []
+        a = svc.state.allocator
+        assert (a.counters.commands, a.counters.advised) == (0, 4) and not a.table.commands
+        assert sum(v.role == "prefill" for v in a.table.engines.values()) == 4
+        messages = [r.getMessage() for r in caplog.records]
+        assert any(m.startswith("advisory mode (actuate=false)") for m in messages), messages
+        advice = [m for m in messages if m.startswith("advice (not commanded) t=")]
+        moves = ", ".join(f"{s.engine} -> prefill" for s in first.switches)
+        assert len(advice) == 2 and all(f"2 switches [{moves}]" in m for m in advice), advice
+
+
 ONE_COMMAND = dict(max_switch_fraction=0.125, initial_switch_fraction=0.125, ack_grace_s=5.0, max_attempts=2,
                    in_place_switch_s=0.0)
 """Harness settings under which a prefill-heavy forecast yields exactly one command, re-sent

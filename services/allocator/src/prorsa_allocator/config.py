@@ -113,6 +113,14 @@ class AllocatorConfig(BaseModel):
     max_delta: float = Field(default=100.0, gt=0, description="Cap of the reported headroom δ.")
 
     # -- switch selection ---------------------------------------------------------------------
+    actuate: bool = Field(
+        default=True,
+        description="False: advisory mode. Every plan is decided and published (allocation.plan "
+        "with its switches) and logged, and no engine.command is sent: the engines keep their "
+        "roles, and each plan advises what an acting allocator would command from the cluster as "
+        "it is (no switch in flight, so no dwell or settling after a move it did not make). For "
+        "watching the allocator beside a running job before letting it switch engines.",
+    )
     rule: Literal["priced", "paper"] = Field(
         default="priced",
         description="The gain test. 'priced': every switch priced (dead time, re-prefill of "

@@ -12,6 +12,8 @@ last sent) and ``prorsa_allocator_switch_attempts{engine,to_role}``; the histogr
 ``prorsa_allocator_event_time_seconds`` and ``prorsa_allocator_watermarks_total``;
 ``prorsa_allocator_objective{objective}`` (1 for the gain test's objective in force: an
 'auto' objective resolved by the runs' modes, 0 for the other);
+``prorsa_allocator_actuating`` (1 when plans are commanded, 0 in advisory mode, whose
+planned switches count in ``prorsa_allocator_advised_total``);
 ``prorsa_allocator_dead_letters_total{kind}`` (messages skipped: invalid, on the wrong
 subject, or failed in the planner); ``prorsa_allocator_consumer_pending{consumer}``,
 ``prorsa_allocator_backlog_messages{consumer}`` and ``prorsa_allocator_consumer_resets_total``
@@ -61,6 +63,9 @@ class _AllocatorCollector:
         for name in ("capacity", "turn_latency", "saturation"):
             objective.add_metric([name], 1.0 if a.config.objective == name else 0.0)
         yield objective
+        yield GaugeMetricFamily("prorsa_allocator_actuating",
+                                "1 if plans are commanded, 0 in advisory mode (plans published, no engine.command)",
+                                value=1.0 if a.config.actuate else 0.0)
         yield GaugeMetricFamily("prorsa_allocator_event_time_seconds",
                                 "event time (largest ts seen, or the tracker watermark)", value=a.now if a.now > 0 else 0.0)
         yield CounterMetricFamily("prorsa_allocator_watermarks", "tracker watermarks applied",

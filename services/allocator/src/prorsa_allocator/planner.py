@@ -438,6 +438,11 @@ class Allocator:
         )
         decision.events.append(plan)
         self.counters.plans += 1
+        if not cfg.actuate:
+            # Advisory: the plan says what would be commanded; nothing is, so the engine
+            # table, the dwell and the settling clock stay as the engines are.
+            self.counters.advised += len(sel.moves)
+            return decision
         # Validated in one call (pydantic-core over the list): a first plan may hold hundreds.
         min_deadline, slack, run = cfg.min_deadline_s, cfg.deadline_slack, fc.run
         cmds = _COMMANDS.validate_python([

@@ -35,6 +35,8 @@ class Counters:
     stale: int = 0
     plans: int = 0
     commands: int = 0
+    advised: int = 0
+    """Switches planned and not commanded (advisory mode: ``AllocatorConfig.actuate`` False)."""
     retries: int = 0
     abandoned: int = 0
     failed: int = 0

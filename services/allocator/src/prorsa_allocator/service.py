@@ -120,6 +120,8 @@ class AllocatorService:
         pub = ReliablePublisher(s.nats_url, "prorsa-allocator-pub", self.ns, credentials=s.credentials())
         await pub.start()
         stack.push_async_callback(pub.close)
+        if not self.state.allocator.config.actuate:
+            log.warning("advisory mode (actuate=false): plans are published and logged, no engine is switched")
         info = await js.stream_info(self.ns.stream)
         self.state.replay_until = info.state.last_seq
         if self.state.replay_until == 0:
@@ -241,8 +243,11 @@ class AllocatorService:
                 d = d if d is not None and d.t == ev.t else None  # the decision behind this plan
                 why = (d.selection.reason if d.selection is not None else d.skipped) if d is not None else ""
                 at = " at the weight update" if d is not None and d.at_update else ""
-                log.info("plan t=%s%s: %d prefill : %d decode, delta=%.3f, feasible=%s, %d switches%s",
-                         ev.t, at, ev.n_prefill, ev.n_decode, ev.delta, ev.feasible, len(ev.switches or []),
+                advised = not st.allocator.config.actuate
+                moves = ", ".join(f"{m.engine} -> {m.to_role}" for m in ev.switches or [])
+                log.info("%s t=%s%s: %d prefill : %d decode, delta=%.3f, feasible=%s, %d switches%s%s",
+                         "advice (not commanded)" if advised else "plan", ev.t, at, ev.n_prefill, ev.n_decode,
+                         ev.delta, ev.feasible, len(ev.switches or []), f" [{moves}]" if advised and moves else "",
                          f" ({why})" if why else "")
             elif isinstance(ev, EngineCommand):
                 log.info("command %s: %s -> %s by %.1f", ev.cmd, ev.engine, ev.to_role, ev.deadline)
