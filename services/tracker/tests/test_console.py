@@ -100,6 +100,31 @@ def test_role_steps_and_switch_rows() -> None:
     assert rows[1]["reason"] == "an operator's note" and rows[2]["reason"] == "no engine.command of this run"
 
 
+def test_switches_plans_advised_and_nobody_commanded_are_rows_of_their_own() -> None:
+    # An allocator in advisory mode: plans every 10 s list switches, no command follows.
+    # Consecutive plans advising the same move are one row; a move that stops being advised
+    # closes its row, and one advised again later opens another. A plan whose switch was
+    # commanded (before the next plan) adds no advice row.
+    def plan(ts, *moves):
+        return {"type": "allocation.plan", "ts": ts, "t": ts - 0.5, "n_prefill": 3, "n_decode": 1, "delta": 0.1,
+                "feasible": True, "switches": [{"engine": e, "to_role": r} for e, r in moves] or None}
+
+    plans = [plan(10, ("d1", "prefill"), ("d3", "prefill")), plan(20, ("d1", "prefill"), ("d3", "prefill")),
+             plan(30, ("d1", "prefill")), plan(40), plan(50, ("d1", "prefill")), plan(60, ("p0", "decode"))]
+    cmds = [{"type": "engine.command", "ts": 60, "cmd": "k1", "engine": "p0", "to_role": "decode", "deadline": 90}]
+    rows = cq.switch_rows(cmds, [], plans, now=70)
+    got = [(r["ts"], r["engine"], r["from_role"], r["to_role"], r["outcome"]) for r in rows]
+    assert got == [
+        (10, "d1", "decode", "prefill", "advised in 3 plans until 30.0 s, not commanded"),
+        (10, "d3", "decode", "prefill", "advised in 2 plans until 20.0 s, not commanded"),
+        (50, "d1", "decode", "prefill", "advised, not commanded"),
+        (60, "p0", None, "decode", "commanded"),
+    ]
+    assert rows[0]["cmd"] is None and rows[0]["reason"] == (
+        "plan of the window at 9.5 s: target 3P:1D, delta +0.10, lists this engine")
+    assert cq.advised_rows(cmds, plans[-1:]) == []
+
+
 # --- the hub -------------------------------------------------------------------------------
 
 

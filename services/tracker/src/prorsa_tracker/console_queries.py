@@ -171,10 +171,43 @@ def _plan_reason(plan: dict | None, engine_id: str) -> str:
             f"{'' if plan['feasible'] else ' (infeasible)'}{', lists this engine' if listed else ''}")
 
 
+def advised_rows(commands: list[dict], plans: list[dict]) -> list[dict]:
+    """The switches plans listed and no command carried out (an allocator in advisory mode):
+    one row per run of consecutive plans advising the same move, from the first of them.
+    A plan's switch counts as commanded when a command for that engine and role comes at
+    or after the plan and before the next one."""
+    plans = sorted(plans, key=lambda p: p["ts"])
+    rows: list[dict] = []
+    open_: dict[tuple[str, str], dict] = {}
+    for i, p in enumerate(plans):
+        end = plans[i + 1]["ts"] if i + 1 < len(plans) else math.inf
+        done = {(c["engine"], c["to_role"]) for c in commands if p["ts"] <= c["ts"] < end}
+        listed = [(s.get("engine"), s.get("to_role")) for s in p.get("switches") or []]
+        advised = [k for k in listed if k not in done]
+        for key in [k for k in open_ if k not in advised]:
+            rows.append(open_.pop(key))
+        for engine_id, to_role in advised:
+            row = open_.get((engine_id, to_role))
+            if row is None:
+                open_[(engine_id, to_role)] = row = {
+                    "cmd": None, "engine": engine_id, "ts": p["ts"], "deadline": None,
+                    "from_role": {"prefill": "decode", "decode": "prefill"}.get(to_role), "to_role": to_role,
+                    "reason": _plan_reason(p, engine_id), "outcome": "advised, not commanded", "seconds": None,
+                    "elapsed_s": None, "mode": None, "plans": 0, "last_ts": p["ts"]}
+            row["plans"] += 1
+            row["last_ts"] = p["ts"]
+    rows.extend(open_.values())
+    for r in rows:
+        if r["plans"] > 1:
+            r["outcome"] = f"advised in {r['plans']} plans until {_when(r['last_ts'])}, not commanded"
+    return sorted(rows, key=lambda r: (r["ts"], str(r["engine"]), str(r["to_role"])))
+
+
 def switch_rows(commands: list[dict], outcomes: list[dict], plans: list[dict], now: float | None = None) -> list[dict]:
-    """One row per commanded switch (and per switch no command of the run explains):
-    engine, from -> to, the reason (a ``reason`` field of the command if a producer added
-    one, else the plan it followed), the outcome and its duration."""
+    """One row per commanded switch (and per switch no command of the run explains, and
+    per run of plans advising a switch nobody commanded: :func:`advised_rows`): engine,
+    from -> to, the reason (a ``reason`` field of the command if a producer added one, else
+    the plan it followed), the outcome and its duration."""
     by_cmd: dict[str, dict] = {}
     for o in outcomes:
         by_cmd.setdefault(o["cmd"], {})[o["type"]] = o
@@ -213,6 +246,7 @@ def switch_rows(commands: list[dict], outcomes: list[dict], plans: list[dict], n
             "seconds": got["engine.switched"]["seconds"] if "engine.switched" in got else None, "elapsed_s": None,
             "mode": ev.get("mode"),
         })
+    rows.extend(advised_rows(commands, plans))
     return sorted(rows, key=lambda r: r["ts"])
 
 
