@@ -9,6 +9,7 @@ forecast is measured against").
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import time
@@ -177,11 +178,14 @@ def advised_rows(commands: list[dict], plans: list[dict]) -> list[dict]:
     A plan's switch counts as commanded when a command for that engine and role comes at
     or after the plan and before the next one."""
     plans = sorted(plans, key=lambda p: p["ts"])
+    cmds = sorted(commands, key=lambda c: c["ts"])
+    cmd_ts = [c["ts"] for c in cmds]
     rows: list[dict] = []
     open_: dict[tuple[str, str], dict] = {}
     for i, p in enumerate(plans):
         end = plans[i + 1]["ts"] if i + 1 < len(plans) else math.inf
-        done = {(c["engine"], c["to_role"]) for c in commands if p["ts"] <= c["ts"] < end}
+        done = {(c["engine"], c["to_role"])
+                for c in cmds[bisect.bisect_left(cmd_ts, p["ts"]):bisect.bisect_left(cmd_ts, end)]}
         listed = [(s.get("engine"), s.get("to_role")) for s in p.get("switches") or []]
         advised = [k for k in listed if k not in done]
         for key in [k for k in open_ if k not in advised]:
