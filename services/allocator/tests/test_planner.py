@@ -212,6 +212,27 @@ def test_failed_switch_cools_the_engine_down_and_another_is_chosen() -> None:
     assert again.engine != cmd.engine
 
 
+def test_an_engine_registered_with_no_switch_mode_is_never_chosen() -> None:
+    # d1 is the least loaded decode engine, the first pick; it registered with
+    # switch_modes [] (its agent can neither flip nor restart it), so d2 and d3 go instead.
+    # Without switch_modes at all (d0) the registration says nothing against it.
+    alloc = Allocator(config())
+    for i in range(4):
+        alloc.handle(registered(f"p{i}", "prefill"))
+    alloc.handle(registered("d0", "decode", modes=None))
+    alloc.handle(registered("d1", "decode", modes=()))
+    alloc.handle(registered("d2", "decode"))
+    alloc.handle(registered("d3", "decode"))
+    for eng, running in (("d0", 9), ("d1", 0), ("d2", 2), ("d3", 3)):
+        alloc.handle(stats(eng, "decode", ts=50.0, running=running, kv_used=1000 * running))
+    out = alloc.handle(forecast(t=60.0, prefill_engines=6.0, decode_engines=1.0))
+    assert [(c.engine, c.to_role) for c in commands(out)] == [("d2", "prefill"), ("d3", "prefill")]
+    assert alloc.table.engines["d1"].cannot_switch and not alloc.table.engines["d0"].cannot_switch
+    # Registered again with a mode (relaunched with the flag): it may move again.
+    alloc.handle(registered("d1", "decode", ts=61.0))
+    assert not alloc.table.engines["d1"].cannot_switch
+
+
 def test_deadline_retry_then_abandon() -> None:
     cfg = config(max_switch_fraction=0.125, initial_switch_fraction=0.125, max_attempts=2, ack_grace_s=5.0,
                  failure_cooldown_s=1000.0, in_place_switch_s=0.0)

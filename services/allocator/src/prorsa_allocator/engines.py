@@ -67,6 +67,11 @@ class EngineView(EngineRecord):
     engine registered with (nothing was decided for that one)."""
     command: Command | None = None
     cooldown_until: float = -math.inf
+    cannot_switch: bool = False
+    """The engine registered with an empty ``switch_modes``: it can neither flip in place nor
+    be restarted in the other role (an engine its agent did not launch, whose flags rule the
+    in-place flip out), so its agent refuses every switch and it is never chosen. An engine
+    whose registration does not say (no ``switch_modes``) may be."""
 
     @property
     def busy(self) -> bool:
@@ -176,6 +181,7 @@ def _registered(table: EngineTable, ev: EngineRegistered, change: RegistryChange
     view, old = change.record, change.previous
     assert isinstance(view, EngineView)
     view.since_ts = ev.ts
+    view.cannot_switch = ev.switch_modes is not None and not ev.switch_modes
     if isinstance(old, EngineView):
         if old.role == ev.role:
             view.since_ts = old.since_ts  # a re-registration is not a role change

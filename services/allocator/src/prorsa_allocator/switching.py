@@ -124,9 +124,10 @@ def drain_estimate(view: EngineView, cfg: AllocatorConfig, decode_drain_s: float
 def movable(view: EngineView, now: float, cfg: AllocatorConfig) -> bool:
     """No switch in flight, past its minimum dwell in this role if it switched into it (the
     role it registered with was nobody's decision, so leaving it at once is no flap), not
-    cooling down."""
+    cooling down, and able to switch at all (``EngineView.cannot_switch``)."""
     return (
-        view.command is None
+        not view.cannot_switch
+        and view.command is None
         and view.switching_to is None
         and (not view.switched or now - view.since_ts >= cfg.min_dwell_s)
         and now >= view.cooldown_until

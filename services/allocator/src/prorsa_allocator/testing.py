@@ -26,9 +26,10 @@ def _id(kind: str) -> str:
 
 def registered(engine: str, role: str, ts: float = 0.0, gpus: int = 8, modes=("in_place",),
                attn_dp: int | None = None) -> EngineRegistered:
+    """``modes`` None: a registration without ``switch_modes``."""
     return EngineRegistered(
         id=_id("reg"), ts=ts, run=RUN, engine=engine, server=f"srv-{engine}", role=role, gpus=gpus,
-        kv_capacity_tokens=KV, switch_modes=list(modes),
+        kv_capacity_tokens=KV, switch_modes=None if modes is None else list(modes),
         parallel=None if attn_dp is None else Parallel(attn_dp=attn_dp),
     )
 
