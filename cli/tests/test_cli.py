@@ -38,6 +38,24 @@ def test_help_lists_the_commands() -> None:
         assert cmd in res.stdout
 
 
+def test_help_paragraphs_wrap_at_the_terminal_not_at_the_source() -> None:
+    # The docstring breaks "... its own engine events need" / "(their registrations) ..."
+    # at 88 columns; at 200 columns the paragraph must print as one line.
+    res = run("export", "--help")
+    assert res.returncode == 0
+    assert "its own engine events need (their registrations), so that it loads" in res.stdout
+    res = run("tracker", "load", "--help")  # a sub-app's command too
+    assert res.returncode == 0
+    assert "content) is reported with its line number" in res.stdout
+
+
+def test_reflow_keeps_lists_and_click_verbatim_blocks() -> None:
+    from prorsa_runtime.cli import reflow_paragraphs
+
+    text = "Summary line.\n\n    One sentence\n    in two lines.\n\n    - a list\n    - kept\n\n    \b\n    verbatim\n    block"
+    assert reflow_paragraphs(text) == "Summary line.\n\nOne sentence in two lines.\n\n- a list\n- kept\n\n\b\nverbatim\nblock"
+
+
 def test_validate_reports_each_invalid_line_and_counts(tmp_path: Path) -> None:
     log = tmp_path / "mixed.jsonl"
     good = [json.dumps(json.loads(ev.model_dump_json(exclude_none=True))) for ev in example_events(2)]

@@ -15,7 +15,7 @@ from typing import Annotated, Optional
 import typer
 
 from prorsa_runtime.cli import (CONNECT_TIMEOUT_S, DEFAULT_NATS, NatsOpt, PrefixOpt, StreamOpt, console, fail,
-                                flags_show_no_type, namespace, non_negative, out, positive)
+                                flags_show_no_type, namespace, non_negative, out, positive, reflow_help)
 
 app = typer.Typer(
     name="prorsa",
@@ -257,6 +257,7 @@ def _register_plugins() -> None:
 
 
 _register_plugins()
+reflow_help(app)
 
 
 def main() -> None:

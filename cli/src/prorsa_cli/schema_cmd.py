@@ -58,8 +58,9 @@ def register(app: typer.Typer) -> None:
         asyncapi: Annotated[bool, typer.Option("--asyncapi", help="The AsyncAPI 3.0 document of the NATS subjects "
                             "(YAML), referencing the schemas as schema/<type>.json.")] = False,
     ) -> None:
-        """Print the JSON Schema of the contract's event types (generated from the models), or
-        the AsyncAPI document of the bus."""
+        """Print the JSON Schemas of the contract's events, or the bus's AsyncAPI document.
+
+        The schemas are generated from the pydantic models of prorsa_schemas."""
         from prorsa_schemas import EVENT_TYPES
         from prorsa_schemas.json_schema import dumps, event_schema, event_schemas
 

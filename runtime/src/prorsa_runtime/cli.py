@@ -78,6 +78,33 @@ def flags_show_no_type() -> None:
     TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
 
 
+def reflow_help(app: typer.Typer) -> None:
+    """Join the lines of each paragraph of every command's help in ``app`` and its sub-apps.
+
+    typer 0.29's rich help keeps a docstring's line breaks, so a paragraph wrapped at 88
+    columns in the source prints broken at the terminal's width. Each paragraph (split on
+    a blank line) becomes one line, which rich wraps; a paragraph that starts with click's
+    ``\\b`` marker, or that holds a list (lines starting ``-`` or ``*``), is kept as
+    written. Call it once all commands are registered."""
+    for info in app.registered_commands:
+        text = info.help or (info.callback.__doc__ if info.callback else None)
+        if text:
+            info.help = reflow_paragraphs(text)
+    for group in app.registered_groups:
+        if group.typer_instance is not None:
+            reflow_help(group.typer_instance)
+
+
+def reflow_paragraphs(text: str) -> str:
+    """``text`` (a docstring) with the lines of each plain paragraph joined by spaces."""
+    import inspect
+
+    out = []
+    for para in inspect.cleandoc(text).split("\n\n"):
+        lines = para.splitlines()
+        keep = para.startswith("\b") or any(ln.lstrip().startswith(("- ", "* ")) for ln in lines)
+        out.append(para if keep else " ".join(ln.strip() for ln in lines))
+    return "\n\n".join(out)
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print a clear error (one line, no traceback, never a password) and exit."""

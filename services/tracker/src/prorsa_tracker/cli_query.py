@@ -153,10 +153,12 @@ def register(app: typer.Typer) -> None:
     @app.command("export")
     def export_cmd(run: RunOpt, db: DbOpt, output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Log to write (.jsonl or .jsonl.gz); default stdout.")] = None,
                    with_engines: Annotated[bool, typer.Option("--with-engines", help="Also every engine's events (of any run) while the run was live, with their registrations: the cluster a forecast replay of the run needs.")] = False) -> None:
-        """Write a run's events back as a contract log (exact bytes, ordered by ts), with the
-        engine events of other runs that its engine events need (their registrations), so
-        that the export loads without anomalies; with --with-engines, the events of every
-        engine that was live meanwhile too (engine agents publish under their own run)."""
+        """Write a run's events back as a contract log (exact bytes, ordered by ts).
+
+        The export carries the engine events of other runs that its own engine events need
+        (their registrations), so that it loads without anomalies; with --with-engines, the
+        events of every engine that was live meanwhile too (engine agents publish under
+        their own run)."""
         import sys
 
         from .queries import count_events
