@@ -129,6 +129,57 @@ def compare(refs: list[Ref], now: dict[str, dict], recorded: dict, missing: dict
     return rows
 
 
+def _print(args: argparse.Namespace, rows: list[dict], recorded: dict, code: str, missing: dict[str, str],
+           wall: float | None, now_label: str = "now") -> None:
+    """The comparison, as JSON (``--json``) or as a Markdown table with a line per recorded code."""
+    codes = list(recorded["codes"])
+    if args.json:
+        print(json.dumps({"code": code, "wall_s": None if wall is None else round(wall, 1),
+                          "codes": recorded["codes"], "runs": rows}, indent=2))
+        return
+
+    def cell(f):
+        return "-" if f is None else f"{f['rollout_s']:.1f} / {f['switches']}"
+
+    head = [f"recorded {c}" for c in codes] + [now_label]
+    print("| run | " + " | ".join(head) + " | differs from |")
+    print("|---|" + "---|" * (len(head) + 1))
+    for row in rows:
+        cur = f"not {now_label}" if row["now"] is None else cell(row["now"])
+        cells = [cell(row["recorded"].get(c)) for c in codes] + [cur]
+        print(f"| {row['run']} | " + " | ".join(cells) + " | " + (", ".join(row["differs_from"]) or "-") + " |")
+    for c in codes:
+        print(f"- {c}: {recorded['codes'][c].get('label') or ''}")
+    for c in codes:
+        on = [row for row in rows if row["now"] is not None and c != row["now"]["code"] and c in row["recorded"]]
+        if on:
+            print(f"against {c}: {sum(c not in row['differs_from'] for row in on)} of {len(on)} runs the same "
+                  "(rollout time to 0.05 s and switch count)")
+    for name, why in missing.items():
+        print(f"not {now_label}: {name} ({why})")
+
+
+def _print_recorded(args: argparse.Namespace, refs: list[Ref], recorded: dict, current: str) -> int:
+    """``--recorded``: every recorded code against the figures recorded for one code, with
+    no simulation (the comparison the tables' provenance needs)."""
+    code = current if args.recorded == "current" else args.recorded
+    if code not in recorded["codes"]:
+        known = ", ".join(recorded["codes"]) or "none"
+        what = "the current code" if args.recorded == "current" else "code"
+        print(f"error: {what} {code} has no figures in {args.file} (recorded: {known}); run without "
+              "--recorded to simulate it, or name a recorded code", file=sys.stderr)
+        return 2
+    now, missing = {}, {}
+    for r in refs:
+        f = recorded["runs"].get(r.name, {}).get("by_code", {}).get(code)
+        if f is None:
+            missing[r.name] = f"no figure recorded for {code}"
+        else:
+            now[r.name] = {**f, "code": code, "spec": f.get("policy"), "command": r.command()}
+    _print(args, compare(refs, now, recorded, missing), recorded, code, missing, None, now_label=f"as {code}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=None, help="processes (default: the CPU count)")
@@ -143,7 +194,12 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0], metavar="K",
                     help="the seeds to run each reference run with (default: 0; others are named '... seed K')")
     ap.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    ap.add_argument("--recorded", nargs="?", const="current", default=None, metavar="CODE",
+                    help="run nothing: compare every recorded code with the figures recorded for CODE "
+                         "(a key of --file; default: the current code's key, which must be recorded)")
     args = ap.parse_args()
+    if args.recorded is not None and args.record:
+        ap.error("--recorded runs nothing, so there is nothing to --record")
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -171,6 +227,8 @@ def main() -> int:
         return 2
     versions = code_versions()
     print(f"code: simulator {versions.sim}, allocator and forecaster {versions.allocator}", file=sys.stderr)
+    if args.recorded is not None:
+        return _print_recorded(args, refs, recorded, f"{versions.sim}+{versions.allocator}")
     runnable, jobs, missing = [], [], {}
     for r in refs:
         spec = aliases.get(r.spec, r.spec)
@@ -196,33 +254,8 @@ def main() -> int:
                     "code": code, "version": versions(job), "spec": job.spec, "command": r.command()}
            for r, job, s in zip(runnable, jobs, results)}
 
-    codes = list(recorded["codes"])
-    rows = compare(refs, now, recorded, missing)
-
-    if args.json:
-        print(json.dumps({"code": code, "wall_s": round(wall, 1),
-                          "codes": recorded["codes"], "runs": rows}, indent=2))
-    else:
-        def cell(f):
-            return "-" if f is None else f"{f['rollout_s']:.1f} / {f['switches']}"
-
-        head = [f"recorded {c}" for c in codes] + ["now"]
-        print("| run | " + " | ".join(head) + " | differs from |")
-        print("|---|" + "---|" * (len(head) + 1))
-        for row in rows:
-            cur = "not on this code" if row["now"] is None else cell(row["now"])
-            cells = [cell(row["recorded"].get(c)) for c in codes] + [cur]
-            print(f"| {row['run']} | " + " | ".join(cells) + " | " + (", ".join(row["differs_from"]) or "-") + " |")
-        for c in codes:
-            print(f"- {c}: {recorded['codes'][c].get('label') or ''}")
-        for c in codes:
-            on = [row for row in rows if row["now"] is not None and c != row["now"]["code"] and c in row["recorded"]]
-            if on:
-                print(f"against {c}: {sum(c not in row['differs_from'] for row in on)} of {len(on)} runs the same "
-                      "(rollout time to 0.05 s and switch count)")
-        for name, why in missing.items():
-            print(f"not on this code: {name} ({why})")
-        print(f"{len(jobs)} runs, {wall:.1f} s of wall time", file=sys.stderr)
+    _print(args, compare(refs, now, recorded, missing), recorded, code, missing, wall, now_label="on this code")
+    print(f"{len(jobs)} runs, {wall:.1f} s of wall time", file=sys.stderr)
     if args.record:
         entry = recorded["codes"].setdefault(code, {})
         if args.label:

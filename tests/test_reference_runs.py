@@ -67,3 +67,28 @@ def test_an_unreadable_record_is_refused_before_any_run(tmp_path: Path) -> None:
     bad.write_text('{"runs": []}')
     r = _run("--file", str(bad), "--only", "x3")
     assert r.returncode == 2 and "expected an object" in r.stderr
+
+
+def test_recorded_compares_the_recorded_codes_without_simulating(tmp_path: Path) -> None:
+    rr = _module()
+    a, b = rr.REFS[0], rr.REFS[1]
+    doc = {"codes": {"new": {"label": "the code of the docs"}, "old": {}}, "runs": {
+        a.name: {"by_code": {"new": {"rollout_s": 100.0, "switches": 2, "policy": a.spec},
+                             "old": {"rollout_s": 100.0, "switches": 3, "policy": a.spec}}},
+        b.name: {"by_code": {"new": {"rollout_s": 50.0, "switches": 0, "policy": b.spec},
+                             "old": {"rollout_s": 50.03, "switches": 0, "policy": b.spec}}},
+    }}
+    f = tmp_path / "runs.json"
+    f.write_text(__import__("json").dumps(doc))
+    r = _run("--file", str(f), "--recorded", "new", "--only", a.name, b.name)
+    assert r.returncode == 0, r.stderr
+    assert "against old: 1 of 2 runs the same" in r.stdout
+    assert f"| {a.name} | 100.0 / 2 | 100.0 / 3 | 100.0 / 2 | old |" in r.stdout
+    assert "- new: the code of the docs" in r.stdout
+    # a code with no figures is refused, naming the recorded ones; --record makes no sense
+    r = _run("--file", str(f), "--recorded", "nope")
+    assert r.returncode == 2 and "code nope has no figures" in r.stderr and "recorded: new, old" in r.stderr
+    r = _run("--file", str(f), "--recorded")  # the current code's key is not in this record
+    assert r.returncode == 2 and "the current code" in r.stderr
+    r = _run("--file", str(f), "--recorded", "new", "--record")
+    assert r.returncode == 2 and "nothing to --record" in r.stderr
