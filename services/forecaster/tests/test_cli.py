@@ -94,6 +94,11 @@ def test_empty_log_and_log_without_requests(tmp_path):
     r = json.loads(runner.invoke(app, ["forecast-eval", str(only_engines), "--json"]).stdout)
     # Its one window is the one the log ends in: cut short, so not scored.
     assert r["windows"] == 0 and r["partial_windows"] == 1 and r["decode"]["wape"] is None
+    # The tables say why they are empty.
+    res = runner.invoke(app, ["forecast-eval", str(empty)])
+    assert res.exit_code == 0 and "no window was scored: the log holds no event" in res.output
+    res = runner.invoke(app, ["forecast-eval", str(only_engines)])
+    assert res.exit_code == 0 and "the log's 1 window(s) end where the log does" in res.output
 
 
 def test_bad_arguments_get_clear_errors(tmp_path):

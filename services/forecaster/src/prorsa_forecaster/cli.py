@@ -172,6 +172,11 @@ def _print_table(report: dict, console, out) -> None:
     for name, c in report["decode"].get("components", {}).items():
         dec.add_row(name, pct(c["wape"]), f"{c['forecast_tokens']:,}", f"{c['actual_tokens']:,}")
     out.print(dec)
+    if report["windows"] == 0:
+        partial = report.get("partial_windows", 0)
+        console.print("note: no window was scored: " + (
+            f"the log's {partial} window(s) end where the log does, cut short" if partial
+            else "the log holds no event") + f"; a window is {report['horizon']:g} s (--horizon)")
     if report.get("truncated"):
         console.print(f"warning: the log ends early ({report['truncated']}): the figures cover what came before it")
     if report["invalid_lines"] or report["ignored_events"] or report["out_of_order"]:
