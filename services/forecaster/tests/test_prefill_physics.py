@@ -12,7 +12,7 @@ from prorsa_forecaster.config import ForecastConfig
 from prorsa_forecaster.terms.common import N_CLASSES, request_loads, request_rows
 from prorsa_forecaster.terms.decode_admit import PendingUpdate, decode_admissions, decode_admissions_split
 from prorsa_forecaster.terms.known_queue import known_queue
-from prorsa_forecaster.history import Ratio, SizeBinnedRatio
+from prorsa_forecaster.history import AgeBinnedRatio, Ratio, SizeBinnedRatio
 from prorsa_forecaster.terms.prefill_queue import PrefillTimeModel
 from prorsa_forecaster.snapshot import RunInfo, Snapshot
 from prorsa_forecaster.state import QUEUED, LiveState
@@ -281,6 +281,57 @@ def test_size_binned_ratio_shrinks_each_bin_towards_the_pooled_share():
     r.observe(float("nan"), 1.0, 1.0)
     r.observe(20.0, float("inf"), 1.0)
     assert SizeBinnedRatio(pooled, pseudo=math.inf).table() == pytest.approx(np.full(SizeBinnedRatio.BINS, pooled.value))
+
+
+def test_age_binned_ratio_shrinks_each_age_bin_towards_the_pooled_share():
+    # Two bins a doubling: 5 s is bin floor(2 log2 5) = 4, 100 s bin 13, under 2 s bin 0.
+    assert [AgeBinnedRatio.bin_of(a) for a in (0.0, 1.9, 5.0, 100.0, 1e9)] == [0, 1, 4, 13, AgeBinnedRatio.BINS - 1]
+    pooled = Ratio(0.0, 1000.0, half_life=math.inf)
+    r = AgeBinnedRatio(pooled, pseudo=20.0, half_life=math.inf)
+    for _ in range(4):
+        r.observe(5.0, 0.0, 1000.0)  # young caches: nothing found
+        r.observe(100.0, 1000.0, 1000.0)  # settled: all of it
+    r.observe(math.inf, 1000.0, 1000.0)  # before any update: the pooled ratio alone
+    p = 5000 / 10000
+    assert pooled.value == pytest.approx(p)
+    assert r.value(5.5) == pytest.approx((4 * 0.0 + 20 * p) / (4 + 20))
+    assert r.value(100.0) == pytest.approx((4 * 1.0 + 20 * p) / (4 + 20))
+    assert r.value(30.0) == pytest.approx(p)  # a bin never seen
+    assert r.value(math.inf) == pytest.approx(p) and r.value(math.nan) == pytest.approx(p)
+    # inf pseudo-observations: one ratio at every age. An age that is not a number feeds
+    # the pooled ratio alone, and a bad ratio nothing.
+    assert AgeBinnedRatio(pooled, pseudo=math.inf).value(5.0) == pytest.approx(p)
+    r.observe(math.nan, 0.0, 1000.0)
+    r.observe(5.0, math.inf, 1000.0)
+    p = 5000 / 11000
+    assert pooled.value == pytest.approx(p)
+    assert r.value(5.5) == pytest.approx((4 * 0.0 + 20 * p) / (4 + 20))
+
+
+def test_the_warm_hit_is_learnt_by_the_caches_age():
+    # Update at 10 s flushes every cache. Each trajectory re-prefills cold at 12 s; its
+    # next turn is warm: four finish prefill 5 s after the update and find nothing of
+    # their 1000-token prefix, four finish 100 s after it and find all of it.
+    st = LiveState(ForecastConfig())
+    st.apply(_ev("policy.updated", 10.0, version=1))
+    for i in range(8):
+        t, end = f"t{i}", (15.0 if i < 4 else 110.0)
+        st.apply(_ev("trajectory.dispatched", 11.0, traj=t, prompt_tokens=1000))
+        st.apply(_ev("request.queued", 11.0, traj=t, req=f"{t}a", turn=0, prompt_tokens=1000))
+        st.apply(_ev("prefill.finished", 12.0, traj=t, req=f"{t}a", cached_tokens=0))
+        st.apply(_ev("decode.finished", 13.0, traj=t, req=f"{t}a", output_tokens=100, finish="tool"))
+        st.apply(_ev("request.queued", end - 1.0, traj=t, req=f"{t}b", turn=1, prompt_tokens=1500))
+        st.apply(_ev("prefill.finished", end, traj=t, req=f"{t}b", cached_tokens=0 if i < 4 else 1000))
+    h = st.history
+    p = h.cache_warm.value  # prior 0 over 1000 tokens, then 4 x 0 and 4 x 1000 of 1000
+    assert p == pytest.approx(4000 / 9000, rel=0.01)
+    # A forecast reads the bin of the caches' age in the middle of its window (S = 10 s):
+    # 5 s after the next update, and 100 s after it.
+    st.apply(_ev("policy.updated", 200.0, version=2))
+    young, settled = st.snapshot(200.0), st.snapshot(295.0)
+    assert young.cache_hit == pytest.approx((4 * 0.0 + 20 * p) / 24, rel=0.01)
+    assert settled.cache_hit == pytest.approx((4 * 1.0 + 20 * p) / 24, rel=0.01)
+    assert settled.cache_hit_unrouted == pytest.approx(settled.cache_hit * h.cache_same.value)
 
 
 def test_an_update_in_the_window_pauses_prefill_and_restarts_it_cold():

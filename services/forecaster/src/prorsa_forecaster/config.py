@@ -38,6 +38,10 @@ class ForecastConfig:
             their prefix is learnt per log2 bin of the prefix's size, each bin shrunk
             towards the pooled share by this many observations of it (inf: one share
             for every size).
+        cache_age_pseudo: the share of a warm request's cached prefix found cached is
+            learnt per log2 bin of the caches' age (seconds since the weight update that
+            flushed them), each bin shrunk towards the pooled share by this many
+            observations of it (inf: one share at every age).
         tool_turn_pseudo: the share of responses that call a tool (the rest end the
             trajectory) is learnt per turn index (bins 0-15, then octaves), each bin
             shrunk towards the pooled share by this many observations of it (inf: one
@@ -79,6 +83,7 @@ class ForecastConfig:
     bias_clip: float = 4.0
     bias_prior_windows: float = 2.0
     cache_same_pseudo: float = 20.0
+    cache_age_pseudo: float = 20.0
     tool_turn_pseudo: float = 20.0
     share_half_life: float = 6.0
     use_dp_rank: bool = True
@@ -112,6 +117,8 @@ class ForecastConfig:
             raise ValueError(f"bias_clip must be >= 1, got {self.bias_clip!r}")
         if not self.cache_same_pseudo >= 0:  # inf allowed; NaN refused
             raise ValueError(f"cache_same_pseudo must be >= 0 (inf: no size bins), got {self.cache_same_pseudo!r}")
+        if not self.cache_age_pseudo >= 0:  # inf allowed; NaN refused
+            raise ValueError(f"cache_age_pseudo must be >= 0 (inf: one share at every age), got {self.cache_age_pseudo!r}")
         if not self.tool_turn_pseudo >= 0:  # inf allowed; NaN refused
             raise ValueError(f"tool_turn_pseudo must be >= 0 (inf: one share for every turn), got {self.tool_turn_pseudo!r}")
         if not (self.share_half_life >= 0 and math.isfinite(self.share_half_life)):

@@ -120,6 +120,45 @@ class TurnBinnedRatio(SizeBinnedRatio):
         return turn_bin(size)
 
 
+class AgeBinnedRatio:
+    """A token-weighted :class:`Ratio` per log2 bin of an age in seconds (bin ``b`` holds
+    ages in [2^b, 2^(b+1)), ages under 2 s in bin 0), each shrunk towards the pooled ratio
+    by ``pseudo`` observations: ``(n_b * r_b + pseudo * pooled) / (n_b + pseudo)`` with
+    ``n_b`` the bin's decayed count. An infinite age (no weight update yet) feeds the
+    pooled ratio alone and reads it."""
+
+    BINS = 32  # two a doubling: 2^16 s, 18 hours
+    __slots__ = ("pooled", "pseudo", "_bins", "_n", "_keep")
+
+    def __init__(self, pooled: Ratio, pseudo: float = 20.0, half_life: float = 2000.0) -> None:
+        self.pooled = pooled
+        self.pseudo = float(pseudo)
+        self._bins = [Ratio(0.0, 0.0, half_life) for _ in range(self.BINS)]
+        self._n = [0.0] * self.BINS
+        self._keep = 0.5 ** (1.0 / half_life)
+
+    @classmethod
+    def bin_of(cls, age: float) -> int:
+        return min(max(int(math.floor(2.0 * math.log2(max(age, 1.0)))), 0), cls.BINS - 1)
+
+    def observe(self, age: float, num: float, den: float) -> None:
+        self.pooled.observe(num, den)
+        if not (math.isfinite(age) and math.isfinite(num) and math.isfinite(den) and den > 0 and num >= 0):
+            return
+        b = self.bin_of(age)
+        self._bins[b].observe(num, den)
+        self._n[b] = self._n[b] * self._keep + 1.0
+
+    def value(self, age: float) -> float:
+        """The shrunk ratio at ``age`` seconds (the pooled one where the age is not finite)."""
+        p = self.pooled.value
+        if not math.isfinite(age) or not math.isfinite(self.pseudo):
+            return p
+        b = self.bin_of(age)
+        n = self._n[b]
+        return (n * self._bins[b].value + self.pseudo * p) / (n + self.pseudo) if n + self.pseudo > 0 else p
+
+
 class History:
     """Learnt statistics the predictor conditions on (see the module docstring)."""
 
@@ -179,6 +218,11 @@ class History:
         # Priors 0: without cached_tokens in the log every token counts as computed.
         self.cache_warm = Ratio(0.0, 1000.0)
         self.cache_cold = Ratio(0.0, 1000.0)
+        # The warm hit by the caches' age (seconds since the weight update that flushed
+        # them, when the prefill ends): caches refill after a flush, and a prefix shared
+        # with other trajectories (a GRPO group's prompt) is found on more ranks the longer
+        # they have run. Each bin shrunk towards cache_warm (cache_age_pseudo).
+        self.cache_warm_age = AgeBinnedRatio(self.cache_warm, cfg.cache_age_pseudo)
         # When request.queued and prefill.finished name engines: the share of warm
         # requests routed back to the engine that caches their prefix (cache_warm is then
         # learnt on those alone, and a request queued at another engine is cold). Prior 1:

@@ -76,6 +76,9 @@ def build_snapshot(state, t: float) -> Snapshot:
         return np.where(ok, np.minimum(cache_prompt[mask], xs), 0.0)
 
     tool_x = state.context[:n][tool] + np.clip(growth, 0.0, None)
+    # The warm hit at the caches' age in the middle of the window (learnt by age).
+    age = t + 0.5 * h.config.horizon - state.last_update_ts
+    hit = h.cache_warm_age.value(age)
     pause = max(state.last_update_ts + h.update_pause.value - t, 0.0) if h.update_pause.n else 0.0
     ranks = h.config.use_dp_rank
     effects = h.frailty.active
@@ -125,8 +128,8 @@ def build_snapshot(state, t: float) -> Snapshot:
         ready_unrouted=unrouted[ready],
         inflight_unrouted=unrouted[inflight],
         prefill_pause=pause if np.isfinite(pause) else 0.0,
-        cache_hit=h.cache_warm.value,
-        cache_hit_unrouted=h.cache_warm.value * h.cache_same.value,
+        cache_hit=hit,
+        cache_hit_unrouted=hit * h.cache_same.value,
         cache_same_table=h.cache_same_size.table(),
         decode_turn=state.turn[:n][decode].copy(),
         ready_turn=state.turn[:n][ready].copy(),

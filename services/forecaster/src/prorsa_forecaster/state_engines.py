@@ -160,11 +160,11 @@ class EngineFold:
                 same = c == held
                 h.cache_same_size.observe(min(self.cache_prompt[i], x), float(same), 1.0)
                 if same:
-                    h.cache_warm.observe(cached, min(self.cache_prompt[i], x))
+                    h.cache_warm_age.observe(ts - self.last_update_ts, cached, min(self.cache_prompt[i], x))
                 else:
                     h.cache_cold.observe(cached, x)
             elif warm:
-                h.cache_warm.observe(cached, min(self.cache_prompt[i], x))
+                h.cache_warm_age.observe(ts - self.last_update_ts, cached, min(self.cache_prompt[i], x))
             else:
                 h.cache_cold.observe(cached, x)
         else:
