@@ -1,7 +1,7 @@
 """Where a forecaster's error comes from, on one contract log (the figures behind the
 analysis in docs/forecaster.md).
 
-    .venv/bin/python benchmarks/forecast_diagnostics.py LOG [--horizon 10] [--revealed] [--queue]
+    .venv/bin/python benchmarks/forecast_diagnostics.py LOG [--horizon 10] [--revealed] [--queue] [-o KEY=VALUE ...]
 
 Prints:
 
@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -237,7 +238,7 @@ def known_revealed(path: str, results, horizon: float) -> None:
         ev = line.event
         if ev is not None and ev.type == "prefill.finished" and ev.cached_tokens is not None:
             cached[ev.req] = ev.cached_tokens
-    loop = _Revealed(ForecastConfig(horizon=horizon), cached)
+    loop = _Revealed(ForecastConfig(horizon=horizon, **_OPTS), cached)
     revealed = []
     for line in read_log(path):
         if line.event is not None:
@@ -298,7 +299,7 @@ def queue_timing(path: str, horizon: float) -> None:
             if key is not None and ev.req in started:
                 begin[ev.req] = max(started[ev.req], last.get(key, -np.inf))
                 last[key] = ev.ts
-    loop = _Queue(ForecastConfig(horizon=horizon))
+    loop = _Queue(ForecastConfig(horizon=horizon, **_OPTS))
     for line in read_log(path):
         if line.event is not None:
             loop.feed(line.event)
@@ -353,13 +354,31 @@ def admitted_share(results) -> None:
           f"with the actual share {np.abs(sa * fa[m] - ad[m]).sum() / total:.1%}")
 
 
+_OPTS: dict = {}  # ForecastConfig overrides (-o KEY=VALUE), for every replay
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("log")
     ap.add_argument("--horizon", type=float, default=10.0)
     ap.add_argument("--revealed", action="store_true", help="also replay with the known requests' cache outcomes revealed (a second replay)")
     ap.add_argument("--queue", action="store_true", help="also replay to time the queue model's known requests against the log (a second replay)")
+    ap.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
+                    help="a ForecastConfig field, as `prorsa forecast-eval -o` takes it (e.g. cache_age_pseudo=inf)")
     args = ap.parse_args()
+    if args.option:
+        import typer
+
+        from prorsa_forecaster.cli import parse_options
+
+        try:
+            _OPTS.update(parse_options(args.option))  # prints the reason of a bad one
+        except typer.Exit as exc:
+            sys.exit(exc.exit_code)
+        try:
+            ForecastConfig(horizon=args.horizon if math.isfinite(args.horizon) and args.horizon > 0 else 10.0, **_OPTS)
+        except ValueError as exc:
+            ap.error(f"-o: {exc}")
     if not os.path.isfile(args.log):
         ap.error(f"no such log file: {args.log}")
     if not (math.isfinite(args.horizon) and args.horizon > 0):
@@ -367,7 +386,7 @@ def main() -> None:
     update_ts = cache_by_engine(args.log)
     prefill_balance(args.log, args.horizon)
 
-    loop = _Probe(ForecastConfig(horizon=args.horizon))
+    loop = _Probe(ForecastConfig(horizon=args.horizon, **_OPTS))
     results = []
     for line in read_log(args.log):
         ev = line.event
