@@ -106,6 +106,7 @@ def reflow_paragraphs(text: str) -> str:
         out.append(para if keep else " ".join(ln.strip() for ln in lines))
     return "\n\n".join(out)
 
+
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print a clear error (one line, no traceback, never a password) and exit."""
     from rich.markup import escape

@@ -39,8 +39,8 @@ class ForecastConfig:
             towards the pooled share by this many observations of it (inf: one share
             for every size).
         cache_age_pseudo: the share of a warm request's cached prefix found cached is
-            learnt per log2 bin of the caches' age (seconds since the weight update that
-            flushed them), each bin shrunk towards the pooled share by this many
+            learnt per half-octave bin of the caches' age (seconds since the weight update
+            that flushed them), each bin shrunk towards the pooled share by this many
             observations of it (inf: one share at every age).
         tool_turn_pseudo: the share of responses that call a tool (the rest end the
             trajectory) is learnt per turn index (bins 0-15, then octaves), each bin

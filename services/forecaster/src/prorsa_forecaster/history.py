@@ -121,9 +121,9 @@ class TurnBinnedRatio(SizeBinnedRatio):
 
 
 class AgeBinnedRatio:
-    """A token-weighted :class:`Ratio` per log2 bin of an age in seconds (bin ``b`` holds
-    ages in [2^b, 2^(b+1)), ages under 2 s in bin 0), each shrunk towards the pooled ratio
-    by ``pseudo`` observations: ``(n_b * r_b + pseudo * pooled) / (n_b + pseudo)`` with
+    """A token-weighted :class:`Ratio` per half-octave bin of an age in seconds (bin ``b``
+    holds ages in [2^(b/2), 2^((b+1)/2)), ages under 1.41 s in bin 0), each shrunk towards
+    the pooled ratio by ``pseudo`` observations: ``(n_b * r_b + pseudo * pooled) / (n_b + pseudo)`` with
     ``n_b`` the bin's decayed count. An infinite age (no weight update yet) feeds the
     pooled ratio alone and reads it."""
 
