@@ -366,6 +366,10 @@ def main() -> None:
     ap.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
                     help="a ForecastConfig field, as `prorsa forecast-eval -o` takes it (e.g. cache_age_pseudo=inf)")
     args = ap.parse_args()
+    if not os.path.isfile(args.log):
+        ap.error(f"no such log file: {args.log}")
+    if not (math.isfinite(args.horizon) and args.horizon > 0):
+        ap.error("--horizon must be a finite number > 0")
     if args.option:
         import typer
 
@@ -376,13 +380,9 @@ def main() -> None:
         except typer.Exit as exc:
             sys.exit(exc.exit_code)
         try:
-            ForecastConfig(horizon=args.horizon if math.isfinite(args.horizon) and args.horizon > 0 else 10.0, **_OPTS)
+            ForecastConfig(horizon=args.horizon, **_OPTS)  # a bad value, before minutes of replay
         except ValueError as exc:
             ap.error(f"-o: {exc}")
-    if not os.path.isfile(args.log):
-        ap.error(f"no such log file: {args.log}")
-    if not (math.isfinite(args.horizon) and args.horizon > 0):
-        ap.error("--horizon must be a finite number > 0")
     update_ts = cache_by_engine(args.log)
     prefill_balance(args.log, args.horizon)
 
