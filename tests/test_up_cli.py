@@ -268,3 +268,19 @@ def test_the_advise_policy_runs_the_allocator_in_advisory_mode(tmp_path: Path):
     assert allocator("advise").env["PRORSA_ALLOCATOR_ACTUATE"] == "false"
     assert "PRORSA_ALLOCATOR_ACTUATE" not in allocator("prorsa").env
     assert allocator("static") is None and allocator("colocation") is None
+
+
+def test_the_demo_is_asynchronous_by_default(tmp_path: Path):
+    # `prorsa demo` runs the paper's staleness-2 rollout unless told otherwise, 3 steps
+    # (a warm-up and two measured); a synchronous run defaults to 2; given steps are kept.
+    from prorsa_cli.options import demo_steps
+
+    assert demo_steps(None, 2) == 3 and demo_steps(None, 8) == 3
+    assert demo_steps(None, 0) == 2
+    assert demo_steps(5, 0) == 5 and demo_steps(1, 2) == 1
+    r = _run(["demo", "--help"], tmp_path, env={"NO_COLOR": "1", "COLUMNS": "200"})
+    assert r.returncode == 0
+    assert "2 (the default): asynchronous rollout" in r.stdout and "[default: 2]" in r.stdout
+    # A bad step count is still refused before anything starts.
+    r = _run(["demo", "--steps", "0", "--workdir", str(tmp_path / "w")], tmp_path)
+    assert r.returncode == 2 and "--steps must be >= 1" in r.stderr

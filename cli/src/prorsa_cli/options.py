@@ -72,6 +72,15 @@ class UpOptions:
         return self.horizon if self.horizon is not None else DEFAULT_WINDOW_S / self.time_scale
 
 
+def demo_steps(steps: int | None, staleness: int) -> int:
+    """`prorsa demo`'s rollout steps: ``steps`` when given; else 3 for an asynchronous run
+    (a warm-up that fills the empty cluster, then two measured steps, each one policy update
+    to the next) and 2 for a synchronous one (each step a whole batch, the first the warm-up)."""
+    if steps is not None:
+        return steps
+    return 3 if staleness > 0 else 2
+
+
 @dataclass
 class Ports:
     nats: int

@@ -83,11 +83,14 @@ def register(app: typer.Typer) -> None:
     def demo_cmd(
         workdir: WorkdirOpt = Path(".prorsa/demo"),
         policy: Annotated[str, typer.Option(help="prorsa (switching), advise (the allocator's plans published, no switch), static or colocation (for comparison).")] = "prorsa",
-        speed: Annotated[float, typer.Option(help="Simulated seconds per wall second (5: what two CPU cores keep up with; see docs/demo.md).", callback=positive)] = 5.0,
+        speed: Annotated[float, typer.Option(help="Simulated seconds per wall second (5: what two CPU cores keep up with in a synchronous run; see docs/demo.md).", callback=positive)] = 5.0,
         engines: Annotated[int, typer.Option(help="Emulated engines.")] = 4,
         batch_size: Annotated[int, typer.Option(help="Trajectories per rollout step (256: 4 per attention-DP rank of 4 DeepSeek-V3.2 engines, the paper's load per rank).")] = 256,
-        steps: Annotated[int, typer.Option(help="Rollout steps (async: policy updates).")] = 2,
-        staleness: StalenessOpt = 0,
+        steps: Annotated[Optional[int], typer.Option(help="Rollout steps (async: policy updates; default 3 "
+                                                          "asynchronous, 2 synchronous).")] = None,
+        staleness: Annotated[int, typer.Option(help="2 (the default): asynchronous rollout with at most 2 policy "
+                                                    "versions of staleness, as large RL jobs run it; 0: synchronous "
+                                                    "steps; the paper's settings are 0, 2 and 8.")] = 2,
         workload: Annotated[str, typer.Option(help="math, coding or general.")] = "general",
         max_turns: Annotated[int, typer.Option(help="Cap on turns per trajectory.")] = 6,
         seed: Annotated[int, typer.Option(help="Workload seed (the same seed gives the same trajectories under every policy).")] = 0,
@@ -98,12 +101,16 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """The live demo: `prorsa up --emulated-cluster` on a small scenario, then a summary and a PNG.
 
+        By default an asynchronous rollout (staleness 2) of the general agent on 4 emulated
+        DeepSeek-V3.2 engines; `--staleness 0` runs synchronous steps.
+
         Each policy runs in `<workdir>/<policy>`; when the other policy's run of the same
         scenario (same seed and options) is there, the summary adds the PD/colocation speedup."""
         from .livedemo import run_up
-        from .options import UpOptions
+        from .options import UpOptions, demo_steps
 
         base = dict(locals())
+        base["steps"] = demo_steps(steps, staleness)
         if compare and policy == "colocation":
             fail("--compare runs colocation against --policy prorsa, advise or static")
         code = 0
