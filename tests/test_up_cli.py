@@ -284,3 +284,12 @@ def test_the_demo_is_asynchronous_by_default(tmp_path: Path):
     # A bad step count is still refused before anything starts.
     r = _run(["demo", "--steps", "0", "--workdir", str(tmp_path / "w")], tmp_path)
     assert r.returncode == 2 and "--steps must be >= 1" in r.stderr
+
+
+def test_the_summary_says_why_trajectories_were_dropped():
+    from prorsa_cli.livedemo import dropped_text
+
+    assert dropped_text({"aborted": 385}) == "385 aborted (live at the run's last update, which ends it)"
+    text = dropped_text({"stale": 3, "aborted": 2, "sandbox": 1})
+    assert text.startswith("2 aborted (live at") and "3 stale (more policy versions old" in text
+    assert "1 sandbox" in text and "1 sandbox (" not in text  # a reason it does not know is kept as is

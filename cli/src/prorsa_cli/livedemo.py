@@ -294,6 +294,19 @@ def compare(summary: dict, other_dir: Path) -> dict | None:
     }
 
 
+DROP_REASONS = {
+    "aborted": "live at the run's last update, which ends it",
+    "stale": "more policy versions old than the staleness bound",
+}
+"""What the driver's drop reasons mean (an asynchronous run's; ``prorsa_sim.driver.loop``)."""
+
+
+def dropped_text(dropped: dict[str, int]) -> str:
+    """The summary's dropped trajectories, by reason, each with what it means."""
+    return ", ".join(f"{n} {r}" + (f" ({DROP_REASONS[r]})" if r in DROP_REASONS else "")
+                     for r, n in sorted(dropped.items()))
+
+
 def _print_summary(s: dict, plan: StackPlan, opts: UpOptions) -> None:
     t = Table(title=f"live run {s['run']} ({s['policy']})")
     t.add_column("measure")
@@ -315,8 +328,7 @@ def _print_summary(s: dict, plan: StackPlan, opts: UpOptions) -> None:
     t.add_row(f"rollout time per step (simulated, x{opts.speed:g})", sim or "-")
     dropped = s.get("dropped") or {}
     t.add_row("trajectories completed" + (" / dropped" if dropped else ""),
-              str(s["trajectories"]) + (" / " + ", ".join(f"{n} {r}" for r, n in sorted(dropped.items()))
-                                        if dropped else ""))
+              str(s["trajectories"]) + (" / " + dropped_text(dropped) if dropped else ""))
     if s.get("trajectory_mean_s") is not None:
         t.add_row("mean trajectory time (wall)", f"{s['trajectory_mean_s']:.1f} s")
     e = s.get("emulated_engines") or {}
