@@ -293,3 +293,17 @@ def test_the_summary_says_why_trajectories_were_dropped():
     text = dropped_text({"stale": 3, "aborted": 2, "sandbox": 1})
     assert text.startswith("2 aborted (live at") and "3 stale (more policy versions old" in text
     assert "1 sandbox" in text and "1 sandbox (" not in text  # a reason it does not know is kept as is
+
+
+def test_the_summary_counts_the_different_moves_advised():
+    # In advisory mode nothing moves, so each plan names the same switches again: the
+    # summary counts the switches named, the plans naming any, and the different moves.
+    from prorsa_cli.report import summarise
+
+    def plan(*moves):
+        return {"type": "allocation.plan", "run": "r", "switches": [{"engine": e, "to_role": r} for e, r in moves] or None}
+
+    events = [plan(("e1", "prefill"), ("e2", "prefill")), plan(("e1", "prefill"), ("e2", "prefill")),
+              plan(), plan(("e3", "decode"))]
+    s = summarise(events, "r", None, {}, 10.0)
+    assert (s["plans"], s["plans_with_switches"], s["planned_switches"], s["distinct_planned_switches"]) == (4, 3, 5, 3)

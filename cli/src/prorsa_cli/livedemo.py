@@ -341,7 +341,9 @@ def _print_summary(s: dict, plan: StackPlan, opts: UpOptions) -> None:
               + (f" ({s['switches_unsettled']} without an outcome)" if s.get("switches_unsettled") else ""))
     if s.get("policy") == "advise":
         t.add_row("switches advised, not commanded",
-                  f"{s.get('planned_switches', 0)} in {s.get('plans_with_switches', 0)} of {s.get('plans', 0)} plans")
+                  f"{s.get('planned_switches', 0)} in {s.get('plans_with_switches', 0)} of {s.get('plans', 0)} plans"
+                  f" ({s.get('distinct_planned_switches', 0)} different engine moves: a move not commanded"
+                  f" is advised again by the next plan)")
     w = s["forecast_wape"]
     pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
     sim_s = f", {opts.window_s * opts.time_scale:g} s simulated" if opts.time_scale != 1 else ""

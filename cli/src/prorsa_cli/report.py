@@ -114,6 +114,10 @@ def summarise(events: list[dict], run: str, driver: dict | None, forecaster_metr
         # What the plans asked for: under --policy advise nothing of it is commanded.
         "planned_switches": sum(len(e.get("switches") or []) for e in events if e["type"] == "allocation.plan"),
         "plans_with_switches": sum(1 for e in events if e["type"] == "allocation.plan" and e.get("switches")),
+        # Each plan advises from the cluster as it is, so a move not commanded is named
+        # again by the next plan: how many different (engine, role) moves they named.
+        "distinct_planned_switches": len({(sw.get("engine"), sw.get("to_role")) for e in events
+                                          if e["type"] == "allocation.plan" for sw in e.get("switches") or []}),
         "forecast_windows": len(fc),
         "horizon_s": horizon,
         "forecast_wape": wape,
