@@ -294,15 +294,11 @@ def compare(summary: dict, other_dir: Path) -> dict | None:
     }
 
 
-DROP_REASONS = {
-    "aborted": "live at the run's last update, which ends it",
-    "stale": "more policy versions old than the staleness bound",
-}
-"""What the driver's drop reasons mean (an asynchronous run's; ``prorsa_sim.driver.loop``)."""
-
-
 def dropped_text(dropped: dict[str, int]) -> str:
-    """The summary's dropped trajectories, by reason, each with what it means."""
+    """The summary's dropped trajectories, by reason, each with what it means (the
+    driver's :data:`~prorsa_sim.driver.loop.DROP_REASONS`)."""
+    from prorsa_sim.driver.loop import DROP_REASONS
+
     return ", ".join(f"{n} {r}" + (f" ({DROP_REASONS[r]})" if r in DROP_REASONS else "")
                      for r, n in sorted(dropped.items()))
 

@@ -49,6 +49,13 @@ from .config import DriverConfig
 
 log = logging.getLogger("prorsa.driver")
 
+DROP_REASONS = {
+    "stale": "more policy versions old than the staleness bound",
+    "aborted": "live at the run's last update, which ends it",
+}
+"""The reasons an asynchronous run drops a trajectory for (``trajectory.dropped``), with
+what each means: the run's summary says it beside each count."""
+
 
 @dataclass
 class DriverResult:
@@ -67,7 +74,7 @@ class DriverResult:
     events: int = 0
     by_type: dict[str, int] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)
-    """Trajectories dropped, by reason (async: "stale" past the bound, "aborted" at the end)."""
+    """Trajectories dropped, by reason (:data:`DROP_REASONS`)."""
     weight_syncs: int = 0
     paused_engines: int = 0
     """Engine pauses of the async weight syncs, summed over the syncs."""
