@@ -483,3 +483,42 @@ def test_a_persistent_bias_of_2_to_4x_is_corrected_by_default():
     for _ in range(10):
         miss.update(100.0, 500.0)
     assert miss.factor == 1.0
+
+
+def test_an_aborted_request_comes_back_after_the_learnt_requeue_delay():
+    # Aborted 0.5 s before t with a context of 3000 tokens; re-queued 2 s after an abort
+    # on every occasion, 3 of 4 times (one trajectory was dropped instead): 0.75 x 3000
+    # in the window, in the sub-step 1.5 s after t. Past the window it is not counted.
+    h = quiet_history()
+    h.requeue = fixed("requeue", *[2.0] * 50)
+    h.requeued, h.abort_ends = 3.0, 4.0
+    snap = Snapshot(t=0.0, aborted_elapsed=np.array([0.5]), aborted_context=np.array([3000.0]))
+    f = forecast(snap, h, CFG)
+    assert f.components["reprefill"] == pytest.approx(0.75 * 3000, rel=1e-6)
+    assert f.prefill_tokens == pytest.approx(0.75 * 3000, rel=1e-6)
+    h.requeue = fixed("requeue", *[20.0] * 50)
+    assert forecast(snap, h, CFG).components["reprefill"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_decode_under_way_at_a_landed_update_is_re_queued_not_turned():
+    # The update landed 0.2 s before t; a decode that began 1 s before t was under way
+    # then and has not been aborted yet: with the learnt share of such decodes cut (3 of
+    # 4), it is re-queued with 1000 + half the mean output (200) after the requeue delay,
+    # and its turn (a tool call back at 3.5 + 1 s) counts with the rest, 1 in 4. A decode
+    # that began after the update is not cut.
+    h = History(CFG)
+    h.decode = fixed("decode", *[3.5] * 50)
+    h.tool = fixed("tool", *[1.0] * 50)
+    h.requeue = fixed("requeue", *[0.1] * 50)
+    h.decode_tool, h.decode_done = 1.0, 1.0
+    h.output.value = 200.0
+    h.cut, h.cut_ends = 3.0, 4.0
+    snap = Snapshot(t=0.0, decode_elapsed=np.array([1.0]), decode_prompt=np.array([1000.0]),
+                    decode_growth=np.array([100.0]), since_update=0.2)
+    f = forecast(snap, h, CFG)
+    assert f.components["reprefill"] == pytest.approx(0.75 * 1100, rel=1e-6)
+    assert f.components["tool"] == pytest.approx(0.25 * 1300, rel=1e-6)
+    after = Snapshot(t=0.0, decode_elapsed=np.array([0.1]), decode_prompt=np.array([1000.0]),
+                     decode_growth=np.array([100.0]), since_update=0.2)
+    g = forecast(after, h, CFG)
+    assert g.components["reprefill"] == 0.0 and g.components["tool"] == pytest.approx(1300, rel=1e-6)

@@ -145,9 +145,28 @@ def test_fold_learns_cache_hits_servers_and_the_pause():
     assert st.state[st.slot("r", "t1")] == QUEUED
     snap = st.snapshot(9.0)
     assert snap.ready_cached[0] == 0.0 and len(snap.inflight_prompt) == 0
-    st.apply(_ev("prefill.finished", 13.0, traj="t1", req="t1c", engine="p0", cached_tokens=0))
+    st.apply(_ev("prefill.started", 13.0, traj="t1", req="t1c", engine="p0"))
     assert h.update_pause.value == pytest.approx(5.0)
     assert st.snapshot(20.0).prefill_pause == 0.0 and st.snapshot(10.0).prefill_pause == pytest.approx(3.0)
+
+
+def test_the_pause_is_not_ended_by_a_prefill_that_finishes_before_the_engines_stop():
+    """A framework that publishes policy.updated and then pauses its engines: a request in
+    prefill at the update may finish before they stop (no prefill.started in the log).
+    The pause ends with the first prefill of a request queued after the update (an
+    aborted decode re-queued), not with those."""
+    st = LiveState(ForecastConfig())
+    for t, q in (("a", 1.0), ("b", 1.0)):
+        st.apply(_ev("trajectory.dispatched", 0.0, traj=t, prompt_tokens=1000))
+        st.apply(_ev("request.queued", q, traj=t, req=f"{t}1", turn=0, prompt_tokens=1000))
+    st.apply(_ev("prefill.finished", 2.0, traj="b", req="b1", cached_tokens=0))
+    st.apply(_ev("policy.updated", 10.0, version=1))
+    st.apply(_ev("prefill.finished", 10.05, traj="a", req="a1", cached_tokens=0))  # before the engines stop
+    st.apply(_ev("decode.finished", 10.1, traj="b", req="b1", output_tokens=50, finish="abort"))
+    st.apply(_ev("request.queued", 10.12, traj="b", req="b2", turn=0, prompt_tokens=1050))
+    assert st.history.update_pause.n == 0
+    st.apply(_ev("prefill.finished", 11.7, traj="b", req="b2", cached_tokens=0))
+    assert st.history.update_pause.n == 1 and st.history.update_pause.value == pytest.approx(1.7)
 
 
 def test_sync_run_predicts_the_next_batch_after_an_update():
@@ -408,3 +427,27 @@ def test_known_finish_steps_add_up_to_the_admissions():
     assert pmf.sum(axis=1) == pytest.approx(w)
     assert pmf[0, 1] == pytest.approx(0.5) and pmf[0, 4] == pytest.approx(0.5)
     assert (pmf >= 0).all() and w[2] < w[1] < w[0] == pytest.approx(1.0)
+
+
+def test_the_fold_learns_requeues_and_the_share_of_decodes_an_update_cuts():
+    st = LiveState(ForecastConfig())
+    h = st.history
+    for t in ("a", "b", "c"):
+        st.apply(_ev("trajectory.dispatched", 0.0, traj=t, prompt_tokens=1000))
+        st.apply(_ev("request.queued", 1.0, traj=t, req=f"{t}1", turn=0, prompt_tokens=1000))
+        st.apply(_ev("prefill.finished", 2.0, traj=t, req=f"{t}1", cached_tokens=0))
+    st.apply(_ev("policy.updated", 5.0, version=1))
+    # Of the three decodes under way at the update two are aborted, one ends as a turn.
+    st.apply(_ev("decode.finished", 5.1, traj="a", req="a1", output_tokens=40, finish="abort"))
+    st.apply(_ev("decode.finished", 5.1, traj="b", req="b1", output_tokens=60, finish="abort"))
+    st.apply(_ev("decode.finished", 5.3, traj="c", req="c1", output_tokens=80, finish="tool"))
+    assert h.cut_share == pytest.approx((1 + 2) / (1 + 3))
+    snap = st.snapshot(5.2)
+    assert sorted(snap.aborted_context) == [1040.0, 1060.0]
+    assert list(snap.aborted_elapsed) == pytest.approx([0.1, 0.1])
+    # One re-queued 0.4 s after its abort, the other dropped.
+    st.apply(_ev("request.queued", 5.5, traj="a", req="a2", turn=0, prompt_tokens=1040))
+    st.apply(_ev("trajectory.dropped", 5.6, traj="b", reason="stale"))
+    assert h.requeue.count == 1 and h.requeue.observed_mean == pytest.approx(0.4)
+    assert h.requeue_share == pytest.approx((1 + 1) / (1 + 2))
+    assert len(st.snapshot(6.0).aborted_elapsed) == 0

@@ -7,8 +7,8 @@ no term loops over trajectories in Python. Appendix B's terms, one module each u
 * prefill demand W-hat^P = the sampler's launches (:mod:`.terms.sampler`, B.2) + sandbox
   start-ups (:mod:`.terms.sandbox`, B.3) + the ready queue (:mod:`.terms.ready`, B.4) +
   tool returns and the next turns (:mod:`.terms.tool`, B.5) + in-flight prefills
-  (:mod:`.terms.inflight`, B.6) + the re-prefills after a weight update
-  (:mod:`.terms.update`);
+  (:mod:`.terms.inflight`, B.6) + the re-prefills after a weight update, and of the
+  requests an abort cut short, when they are re-sent (:mod:`.terms.update`);
 * decode admissions A-hat^D and K-hat^D: the known requests and the predicted arrivals
   through the prefill queues (:mod:`.terms.decode_admit`, B.7);
 * each predicted source scaled by its online correction, and the lifecycle forecast
@@ -110,8 +110,10 @@ def forecast(snap: Snapshot, hist: History, cfg: ForecastConfig | None = None) -
             "tool": tool.term(snap, hist, cfg, cost, kq, landing),
         }
         re_if = update.reprefill_loads(snap, hist, cost, landing)  # if it lands: (4, N_CLASSES)
+        requeued = update.requeues(snap, hist, cfg, cost)  # aborted by a landed update (or a drain)
         comps = {name: finite_sum(x[1]) for name, x in loads.items()}
-        comps.update(ready=ready.term(snap), inflight=inflight.term(snap), reprefill=finite_sum(re_if[1]) * float(landing.sum()))
+        comps.update(ready=ready.term(snap), inflight=inflight.term(snap),
+                     reprefill=finite_sum(re_if[1]) * float(landing.sum()) + finite_sum(requeued[1]))
         known = comps["ready"] + comps["inflight"]
 
         # Each predicted source by its bias factor; new trajectories' arrivals blend the
@@ -121,7 +123,8 @@ def forecast(snap: Snapshot, hist: History, cfg: ForecastConfig | None = None) -
         w_samp, level = corr.new.split()
         new = w_samp * fs["sampler"] * comps["sampler"] + level
         model = known + new + sum(fs[k] * comps[k] for k in ("sandbox", "tool", "reprefill"))
-        future = loads["sampler"] * (fs["sampler"] * w_samp) + loads["sandbox"] * fs["sandbox"] + loads["tool"] * fs["tool"]
+        future = (loads["sampler"] * (fs["sampler"] * w_samp) + loads["sandbox"] * fs["sandbox"] + loads["tool"] * fs["tool"]
+                  + requeued * fs["reprefill"])
         future = clean(future) + _evenly(level, hist.first_prompt.value, snap, cost, cfg.steps)
 
         # Decode admissions: the re-prefills come with a pause and flushed caches, so the

@@ -189,6 +189,19 @@ class History:
         # in training changes how many tool calls it makes.
         self.tool_by_turn = TurnBinnedRatio(None, cfg.tool_turn_pseudo)
         self.output = RunningMean(300.0)
+        # A request aborted mid-decode (a weight update's pause, a drain) is re-queued with
+        # its context by the framework, or its trajectory is dropped: the abort -> next
+        # request.queued delay (prior 1 s worth one observation, CHOICE: about a weight
+        # sync; slime and AReaL re-send once generation continues) and the share re-queued
+        # (prior 1 of 1: the contract's carried-over trajectories re-prefill).
+        self.requeue = DurationModel("requeue", 1.0, prior_weight=1.0, half_life=hl)
+        self.requeued = 1.0
+        self.abort_ends = 1.0
+        # Of the decodes under way when an update lands, the share that end in an abort
+        # (prior 1 of 1: the update aborts them; a framework that lets them finish on the
+        # new weights teaches it otherwise).
+        self.cut = 1.0
+        self.cut_ends = 1.0
         # Admitted reward completion -> first request of the trajectory launched for it.
         self.launch = DurationModel("launch", cfg.prior_launch_s + cfg.prior_sandbox_prewarm_s, half_life=hl)
         # A cohort's last completion (sync batch, GRPO group) -> first request of the next.
@@ -255,6 +268,24 @@ class History:
         y = self.frailty.log_duration(duration)
         self.frailty.observe(y, calls, logsum, group)
         return calls + 1, logsum + y
+
+    def learn_requeue(self, delay: float | None) -> None:
+        """An aborted trajectory's request was re-queued ``delay`` seconds after its abort,
+        or (None) the trajectory was dropped instead."""
+        self.abort_ends += 1.0
+        if delay is not None:
+            self.requeued += 1.0
+            self.requeue.observe(max(delay, 0.0))
+
+    @property
+    def requeue_share(self) -> float:
+        """The share of aborted trajectories that re-queue their request."""
+        return self.requeued / self.abort_ends
+
+    @property
+    def cut_share(self) -> float:
+        """The share of the decodes under way at a weight update that it aborts."""
+        return self.cut / self.cut_ends
 
     @property
     def admit_rate(self) -> float:

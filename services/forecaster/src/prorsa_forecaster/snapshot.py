@@ -127,6 +127,13 @@ class Snapshot:
     decode_prompt: np.ndarray = field(default_factory=_f)
     decode_growth: np.ndarray = field(default_factory=_f)
     cohort_pending: np.ndarray = field(default_factory=_f)
+    aborted_elapsed: np.ndarray = field(default_factory=_f)
+    """Trajectories whose request was aborted mid-decode (a weight update's pause, a
+    drain) and not yet re-queued: seconds since the abort; ``aborted_context`` is the
+    prompt plus the output made before it (what a re-queued request re-prefills), and
+    ``aborted_cached`` (optional) the prefix a cache hit would find."""
+    aborted_context: np.ndarray = field(default_factory=_f)
+    aborted_cached: np.ndarray = field(default_factory=_f)
     decode_kv_now: float = 0.0
     update_elapsed: float = float("nan")
     """Seconds since the pending weight update was triggered (one batch of admitted
@@ -228,6 +235,8 @@ class Snapshot:
             "ready (unrouted)": ("ready_prompt", "ready_unrouted"),
             "inflight (unrouted)": ("inflight_prompt", "inflight_unrouted"),
             "tool (optional)": ("tool_elapsed", "tool_cached"),
+            "aborted": ("aborted_elapsed", "aborted_context"),
+            "aborted (optional)": ("aborted_elapsed", "aborted_cached"),
             "instances (optional)": ("instance_overhead", "instance_per_pair"),
             "instances (servers)": ("instance_overhead", "instance_servers"),
             "decode": ("decode_elapsed", "decode_prompt", "decode_growth"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .snapshot import START_DISPATCHED, Snapshot
-from .trajstate import DECODE, PREFILL, QUEUED, REWARD, START, TOOL
+from .trajstate import ABORTED, DECODE, PREFILL, QUEUED, REWARD, START, TOOL
 
 
 def _instance_costs(state, names: list[str | None]) -> list[tuple[float, float, float]]:
@@ -50,6 +50,7 @@ def build_snapshot(state, t: float) -> Snapshot:
     tool = st == TOOL
     inflight = st == PREFILL
     decode = st == DECODE
+    aborted = st == ABORTED
 
     cohort = state.cohort[:n]
     pending_mask = (st != 0) & ~reward & (cohort >= 0)
@@ -116,6 +117,9 @@ def build_snapshot(state, t: float) -> Snapshot:
         decode_prompt=state.prompt[:n][decode].copy(),
         decode_growth=all_growth[decode],
         cohort_pending=cohort_pending,
+        aborted_elapsed=t - state.entered[:n][aborted],
+        aborted_context=state.context[:n][aborted].copy(),
+        aborted_cached=cached(aborted, state.context[:n][aborted], routed=False),
         decode_kv_now=state.decode_kv(),
         decode_live=int(np.count_nonzero(decode)),
         instance_overhead=np.array([c[0] for c in coefs]),

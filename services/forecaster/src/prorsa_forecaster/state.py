@@ -136,23 +136,12 @@ class LiveState(SamplerFold, EngineFold):
         self.state[i] = START
         self.entered[i] = self.dispatched_at[i] = self.mode_at[i] = ts
         self.mode[i] = self.sandbox_mode[i] = START_DISPATCHED
-        self.dprompt[i] = self.prompt[i] = self.context[i] = 0.0
-        self.started_at[i] = np.nan
-        self.engine[i] = -1
-        self.growth[i] = np.nan
+        self.dprompt[i] = self.prompt[i] = self.context[i] = self.cache_prompt[i] = self.tool_logsum[i] = 0.0
+        self.started_at[i] = self.growth[i] = self.cause[i] = self.cohort_cause[i] = self.cache_ts[i] = np.nan
+        self.engine[i] = self.cohort[i] = self.cache_engine[i] = self.group[i] = -1
+        self.requests[i] = self.turn[i] = self.tool_calls[i] = 0
         self.result[i] = -1.0
-        self.requests[i] = 0
-        self.turn[i] = 0
-        self.cohort[i] = -1
-        self.cause[i] = self.cohort_cause[i] = np.nan
-        self.cache_prompt[i] = 0.0
-        self.cache_ts[i] = np.nan
-        self.cache_engine[i] = -1
-        self._req[i] = None
-        self.tool_calls[i] = 0
-        self.tool_logsum[i] = 0.0
-        self.group[i] = -1
-        self._group_key[i] = None
+        self._req[i] = self._group_key[i] = None
         return i
 
     def _release(self, i: int, traj: tuple[str, str], ts: float) -> None:
@@ -257,7 +246,9 @@ class LiveState(SamplerFold, EngineFold):
             self.growth[i] = growth if np.isnan(g) else (1 - a) * g + a * growth
         elif st == DECODE:
             self.kv_now -= self.prompt[i]  # re-prefill: the old request left decode
-        elif st not in (ABORTED, QUEUED, PREFILL):
+        elif st == ABORTED:
+            h.learn_requeue(ev.ts - self.entered[i])
+        elif st not in (QUEUED, PREFILL):
             self.ignored += 1
             return
         self.state[i] = QUEUED
@@ -289,7 +280,7 @@ class LiveState(SamplerFold, EngineFold):
             return
         if ev.engine is not None:
             self.engine[i] = self._code(ev.engine)
-        self._prefill_progress(ev.ts)
+        self._prefill_progress(ev.ts, self.queued_at[i])
         self._learn_prefill(i, ev.ts, ev.cached_tokens)
         self.state[i] = DECODE
         self.entered[i] = ev.ts
@@ -302,6 +293,9 @@ class LiveState(SamplerFold, EngineFold):
             return
         self.kv_now -= self.prompt[i]
         h = self.history
+        if self.entered[i] < self.last_update_ts:  # under way when the last update landed
+            h.cut_ends += 1.0
+            h.cut += ev.finish == "abort"
         if ev.finish != "abort":
             h.decode.observe(ev.ts - self.entered[i])
             h.decode_done += 1
@@ -328,6 +322,8 @@ class LiveState(SamplerFold, EngineFold):
         if i is None:
             self.ignored += 1
             return
+        if self.state[i] == ABORTED:
+            self.history.learn_requeue(None)
         self._release(i, (ev.run, ev.traj), ev.ts)
 
     # -- snapshot ------------------------------------------------------------------------

@@ -102,9 +102,13 @@ class EngineFold:
         _mutate(self, ev)
 
     # -- prefill helpers ------------------------------------------------------------------
-    def _prefill_progress(self, ts: float) -> None:
-        """The first prefill progress after a weight update ends its pause."""
-        if self._pause_pending:
+    def _prefill_progress(self, ts: float, queued: float | None = None) -> None:
+        """The first prefill progress after a weight update ends its pause: a prefill that
+        starts, or one that finishes of a request queued at or after the update. A
+        request queued before it may have been in prefill when ``policy.updated`` was
+        published and finish before the engines pause (a framework that publishes the
+        update, then pauses them), which says nothing of when they resume."""
+        if self._pause_pending and (queued is None or queued >= self.last_update_ts):
             self._pause_pending = False
             self.history.update_pause.observe(ts - self.last_update_ts)
 

@@ -176,10 +176,11 @@ class WindowLoop:
             return "sampler"
         was = int(self._wstate[i])
         if st.state[i] == ABORTED:
-            # Aborted (a weight update) and re-queued. The forecast counts all of the
-            # update's re-prefills in one term, whatever each was at t (the decoding set
-            # at t stands in for the set when the update lands; the turns it cuts are not
-            # forecast as tool returns).
+            # Aborted (a weight update, a drain) and re-queued. The forecast counts all of
+            # the re-prefills in one term, whatever each was at t: a pending update's (the
+            # decoding set at t stands in for the set when it lands; the turns it cuts are
+            # not forecast as tool returns) and those of the requests already aborted, or
+            # under way when the last update landed (terms.update.requeues).
             return "reprefill"
         return {START: "sandbox", TOOL: "tool", QUEUED: "tool", PREFILL: "tool", DECODE: "tool"}.get(was, "other")
 

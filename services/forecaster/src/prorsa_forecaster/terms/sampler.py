@@ -20,6 +20,7 @@ from ..guards import clean
 from ..history import History
 from ..snapshot import START_DISPATCHED, Snapshot
 from .common import class_sums, delay_pmf, kernel, rows, service_class
+from .update import ends_normally
 
 
 def term(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray) -> np.ndarray:
@@ -38,7 +39,7 @@ def term(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray) -
     finishing = np.zeros(steps)
     if len(snap.decode_elapsed) and snap.run.mode != "sync" and snap.run.injection == "replace" and hist.completions > 0:
         rew_k = kernel(hist.reward, S, steps)
-        stops = 1.0 - snap.tool_share("decode_turn", "decode_elapsed", hist.tool_fraction)
+        stops = (1.0 - snap.tool_share("decode_turn", "decode_elapsed", hist.tool_fraction)) * ends_normally(snap, hist)
         finishing = hist.decode.weighted_steps(clean(snap.decode_elapsed), stops, S, steps) @ rew_k
     if solo.any() or finishing.any():
         # N_pass per sub-step, through f (replace: linear), then the launch delay.

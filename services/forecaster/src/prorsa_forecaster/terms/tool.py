@@ -21,7 +21,7 @@ from ..snapshot import Snapshot
 from ..survival import compress
 from .common import N_CLASSES, by_step, kernel, rows, scaled_kernels, service_class, spread
 from .known_queue import KnownQueue
-from .update import not_interrupted
+from .update import ends_normally, not_interrupted
 
 
 def returns(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray, comes: np.ndarray) -> np.ndarray:
@@ -97,7 +97,7 @@ def next_turn(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarr
         # The current prompt will be cached by then: it is the next request's prefix.
         p = clean(snap.decode_prompt)
         x = p + extra + clean(snap.decode_growth)
-        calls = snap.tool_share("decode_turn", "decode_elapsed", pooled)
+        calls = snap.tool_share("decode_turn", "decode_elapsed", pooled) * ends_normally(snap, hist)
         elapsed = clean(snap.decode_elapsed)
         known = effects(snap, "decode_theta")
         if known is None:

@@ -1,10 +1,19 @@
-"""A weight update that may land in the window (beyond the paper's terms).
+"""A weight update that may land in the window, and the re-prefills of the requests an
+abort cut short (beyond the paper's terms).
 
 Once an async run's update is triggered (a batch of admitted samples is in) the learnt
 trigger -> ``policy.updated`` delay gives Pr(it lands in sub-step k). When it lands every
 decoding request is aborted and re-queued with its context (the re-prefill term), its
 turn ends without a tool call, prefill pauses for the weight sync and every cache is
 flushed (the decode admissions' mixture, :mod:`.decode_admit`).
+
+Once it has landed, the aborted requests come back when the framework re-sends them
+(:func:`requeues`): slime and AReaL re-send once generation continues, after the weight
+sync, so a window can open between an abort and its re-send, or between
+``policy.updated`` and the aborts it brings. Each aborted trajectory re-queues with the
+learnt share and the learnt abort -> re-queue delay; a decode under way when the update
+landed and not yet ended is cut with the learnt share of such decodes that ended in an
+abort (:func:`ends_normally`), and re-queued the same way.
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ from ..config import ForecastConfig
 from ..guards import clean
 from ..history import History
 from ..snapshot import Snapshot
-from .common import N_CLASSES, class_sums, rows, service_class
+from .common import N_CLASSES, class_sums, rows, service_class, spread
 
 
 def update_steps(snap: Snapshot, hist: History, cfg: ForecastConfig) -> np.ndarray:
@@ -57,3 +66,39 @@ def reprefill_loads(snap: Snapshot, hist: History, cost: np.ndarray, update: np.
     x = clean(snap.decode_prompt) + 0.5 * max(hist.output.value, 0.0)
     load = rows(snap, x)  # the update flushed every cache: no prefix
     return clean(class_sums(load, service_class(load, cost)))
+
+
+def cut_by_update(snap: Snapshot) -> np.ndarray:
+    """Per decoding request: whether it was under way when the last weight update
+    landed (its decode began before ``policy.updated``)."""
+    since = snap.since_update
+    if not np.isfinite(since) or len(snap.decode_elapsed) == 0:
+        return np.zeros(len(snap.decode_elapsed), dtype=bool)
+    return clean(snap.decode_elapsed) > since
+
+
+def ends_normally(snap: Snapshot, hist: History) -> np.ndarray:
+    """Per decoding request: the probability that its decode ends as a turn (a tool call
+    or a stop) rather than in an abort: 1, or for one under way when the last update
+    landed and not aborted yet, 1 - the learnt share of such decodes aborted."""
+    return np.where(cut_by_update(snap), 1.0 - hist.cut_share, 1.0)
+
+
+def requeues(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray) -> np.ndarray:
+    """The re-queued requests of trajectories whose decode an abort cut short: loads
+    ``(4, N_CLASSES, steps)``. Aborted ones re-queue their context with the learnt share,
+    after the learnt abort -> re-queue delay conditioned on the time since the abort;
+    decodes under way at the last update and still running are aborted with the learnt
+    share (taken as now) and re-queued the same way, with half a mean output made
+    (as :func:`reprefill_loads`) and no prefix (the update flushed the caches)."""
+    out = np.zeros((4, N_CLASSES, cfg.steps))
+    share = hist.requeue_share
+    if len(snap.aborted_elapsed):
+        cached = snap.column("aborted_cached", "aborted_elapsed")
+        out += spread(hist.requeue, clean(snap.aborted_elapsed), clean(snap.aborted_context), cached, snap, cost, cfg,
+                      np.full(len(snap.aborted_elapsed), share))
+    cut = cut_by_update(snap)
+    if cut.any() and hist.cut_share > 0:
+        x = clean(snap.decode_prompt)[cut] + 0.5 * max(hist.output.value, 0.0)
+        out += spread(hist.requeue, np.zeros(len(x)), x, 0.0, snap, cost, cfg, np.full(len(x), share * hist.cut_share))
+    return out
