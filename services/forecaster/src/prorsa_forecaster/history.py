@@ -192,8 +192,8 @@ class History:
         # A request aborted mid-decode (a weight update's pause, a drain) is re-queued with
         # its context by the framework, or its trajectory is dropped: the abort -> next
         # request.queued delay (prior 1 s worth one observation, CHOICE: about a weight
-        # sync; slime and AReaL re-send once generation continues) and the share re-queued
-        # (prior 1 of 1: the contract's carried-over trajectories re-prefill).
+        # sync, for a framework that re-sends once generation continues) and the share
+        # re-queued (prior 1 of 1: the contract's carried-over trajectories re-prefill).
         self.requeue = DurationModel("requeue", 1.0, prior_weight=1.0, half_life=hl)
         self.requeued = 1.0
         self.abort_ends = 1.0

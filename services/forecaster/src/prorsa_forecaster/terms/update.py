@@ -8,9 +8,10 @@ turn ends without a tool call, prefill pauses for the weight sync and every cach
 flushed (the decode admissions' mixture, :mod:`.decode_admit`).
 
 Once it has landed, the aborted requests come back when the framework re-sends them
-(:func:`requeues`): slime and AReaL re-send once generation continues, after the weight
-sync, so a window can open between an abort and its re-send, or between
-``policy.updated`` and the aborts it brings. Each aborted trajectory re-queues with the
+(:func:`requeues`): at once (the demo's driver: the paused engines hold them until they
+resume) or once generation continues, so a window can open between an abort and its
+re-send, or between ``policy.updated`` and the aborts it brings (a framework that
+publishes the update, then pauses its engines). Each aborted trajectory re-queues with the
 learnt share and the learnt abort -> re-queue delay; a decode under way when the update
 landed and not yet ended is cut with the learnt share of such decodes that ended in an
 abort (:func:`ends_normally`), and re-queued the same way.
