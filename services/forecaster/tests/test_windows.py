@@ -194,6 +194,47 @@ def test_every_requeue_after_an_abort_counts_as_reprefill():
     assert ws[1].sources["tool"] == 200 and ws[1].sources["reprefill"] == 210 + 130
 
 
+def test_a_window_that_opens_between_an_update_and_its_aborts_forecasts_the_re_prefills():
+    # The demo's driver publishes policy.updated, then pauses its engines: the decodes
+    # under way are aborted 30 ms after the update and re-sent at once, and the engines
+    # hold them through the weight sync. A window opens in between (t = 20, the update at
+    # 19.99): an earlier update has taught the loop that updates abort the decodes and
+    # that aborted requests come back within 50 ms, so both decodes are forecast to
+    # re-queue in this window (prompt + half the mean output), not to end their turns.
+    f = F()
+    events = [f("run.started", 0.0, mode="async", batch_size=64)]
+    for k, t in enumerate(("a", "b")):
+        events += [f("trajectory.dispatched", 0.0, traj=t, prompt_tokens=1000),
+                   f("request.queued", 1.0, traj=t, req=f"{t}0", turn=0, prompt_tokens=1000),
+                   f("prefill.finished", 2.0, traj=t, req=f"{t}0", cached_tokens=0)]
+    # The first update: both aborted and re-queued 40 ms later, then prefilled again.
+    events += [f("policy.updated", 5.0, version=1),
+               f("decode.finished", 5.03, traj="a", req="a0", output_tokens=200, finish="abort"),
+               f("decode.finished", 5.03, traj="b", req="b0", output_tokens=200, finish="abort"),
+               f("request.queued", 5.07, traj="a", req="a1", turn=0, prompt_tokens=1200),
+               f("request.queued", 5.07, traj="b", req="b1", turn=0, prompt_tokens=1200),
+               f("prefill.finished", 6.5, traj="a", req="a1", cached_tokens=0),
+               f("prefill.finished", 6.5, traj="b", req="b1", cached_tokens=0)]
+    # The second update, 10 ms before the window at t = 20 opens.
+    events += [f("policy.updated", 19.99, version=2),
+               f("decode.finished", 20.02, traj="a", req="a1", output_tokens=300, finish="abort"),
+               f("decode.finished", 20.02, traj="b", req="b1", output_tokens=300, finish="abort"),
+               f("request.queued", 20.06, traj="a", req="a2", turn=0, prompt_tokens=1500),
+               f("request.queued", 20.06, traj="b", req="b2", turn=0, prompt_tokens=1500),
+               f("trajectory.dispatched", 31.0, traj="z", prompt_tokens=1)]
+    loop = WindowLoop(CFG, gate=False)
+    ws = [w for ev in events for w in loop.feed(ev)]
+    h = loop.state.history
+    assert h.cut_share == 1.0 and h.requeue.count == 4  # every abort, both updates, re-queued
+    w = next(w for w in ws if w.t == 20.0)
+    assert w.sources["reprefill"] == 3000
+    mean_output = h.output.value  # nothing ended normally: the prior
+    assert w.forecast.components["reprefill"] == pytest.approx(2 * (1200 + 0.5 * mean_output), rel=1e-4)
+    assert w.forecast.components["tool"] == pytest.approx(0.0, abs=1e-6)
+    # The pause is learnt from the re-queued requests' prefill, 1.5 s after the update.
+    assert h.update_pause.value == pytest.approx(1.5)
+
+
 def test_two_runs_in_one_log_keep_their_trajectories_apart():
     # The same trajectory id in two runs: two trajectories, not one seen twice.
     def ev(type_, ts, run, **kw):

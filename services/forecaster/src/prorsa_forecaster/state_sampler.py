@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .snapshot import RunInfo
-from .trajstate import PREFILL, QUEUED, REWARD
+from .trajstate import DECODE, PREFILL, QUEUED, REWARD
 
 MAX_PENDING = 100_000
 """Completions (or finished cohorts) kept waiting for the launch they caused."""
@@ -123,12 +123,13 @@ class SamplerFold:
 
     def _on_policy_updated(self, ev) -> None:
         # New weights: prefix caches are flushed, and prefills in progress start over
-        # once the engines resume (the weight-sync pause, learnt below).
+        # once the engines resume (the weight-sync pause, learnt below from the first
+        # prefill after it: of a request waiting now, or of a decode it aborts, re-queued).
         n = self._n
         busy = self.state[:n] == PREFILL
         self.state[:n][busy] = QUEUED
         self.started_at[:n][busy] = np.nan
-        self._pause_pending = bool(busy.any() or (self.state[:n] == QUEUED).any())
+        self._pause_pending = bool(busy.any() or np.isin(self.state[:n], (QUEUED, DECODE)).any())
         self.last_update_ts = ev.ts
         if self.run.mode == "sync" and not self._cohort_live:
             self.sync_wait = ev.ts
