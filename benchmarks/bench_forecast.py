@@ -5,7 +5,8 @@ then times ``snapshot(t)`` + ``forecast(...)`` (what the service does once per w
 next to a baseline measured in the same run: one pass of Python over the trajectories
 (what a non-vectorised forecaster would at least cost).
 
-    .venv/bin/python benchmarks/bench_forecast.py [--sizes 10000 100000] [--repeat 20] [--attn-dp 16] [--pending-update] [-o KEY=VALUE ...]
+    .venv/bin/python benchmarks/bench_forecast.py [--sizes 10000 100000] [--repeat 20] [--attn-dp 16] [--pending-update]
+        [--landed-update] [-o KEY=VALUE ...]
 
 ``--attn-dp N`` registers the 8 prefill engines with N attention data-parallel ranks each
 (N prefill queues per engine in the queue simulation), as SGLang DP-attention engines do,
@@ -13,7 +14,10 @@ and names each live request's rank in ``request.queued.dp_rank``.
 ``-o KEY=VALUE`` overrides a ``ForecastConfig`` field (as ``prorsa forecast-eval -o``
 does), to time what one part costs, e.g. ``-o use_dp_rank=false``. ``--pending-update``
 makes the run async with a weight update triggered and not yet landed, the worst case of
-the decode admissions (a mixture over every sub-step it may land in). ``--groups G``
+the decode admissions (a mixture over every sub-step it may land in). ``--landed-update``
+publishes a weight update 2 s before the window and aborts half of the decodes under way
+at it, so that the forecast re-queues both halves (``terms/update.py``, ``requeues``: the
+aborted ones, and the rest as decodes that update is about to abort). ``--groups G``
 puts the trajectories in GRPO groups of G whose tool durations share a group effect
 (lognormal, sigma 0.6), so that the forecast runs with the group and trajectory effects
 on tool durations (frailty.py): each open call on its own time scale, each decoding or
@@ -36,7 +40,8 @@ from prorsa_forecaster.state import LiveState
 from prorsa_schemas import EVENT_TYPES
 
 
-def build(n: int, seed: int = 0, attn_dp: int = 0, pending_update: bool = False, groups: int = 0) -> LiveState:
+def build(n: int, seed: int = 0, attn_dp: int = 0, pending_update: bool = False, groups: int = 0,
+          landed_update: bool = False) -> LiveState:
     rng = np.random.default_rng(seed)
     history_n = 2000
     n_groups = max(history_n // groups, 1) if groups else 0
@@ -110,6 +115,11 @@ def build(n: int, seed: int = 0, attn_dp: int = 0, pending_update: bool = False,
         if phase == 3:
             continue
         st.apply(ev("decode.finished", ts + 5, traj=t, req=f"{t}-0", output_tokens=200, finish="tool" if phase == 4 else "stop"))
+    if landed_update:
+        # Every live decode (phase 3) began before this update; half are aborted by it.
+        st.apply(ev("policy.updated", 98.0, version=st.updates + 1))
+        for i in range(3, n, 12):
+            st.apply(ev("decode.finished", 98.03, traj=f"t{i}", req=f"t{i}-0", output_tokens=100, finish="abort"))
     return st
 
 
@@ -119,6 +129,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--attn-dp", type=int, default=0, help="attention DP ranks per prefill engine (0: unregistered)")
     ap.add_argument("--pending-update", action="store_true", help="a triggered weight update may land in the window (the update mixture runs)")
+    ap.add_argument("--landed-update", action="store_true",
+                    help="a weight update landed 2 s before the window; half the decodes under way aborted (the re-queue term runs)")
     ap.add_argument("--groups", type=int, default=0, help="GRPO group size whose tool durations share an effect (0: no groups)")
     ap.add_argument("-o", "--option", action="append", default=[], help="ForecastConfig override KEY=VALUE (repeatable)")
     args = ap.parse_args()
@@ -128,7 +140,12 @@ def main() -> None:
         raise SystemExit(e.exit_code) from None
     cfg = ForecastConfig(**overrides)
     for n in args.sizes:
-        st = build(n, attn_dp=args.attn_dp, pending_update=args.pending_update, groups=args.groups)
+        st = build(n, attn_dp=args.attn_dp, pending_update=args.pending_update, groups=args.groups,
+                   landed_update=args.landed_update)
+        if args.landed_update:
+            snap = st.snapshot(100.0)
+            from prorsa_forecaster.terms.update import cut_by_update
+            print(f"landed update: {len(snap.aborted_elapsed):,} aborted, {int(cut_by_update(snap).sum()):,} decodes under way at it")
         if args.groups and not st.history.frailty.active:
             raise SystemExit("--groups: the group effects were not estimated (frailty inactive)")
         t = 100.0
@@ -149,7 +166,8 @@ def main() -> None:
                 total += float(st.prompt[i])
         loop_s = time.perf_counter() - a
         print(
-            f"live={st.live:>7,} attn_dp={args.attn_dp} pending_update={args.pending_update} groups={args.groups}  forecast window: median {1e3 * statistics.median(times):6.1f} ms "
+            f"live={st.live:>7,} attn_dp={args.attn_dp} pending_update={args.pending_update} landed_update={args.landed_update} "
+            f"groups={args.groups}  forecast window: median {1e3 * statistics.median(times):6.1f} ms "
             f"(p90 {1e3 * sorted(times)[int(0.9 * len(times)) - 1]:6.1f} ms; snapshot {1e3 * statistics.median(snaps):5.1f} ms)  "
             f"| baseline python loop over trajectories: {1e3 * loop_s:6.1f} ms  "
             f"| W^P={f.prefill_tokens:,.0f} A^D={f.decode_admit_tokens:,.0f}"
