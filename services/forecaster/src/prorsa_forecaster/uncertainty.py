@@ -33,7 +33,7 @@ from .terms.decode_admit import AdmitDetail
 from .terms.known_queue import known_queue
 from .terms.sampler import sync_batch
 from .terms.tool import effects, open_weight, turn_kernels
-from .terms.update import cut_by_update, ends_normally, not_interrupted, update_steps
+from .terms.update import ends_normally, not_interrupted, requeue_rows, update_steps
 
 ABS_NORMAL = math.sqrt(2.0 / math.pi)
 """E|Z| for a standard normal Z: expected absolute error per unit of standard deviation."""
@@ -75,13 +75,9 @@ def _coin_flips(snap: Snapshot, hist: History, cfg: ForecastConfig):
         q = hist.decode.bucket_table(clean(snap.decode_elapsed), S, steps) @ back
         q = q * (snap.tool_share("decode_turn", "decode_elapsed", pooled) * ends_normally(snap, hist))[:, None]
         yield q, clean(snap.decode_prompt) + extra + clean(snap.decode_growth), False
-        cut = cut_by_update(snap)
-        if cut.any():  # re-queued after the abort that cuts them (terms.update.requeues)
-            q = hist.requeue.bucket_table(np.zeros(int(cut.sum())), S, steps) * (hist.requeue_share * hist.cut_share)
-            yield q, clean(snap.decode_prompt)[cut] + 0.5 * extra, False
-    if len(snap.aborted_elapsed):
-        q = hist.requeue.bucket_table(clean(snap.aborted_elapsed), S, steps) * hist.requeue_share
-        yield q, clean(snap.aborted_context), False
+    elapsed, prompt, _, weight = requeue_rows(snap, hist)  # as terms.update.requeues
+    if len(elapsed):
+        yield hist.requeue.bucket_table(elapsed, S, steps) * weight[:, None], prompt, False
     since = np.concatenate((np.asarray(snap.ready_since, float), np.asarray(snap.inflight_since, float)))
     if len(since):
         pmf_in, pmf_rd = known_queue(snap).finish_steps(S, steps)

@@ -64,9 +64,14 @@ def reprefill_loads(snap: Snapshot, hist: History, cost: np.ndarray, update: np.
     N_CLASSES)``: times ``update`` per sub-step, the forecast term."""
     if not update.any() or len(snap.decode_prompt) == 0:
         return np.zeros((4, N_CLASSES))
-    x = clean(snap.decode_prompt) + 0.5 * max(hist.output.value, 0.0)
-    load = rows(snap, x)  # the update flushed every cache: no prefix
+    load = rows(snap, reprefill_prompt(snap.decode_prompt, hist))  # the update flushed every cache: no prefix
     return clean(class_sums(load, service_class(load, cost)))
+
+
+def reprefill_prompt(prompt, hist: History) -> np.ndarray:
+    """The prompt a decode cut short by an abort re-prefills: its prompt plus half the
+    mean answer (what it had made by then, on average)."""
+    return clean(prompt) + 0.5 * max(hist.output.value, 0.0)
 
 
 def cut_by_update(snap: Snapshot) -> np.ndarray:
@@ -85,21 +90,29 @@ def ends_normally(snap: Snapshot, hist: History) -> np.ndarray:
     return np.where(cut_by_update(snap), 1.0 - hist.cut_share, 1.0)
 
 
-def requeues(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray) -> np.ndarray:
-    """The re-queued requests of trajectories whose decode an abort cut short: loads
-    ``(4, N_CLASSES, steps)``. Aborted ones re-queue their context with the learnt share,
-    after the learnt abort -> re-queue delay conditioned on the time since the abort;
-    decodes under way at the last update and still running are aborted with the learnt
-    share (taken as now) and re-queued the same way, with half a mean output made
-    (as :func:`reprefill_loads`) and no prefix (the update flushed the caches)."""
-    out = np.zeros((4, N_CLASSES, cfg.steps))
+def requeue_rows(snap: Snapshot, hist: History) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The requests an abort cut short and not re-queued yet, one row each: ``(elapsed,
+    prompt, cached prefix, weight)``. An aborted trajectory re-queues its context (the
+    seconds since its abort, the prefix a hit would find), with the learnt share that
+    re-queue; a decode under way when the last update landed and still running is taken
+    as aborted now (elapsed 0) with the learnt share of such decodes aborted, and
+    re-queued the same way with :func:`reprefill_prompt` and no prefix (the update
+    flushed the caches)."""
     share = hist.requeue_share
-    if len(snap.aborted_elapsed):
-        cached = snap.column("aborted_cached", "aborted_elapsed")
-        out += spread(hist.requeue, clean(snap.aborted_elapsed), clean(snap.aborted_context), cached, snap, cost, cfg,
-                      np.full(len(snap.aborted_elapsed), share))
     cut = cut_by_update(snap)
-    if cut.any() and hist.cut_share > 0:
-        x = clean(snap.decode_prompt)[cut] + 0.5 * max(hist.output.value, 0.0)
-        out += spread(hist.requeue, np.zeros(len(x)), x, 0.0, snap, cost, cfg, np.full(len(x), share * hist.cut_share))
-    return out
+    n_ab, n_cut = len(snap.aborted_elapsed), int(cut.sum())
+    elapsed = np.concatenate((clean(snap.aborted_elapsed), np.zeros(n_cut)))
+    prompt = np.concatenate((clean(snap.aborted_context), reprefill_prompt(np.asarray(snap.decode_prompt)[cut], hist)))
+    prefix = np.concatenate((snap.column("aborted_cached", "aborted_elapsed"), np.zeros(n_cut)))
+    weight = np.concatenate((np.full(n_ab, share), np.full(n_cut, share * hist.cut_share)))
+    return elapsed, prompt, prefix, weight
+
+
+def requeues(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarray) -> np.ndarray:
+    """The re-queued requests of trajectories whose decode an abort cut short
+    (:func:`requeue_rows`), after the learnt abort -> re-queue delay conditioned on the
+    time since the abort: loads ``(4, N_CLASSES, steps)``."""
+    elapsed, prompt, prefix, weight = requeue_rows(snap, hist)
+    if len(elapsed) == 0:
+        return np.zeros((4, N_CLASSES, cfg.steps))
+    return spread(hist.requeue, elapsed, prompt, prefix, snap, cost, cfg, weight)
