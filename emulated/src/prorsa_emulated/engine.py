@@ -92,6 +92,10 @@ class EmulatedEngine:
         self.rooms = RoomBoard()
         self.bootstrap = BootstrapServer(self.rooms, options.host, options.disaggregation_bootstrap_port)
         self._wake = asyncio.Event()
+        self.paused: str | None = None
+        """The mode of the ``pause_generation`` in force (None: generating)."""
+        self._resumed = asyncio.Event()
+        self._resumed.set()
         self._loop_task: asyncio.Task | None = None
         self._client: aiohttp.ClientSession | None = None
 
@@ -214,6 +218,12 @@ class EmulatedEngine:
     async def _loop(self) -> None:
         end: float | None = None  # emulated time the last step ended (None after idling)
         while True:
+            if self.paused is not None:
+                # SGLang's event loop takes requests in but runs no batch while paused.
+                self._wake.clear()
+                await self._wake.wait()
+                end = None
+                continue
             now = self.now()
             step = plan_step(self.ranks, self.profile, self.chunk, self.mode, now)
             for rank in self.ranks:
@@ -354,6 +364,11 @@ class EmulatedEngine:
         await self.sleep(self.profile.kv_transfer_time(req.prompt_tokens))
         if req.phase != "transfer":
             return
+        # A paused scheduler does not poll its transfer queue: the request joins the
+        # running batch (and its first token goes out) once generation continues.
+        await self._resumed.wait()
+        if req.phase != "transfer":
+            return
         rank.transfer.remove(req)
         req.completion = max(req.completion, 1)
         req.started_at = self.now()
@@ -386,6 +401,30 @@ class EmulatedEngine:
                 self._abort_req(req)
                 n += 1
         return n
+
+    def pause(self, mode: str) -> int:
+        """``POST /pause_generation {mode}`` as SGLang's scheduler takes it: no batch runs
+        until :meth:`resume`; ``abort`` aborts every request, ``retract`` frees the KV of
+        every request being prefilled or decoded (a mixed or prefill rank re-prefills it,
+        its prefix from the cache where it is still there; a PD decode rank parks it and
+        takes its KV back before decoding on), ``in_place`` keeps everything as it is (a
+        decode step under way ends first). Returns the requests aborted or retracted."""
+        n = 0
+        if mode == "abort":
+            n = self.abort(None, True)
+        elif mode == "retract":
+            for rank in self.ranks:
+                n += rank.retract_all(self.mode)
+        self.paused = mode
+        self._resumed.clear()
+        self._wake.set()  # a run of decode steps stops at the next step boundary
+        return n
+
+    def resume(self) -> None:
+        """``POST /continue_generation``."""
+        self.paused = None
+        self._resumed.set()
+        self._wake.set()
 
     def flush_cache(self) -> bool:
         if not self.is_fully_idle():

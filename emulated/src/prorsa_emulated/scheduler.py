@@ -248,6 +248,24 @@ class Rank:
     def kv_of_running(self) -> int:
         return sum(r.prompt_tokens + r.completion for r in self.running)
 
+    def retract_all(self, mode: str) -> int:
+        """``pause_generation`` in ``retract`` mode: every request being prefilled or
+        decoded gives its KV back, as :meth:`_retract` does one under KV pressure (the
+        oldest stays first in line). Returns how many."""
+        n = 0
+        if mode != "decode":
+            for req in reversed(self.prefilling):
+                self.release(req)
+                req.phase, req.prefilled = "waiting", 0
+                self.waiting.appendleft(req)
+                n += 1
+            self.prefilling.clear()
+            self.chunked = None
+        while self.running:
+            self._retract(self.running.pop(), mode)
+            n += 1
+        return n
+
     def _retract(self, req: Req, mode: str) -> None:
         self.retractions += 1
         self.release(req)

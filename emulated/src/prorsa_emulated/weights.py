@@ -7,14 +7,17 @@
   Nothing is loaded; the weights are a name.
 * ``POST /update_weight_version {new_version, abort_all_requests?}``.
 * ``POST /pause_generation {mode}`` / ``POST /continue_generation``; ``GET /ready`` answers
-  503 while paused (SGLang's ``is_ready``: not paused and healthy), 200 otherwise. Mode
-  ``abort`` aborts every request; other modes only set the flag (requests are not held:
-  not modelled).
+  503 while paused (SGLang's ``is_ready``: not paused and healthy), 200 otherwise. While
+  paused no batch runs (requests sent meanwhile wait in their queues), as SGLang's
+  scheduler does (``scheduler.py: pause_generation``); mode ``abort`` (the default) aborts
+  every request, ``retract`` frees the KV of every request being prefilled or decoded
+  (re-prefilled when generation continues; parked and reloaded on a PD decode engine), and
+  ``in_place`` keeps every request and its KV as they are. Another mode is refused (422).
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from fastapi import Body, FastAPI
 from fastapi.responses import JSONResponse, Response
@@ -37,17 +40,15 @@ class UpdateVersionReq(BaseModel):
 
 class PauseReq(BaseModel):
     model_config = ConfigDict(extra="allow")
-    mode: str = "abort"
+    mode: Literal["abort", "retract", "in_place"] = "abort"
 
 
 def add_weight_routes(app: FastAPI, options: Any, eng: Any) -> None:
     """Mount the weight-update and pause endpoints; ``options.model_path`` and
     ``options.weight_version`` are what ``/model_info`` reports."""
-    state = {"paused": False}
-
     @app.get("/ready")
     async def ready() -> Response:
-        return Response(status_code=200 if eng.healthy() and not state["paused"] else 503)
+        return Response(status_code=200 if eng.healthy() and eng.paused is None else 503)
 
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(obj: UpdateFromDiskReq = Body(...)) -> JSONResponse:
@@ -70,12 +71,10 @@ def add_weight_routes(app: FastAPI, options: Any, eng: Any) -> None:
 
     @app.post("/pause_generation")
     async def pause_generation(obj: PauseReq = Body(...)) -> JSONResponse:
-        if obj.mode == "abort":
-            eng.abort(None, True)
-        state["paused"] = True
+        eng.pause(obj.mode)
         return JSONResponse({"message": "Generation paused successfully.", "status": "ok"})
 
     @app.post("/continue_generation")
     async def continue_generation(body: dict = Body(default_factory=dict)) -> JSONResponse:
-        state["paused"] = False
+        eng.resume()
         return JSONResponse({"message": "Generation continued successfully.", "status": "ok"})
