@@ -54,6 +54,7 @@ def test_a_missing_nats_server_is_explained(tmp_path: Path):
     (["--emulated-cluster", "--with-router"], "--with-router is for a real cluster"),
     (["--router-host", "10.0.0.10"], "need --with-router"),
     (["--emulated-cluster", "--staleness", "-1"], "--staleness must be >= 0"),
+    (["--emulated-cluster", "--pause-mode", "rewind"], "--pause-mode must be abort, retract or in_place"),
 ])
 def test_bad_options_are_refused(tmp_path: Path, args: list[str], needle: str):
     r = _run(["up", "--workdir", str(tmp_path / "w"), *args], tmp_path)
@@ -77,6 +78,10 @@ def test_with_router_plans_sglang_router_for_a_real_cluster(tmp_path: Path):
     drv = next(s for s in plan_stack(UpOptions(workdir=tmp_path / "a", port_base=0, emulated_cluster=True,
                                                staleness=2)).specs if s.name == "driver")
     assert drv.cmd[drv.cmd.index("--staleness") + 1] == "2"
+    assert drv.cmd[drv.cmd.index("--pause-mode") + 1] == "abort"
+    drv = next(s for s in plan_stack(UpOptions(workdir=tmp_path / "i", port_base=0, emulated_cluster=True,
+                                               staleness=2, pause_mode="in_place")).specs if s.name == "driver")
+    assert drv.cmd[drv.cmd.index("--pause-mode") + 1] == "in_place"
     # Colocation: the same router, regular workers (no PD mode).
     colo = plan_stack(UpOptions(workdir=tmp_path / "c", port_base=0, emulated_cluster=True, policy="colocation"))
     assert "--pd-disaggregation" not in next(s for s in colo.specs if s.name == "router").cmd

@@ -113,3 +113,42 @@ async def test_async_driver_keeps_the_bound_and_syncs_weights_on_live_engines(na
         assert dropped or (again and again[0].prompt_tokens == prompt + a.output_tokens), a
     # Every event the driver published is in the stream.
     assert result["events"] == len(events)
+
+
+@pytest.mark.parametrize("mode", ["in_place", "retract"])
+async def test_a_weight_sync_that_does_not_abort_leaves_the_requests_in_flight_to_finish(nats_url, ns, mode):
+    """SGLang's other two pause modes: nothing is aborted or re-sent; a request under way at
+    an update ends normally after the engines continue (under ``retract`` it is re-prefilled
+    inside the engine, unseen by the framework)."""
+    nc = await connect(nats_url, "test-setup")
+    await ensure_stream(nc.jetstream(), ns)
+    await nc.close()
+    steps = 3
+    with EmulatedCluster(["prefill", "decode"], speed=50.0, router_kind="emulated").start(register=True) as c:
+        rc, out, err = await _drive(
+            nats_url, ns, c.router.url, "--workload", "general", "--batch-size", "8", "--steps", str(steps),
+            "--staleness", "1", "--max-turns", "6", "--max-output", "256", "--speed", "50",
+            "--train-s", "2", "--weight-sync-s", "1", "--pause-mode", mode)
+        assert rc == 0, out + err
+    result = json.loads(out)
+    assert result["pause_mode"] == mode and result["weight_syncs"] == steps
+    events = await _events(nats_url, ns)
+    assert result["aborted_requests"] == 0
+    assert not [e for e in events if e.type == "decode.finished" and e.finish == "abort"]
+    # Each turn is queued once: nothing is re-sent.
+    turns = Counter((e.traj, e.turn) for e in events if e.type == "request.queued")
+    assert set(turns.values()) == {1}
+    # Requests in flight at an update (queued before it, not ended by then) end normally
+    # after it, unless their trajectory is dropped there.
+    updates = [i for i, e in enumerate(events) if e.type == "policy.updated"][:-1]  # the last ends the run
+    ended_at = {e.req: i for i, e in enumerate(events) if e.type == "decode.finished"}
+    dropped = {e.traj for e in events if e.type == "trajectory.dropped"}
+    spanning = [e for i, e in enumerate(events) if e.type == "request.queued" and e.traj not in dropped
+                and any(i < u < ended_at.get(e.req, -1) for u in updates)]
+    assert spanning, "no request was in flight at an update"
+    finish = {e.req: e.finish for e in events if e.type == "decode.finished"}
+    assert {finish[e.req] for e in spanning} <= {"tool", "stop"}
+    # Every trajectory ends exactly once.
+    ended = Counter(e.traj for e in events if e.type in ("reward.finished", "trajectory.dropped"))
+    assert set(ended.values()) == {1}
+    assert set(ended) == {e.traj for e in events if e.type == "trajectory.dispatched"}

@@ -5,6 +5,7 @@ skipped and logged, and the sync goes on."""
 from __future__ import annotations
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from prorsa_emulated.cluster import free_port
@@ -117,3 +118,28 @@ async def test_an_engine_out_of_the_router_for_a_switch_is_still_synced(caplog):
         for r in (a, router):
             await r.cleanup()
     assert any(b_url in r.getMessage() and "taken as shut down" in r.getMessage() for r in caplog.records)
+
+
+async def test_the_pause_mode_is_sglangs_and_a_bad_one_is_refused_by_name():
+    from pydantic import ValidationError
+
+    from prorsa_sim.driver.config import DriverConfig
+
+    calls: list[dict] = []
+
+    async def record(request: web.Request) -> web.Response:
+        if request.path == "/pause_generation":
+            calls.append(await request.json())
+        return web.json_response({"status": "ok"})
+
+    eng, url = await _serve([web.post(p, record) for p in ("/pause_generation", "/flush_cache")])
+    try:
+        async with aiohttp.ClientSession() as client:
+            for mode in ("in_place", "retract"):
+                assert await weights.pause(client, [url], mode) == [url]
+    finally:
+        await eng.cleanup()
+    assert calls == [{"mode": "in_place"}, {"mode": "retract"}]
+    assert DriverConfig(router_url="http://r:1").pause_mode == "abort"
+    with pytest.raises(ValidationError, match="pause_mode"):
+        DriverConfig(router_url="http://r:1", pause_mode="rewind")

@@ -261,9 +261,11 @@ def engine_stats(urls: list[str]) -> dict:
             "behind_share": round(behind / (busy + behind), 4) if busy + behind > 0 else None}
 
 
-SCENARIO_KEYS = ("workload", "engines", "speed", "batch_size", "steps", "staleness", "max_turns", "seed",
+SCENARIO_KEYS = ("workload", "engines", "speed", "batch_size", "steps", "staleness", "pause_mode", "max_turns", "seed",
                  "emulated_model", "router")
 """What two runs must share for their rollout times to be compared."""
+SCENARIO_DEFAULTS = {"pause_mode": "abort"}
+"""The value of a key a summary written before it existed holds."""
 
 
 def scenario(opts: UpOptions) -> dict:
@@ -274,7 +276,8 @@ def compare(summary: dict, other_dir: Path) -> dict | None:
     """PD against colocation when ``other_dir`` holds the other policy's summary of the same
     scenario (same seed, workload, engines, speed, ...); None otherwise."""
     other = _read_json(other_dir / "summary.json")
-    if not other or any(other.get(k) != summary.get(k) for k in SCENARIO_KEYS):
+    if not other or any(other.get(k, SCENARIO_DEFAULTS.get(k)) != summary.get(k, SCENARIO_DEFAULTS.get(k))
+                        for k in SCENARIO_KEYS):
         return None
     if (summary["policy"] == "colocation") == (other.get("policy") == "colocation"):
         return None
@@ -319,7 +322,8 @@ def _print_summary(s: dict, plan: StackPlan, opts: UpOptions) -> None:
     syncs = s.get("weight_syncs") or {}
     if syncs.get("syncs"):
         t.add_row("weight syncs / engines paused and synced",
-                  f"{syncs['syncs']} / {syncs.get('engine_pauses', 0)} ({opts.engines} engines each)")
+                  f"{syncs['syncs']} / {syncs.get('engine_pauses', 0)} ({opts.engines} engines each; "
+                  f"pause mode {syncs.get('pause_mode', 'abort')})")
     t.add_row("rollout time per step (wall)", steps or "-")
     t.add_row(f"rollout time per step (simulated, x{opts.speed:g})", sim or "-")
     dropped = s.get("dropped") or {}

@@ -15,6 +15,7 @@ Policy = Literal["prorsa", "advise", "static", "colocation"]
 """prorsa: PD with the allocator switching engines; advise: PD with the allocator in advisory
 mode (plans published, no switch); static: PD, no allocator; colocation: mixed engines."""
 RouterKind = Literal["sglang", "emulated"]
+PauseMode = Literal["abort", "retract", "in_place"]
 
 
 class UpError(RuntimeError):
@@ -47,6 +48,9 @@ class UpOptions:
     staleness: int = 0
     """The driver's sampler: 0 synchronous steps; N > 0 asynchronous, N policy versions of
     staleness at most (docs/demo.md, "Asynchronous rollout")."""
+    pause_mode: PauseMode = "abort"
+    """How the driver's weight syncs pause the engines (SGLang's ``pause_generation`` mode,
+    docs/demo.md "How the engines pause for a weight sync")."""
     max_turns: int = 6
     seed: int = 0
     emulated_model: str = "deepseek-v3.2"

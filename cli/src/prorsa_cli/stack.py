@@ -299,7 +299,7 @@ def plan_stack(opts: UpOptions) -> StackPlan:
             PY, "-m", "prorsa_sim.driver", "--router", router_url, "--nats", nats_url, "--run", opts.run,
             "--workload", opts.workload, "--batch-size", str(opts.batch_size), "--steps", str(opts.steps),
             "--max-turns", str(opts.max_turns), "--speed", str(opts.speed), "--seed", str(opts.seed),
-            "--staleness", str(opts.staleness),
+            "--staleness", str(opts.staleness), "--pause-mode", opts.pause_mode,
             "--out", str(driver_out), "--progress", str(progress)],
             # The SDK logs in with PRORSA_NATS_USER / _PASSWORD: as the RL framework would, "rollout".
             env={**base_env, **_nats_login("PRORSA_", "rollout", passwords)}, restart=False))

@@ -23,6 +23,10 @@ from prorsa_runtime.cli import console, fail, out, positive
 WorkdirOpt = Annotated[Path, typer.Option(help="Where the bus store, the SQLite log, process logs and results go.")]
 StalenessOpt = Annotated[int, typer.Option(help="0: synchronous steps; N > 0: asynchronous rollout with at most N "
                                                 "policy versions of staleness (the paper's 2 and 8).")]
+PauseModeOpt = Annotated[str, typer.Option(help="How a weight sync pauses the engines (SGLang's pause_generation "
+                                                "mode): abort (the requests in flight are aborted and re-sent, "
+                                                "as slime and AReaL do), retract (their KV is freed and they "
+                                                "re-prefill inside the engine) or in_place (they wait and go on).")]
 
 
 def register(app: typer.Typer) -> None:
@@ -51,6 +55,7 @@ def register(app: typer.Typer) -> None:
         batch_size: Annotated[int, typer.Option(help="Trajectories per rollout step.")] = 24,
         steps: Annotated[int, typer.Option(help="Rollout steps.")] = 2,
         staleness: StalenessOpt = 0,
+        pause_mode: PauseModeOpt = "abort",
         max_turns: Annotated[int, typer.Option(help="Cap on turns per trajectory.")] = 6,
         seed: Annotated[int, typer.Option(help="Workload seed.", min=0)] = 0,
         emulated_model: Annotated[str, typer.Option(help="Cost-model profile of the emulated engines.")] = "deepseek-v3.2",
@@ -91,6 +96,7 @@ def register(app: typer.Typer) -> None:
         staleness: Annotated[int, typer.Option(help="2 (the default): asynchronous rollout with at most 2 policy "
                                                     "versions of staleness, as large RL jobs run it; 0: synchronous "
                                                     "steps; the paper's settings are 0, 2 and 8.")] = 2,
+        pause_mode: PauseModeOpt = "abort",
         workload: Annotated[str, typer.Option(help="math, coding or general.")] = "general",
         max_turns: Annotated[int, typer.Option(help="Cap on turns per trajectory.")] = 6,
         seed: Annotated[int, typer.Option(help="Workload seed (the same seed gives the same trajectories under every policy).")] = 0,
@@ -136,6 +142,8 @@ def _options(cls, given: dict):
         fail("--max-restarts must be >= 0")
     if given.get("staleness", 0) < 0:
         fail("--staleness must be >= 0 (0: synchronous)")
+    if given.get("pause_mode", "abort") not in ("abort", "retract", "in_place"):
+        fail(f"--pause-mode must be abort, retract or in_place, got {given['pause_mode']!r}")
     for name in ("engines", "agents", "batch_size", "steps", "max_turns"):
         if name in given and given[name] < 1:
             fail(f"--{name.replace('_', '-')} must be >= 1")

@@ -22,7 +22,7 @@ def parser() -> argparse.ArgumentParser:
                       ("max-turns", int), ("max-output", int), ("speed", float), ("train-s", float),
                       ("seed", int), ("prefix", str), ("stream", str), ("out", Path), ("progress", Path),
                       ("ready-timeout-s", float), ("staleness", int), ("over-dispatch", float),
-                      ("weight-sync-s", float)):
+                      ("weight-sync-s", float), ("pause-mode", str)):
         p.add_argument(f"--{name}", type=typ, default=None)
     return p
 

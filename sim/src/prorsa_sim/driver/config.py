@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -32,6 +33,11 @@ class DriverConfig(BaseModel):
     weight_sync_s: float = Field(default=5.0, ge=0, description=(
         "simulated seconds the engines stay paused while new weights load, at every policy "
         "update (sync: between two steps; async: while rollout goes on)"))
+    pause_mode: Literal["abort", "retract", "in_place"] = Field(default="abort", description=(
+        "how the weight sync pauses the engines (SGLang's pause_generation mode): abort (every "
+        "request in flight is aborted and re-sent with its context, as slime and AReaL do by "
+        "default), retract (their KV is freed and they re-prefill inside the engine, unseen by "
+        "the framework) or in_place (they wait, KV kept, and go on with the new weights)"))
     seed: int = Field(default=0, ge=0)
     prefix: str = Field(default="prorsa", description="subject prefix")
     stream: str = Field(default="PRORSA", description="JetStream stream")

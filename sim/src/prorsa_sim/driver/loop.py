@@ -8,7 +8,8 @@ once within an AReaL-style launch budget ((version + N + 1) batches over the adm
 rate), GRPO groups dispatched whole; the trainer starts when a batch of admitted rewards
 is in and trains while rollout goes on; at the update the trajectories more than N
 versions old are dropped (``trajectory.dropped`` "stale") and the engines pause for the
-weight sync (:mod:`.weights`): every request in flight is aborted and re-sent after it. A
+weight sync (:mod:`.weights`): every request in flight is aborted and re-sent after it
+(``pause_mode`` abort, the default; with retract or in_place it stays open and goes on). A
 step's time is then the time between two updates. The run ends at the last update; the
 trajectories still live are dropped ("aborted").
 
@@ -76,6 +77,8 @@ class DriverResult:
     dropped: dict[str, int] = field(default_factory=dict)
     """Trajectories dropped, by reason (:data:`DROP_REASONS`)."""
     weight_syncs: int = 0
+    pause_mode: str = "abort"
+    """How each weight sync paused the engines (``DriverConfig.pause_mode``)."""
     paused_engines: int = 0
     """Engine pauses of the async weight syncs, summed over the syncs."""
     step_times_s: list[float] = field(default_factory=list)
@@ -133,6 +136,7 @@ class Driver:
         self.result = DriverResult(run=cfg.run, workload=cfg.workload, speed=cfg.speed)
         self.result.mode = "async" if cfg.staleness else "sync"
         self.result.staleness = cfg.staleness
+        self.result.pause_mode = cfg.pause_mode
         self.step = 0
         self.live = 0
         self._prewarm_free = self.spec.prewarm_pool
@@ -376,8 +380,8 @@ class Driver:
         self._fill(em, client)
 
     async def _sync_weights(self, client: aiohttp.ClientSession) -> None:
-        """The weight sync after a policy update: every engine stops and drops what it holds
-        (those the router lists and those between the two halves of a role switch:
+        """The weight sync after a policy update: every engine stops and, in ``pause_mode``
+        abort, drops what it holds (those the router lists and those between the two halves of a role switch:
         weights.Fleet), flushes its prefix cache, and after ``weight_sync_s`` names the new
         version and generates again. Trajectories hold their next request meanwhile."""
         cfg = self.cfg
@@ -385,7 +389,7 @@ class Driver:
         try:
             listed = await weights.engine_urls(client, cfg.router_url)
             urls = self._fleet.targets(listed)
-            paused = await weights.pause(client, urls)
+            paused = await weights.pause(client, urls, cfg.pause_mode)
             self._fleet.settle(listed, paused)
             urls = [u for u in urls if u in self._fleet.known]
             self.result.paused_engines += len(paused)

@@ -7,6 +7,11 @@ engines resume. For every engine, ``POST /pause_generation {"mode": "abort"}`` (
 request in flight is aborted; its trajectory re-sends the context plus what was
 generated, after the sync) and ``POST /flush_cache`` (the prefixes were computed with the old weights); then,
 after the sync time, ``POST /update_weight_version`` and ``POST /continue_generation``.
+With the driver's ``pause_mode`` ``retract`` or ``in_place`` (SGLang's other two modes:
+slime's ``--rollout-weight-sync-pause-mode retract``, and a framework that lets the
+requests under way finish on the new weights) nothing is aborted: the requests in flight
+stay open and go on when the engines continue (re-prefilled inside the engine under
+``retract``), and SGLang refuses the flush of an engine that still holds them.
 The engines synced are every worker the router has listed since the run began
 (:class:`Fleet`), not only those it lists at that moment: an engine between the two
 halves of a role switch is out of the router but still runs, and skipped it would come
@@ -78,10 +83,11 @@ class Fleet:
         return gone
 
 
-async def pause(client: aiohttp.ClientSession, urls: list[str]) -> list[str]:
-    """Pause every engine, aborting what it holds, then flush its prefix cache. Returns the
-    engines that paused."""
-    ok = await asyncio.gather(*(_post(client, u, "/pause_generation", {"mode": "abort"}) for u in urls))
+async def pause(client: aiohttp.ClientSession, urls: list[str], mode: str = "abort") -> list[str]:
+    """Pause every engine in ``mode`` (``abort``: abort what it holds; ``retract``: free
+    the KV of what it runs, re-prefilled when it continues; ``in_place``: keep it), then
+    flush its prefix cache. Returns the engines that paused."""
+    ok = await asyncio.gather(*(_post(client, u, "/pause_generation", {"mode": mode}) for u in urls))
     # A cache flush is refused while an engine still holds a request: not an error here.
     await asyncio.gather(*(_post(client, u, "/flush_cache", {}, routine=True) for u, o in zip(urls, ok) if o))
     return [u for u, o in zip(urls, ok) if o]
