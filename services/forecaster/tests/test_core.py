@@ -9,6 +9,7 @@ from prorsa_forecaster.history import History
 from prorsa_forecaster.terms.correction import BiasCorrector
 from prorsa_forecaster.snapshot import START_COLD, START_PREWARM, RunInfo, Snapshot
 from prorsa_forecaster.survival import DurationModel
+from prorsa_forecaster.terms.update import not_interrupted
 
 CFG = ForecastConfig(horizon=10.0, steps=10, bias_half_life=0)
 
@@ -374,10 +375,12 @@ def test_arrivals_behind_a_queue_average_over_its_cache_flips():
     assert expected < 1990  # the spread matters here
 
 
-def _decoding_with_update(train_s: float, cfg: ForecastConfig = CFG):
+def _decoding_with_update(train_s: float, cfg: ForecastConfig = CFG, cut: tuple[float, float] = (1.0, 1.0)):
     """One trajectory decoding at t (its decode ends at 3.5 s, its tool takes 1 s) and a
-    weight update triggered at t that lands after ``train_s``."""
+    weight update triggered at t that lands after ``train_s``; ``cut``: of the decodes
+    under way at earlier updates, how many the update aborted, of how many."""
     h = History(cfg)
+    h.cut, h.cut_ends = cut
     h.decode = fixed("decode", *[3.5] * 50)
     h.tool = fixed("tool", *[1.0] * 50)
     h.train = fixed("train", train_s)
@@ -399,6 +402,20 @@ def test_an_update_before_a_turn_ends_cuts_its_next_request():
     assert early.components["reprefill"] == pytest.approx(1100, rel=1e-6)
     late = _decoding_with_update(8.5)
     assert late.components["tool"] == pytest.approx(1300, rel=1e-6)
+
+
+def test_an_update_that_aborts_a_share_of_the_decodes_cuts_that_share_of_the_turns():
+    # A framework that lets most decodes under way at an update go on (SGLang's in_place
+    # or retract pause): of 10 such decodes 1 was aborted (with the prior's 1 of 1: 2 of
+    # 11). The update at 2.5 s cuts the turn with that share: 2/11 of its re-prefill
+    # (1100) and 9/11 of its next turn (1300) are forecast.
+    f = _decoding_with_update(2.5, cut=(2.0, 11.0))
+    assert f.components["reprefill"] == pytest.approx(1100 * 2 / 11, rel=1e-6)
+    assert f.components["tool"] == pytest.approx(1300 * 9 / 11, rel=1e-6)
+    # Hand-computed Pr(not aborted before sub-step k ends mid-way): an update in sub-step
+    # 0 or 1 with 0.5 each, aborting with share 0.2.
+    cfg = ForecastConfig(steps=4)
+    assert not_interrupted(np.array([0.5, 0.5, 0.0, 0.0]), cfg, 0.2) == pytest.approx([0.95, 0.85, 0.8, 0.8])
 
 
 def test_no_update_is_forecast_before_its_delay_was_seen_once():

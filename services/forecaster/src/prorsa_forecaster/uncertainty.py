@@ -68,7 +68,7 @@ def _coin_flips(snap: Snapshot, hist: History, cfg: ForecastConfig):
     # request's tool call with its turn's tool share.
     back, _ = turn_kernels(hist, S, steps)
     pooled = hist.tool_fraction
-    back = not_interrupted(update_steps(snap, hist, cfg), cfg)[:, None] * back
+    back = not_interrupted(update_steps(snap, hist, cfg), cfg, hist.cut_share)[:, None] * back
     chain = kernel(hist.decode, S, steps) @ back
     extra = max(hist.output.value, 0.0)
     if len(snap.decode_elapsed):

@@ -90,7 +90,7 @@ def next_turn(snap: Snapshot, hist: History, cfg: ForecastConfig, cost: np.ndarr
     # short does not end in a tool call (see not_interrupted): the decode ends are
     # weighted before the tool kernel. With the group and trajectory effects
     # (frailty.py) each level of them has its own tool kernel.
-    cut = returning * not_interrupted(update, cfg)[:, None]
+    cut = returning * not_interrupted(update, cfg, hist.cut_share)[:, None]
     tool_k = cut * kernel(hist.tool, S, steps)
     pooled = hist.tool_fraction
     if len(snap.decode_elapsed):

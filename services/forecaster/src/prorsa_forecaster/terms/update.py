@@ -2,10 +2,15 @@
 abort cut short (beyond the paper's terms).
 
 Once an async run's update is triggered (a batch of admitted samples is in) the learnt
-trigger -> ``policy.updated`` delay gives Pr(it lands in sub-step k). When it lands every
-decoding request is aborted and re-queued with its context (the re-prefill term), its
-turn ends without a tool call, prefill pauses for the weight sync and every cache is
-flushed (the decode admissions' mixture, :mod:`.decode_admit`).
+trigger -> ``policy.updated`` delay gives Pr(it lands in sub-step k). When it lands
+prefill pauses for the weight sync and every cache is flushed (the decode admissions'
+mixture, :mod:`.decode_admit`), and each decoding request is aborted with the learnt share
+of the decodes under way at an update that it aborts (``History.cut_share``): 1 for a
+framework that aborts them and re-sends their context (slime's and AReaL's default,
+SGLang's ``pause_generation`` in ``abort`` mode), near 0 for one that pauses in place or
+retracts them inside the engine (``in_place``, ``retract``), where they go on after the
+sync. An aborted request is re-queued with its context (the re-prefill term) and its turn
+ends without a tool call.
 
 Once it has landed, the aborted requests come back when the framework re-sends them
 (:func:`requeues`): at once (the demo's driver: the paused engines hold them until they
@@ -42,30 +47,31 @@ def update_steps(snap: Snapshot, hist: History, cfg: ForecastConfig) -> np.ndarr
     return clean(hist.train.conditional_steps(np.array([max(e, 0.0)]), cfg.horizon, cfg.steps)[0])
 
 
-def not_interrupted(update: np.ndarray, cfg: ForecastConfig) -> np.ndarray:
-    """Per sub-step: Pr(no weight update before a decode that ends mid-sub-step).
+def not_interrupted(update: np.ndarray, cfg: ForecastConfig, share: float) -> np.ndarray:
+    """Per sub-step: Pr(no abort by a weight update before a decode that ends mid-sub-step).
 
-    A weight update aborts every decoding request (it re-prefills after the pause and
-    decodes the rest of its answer), so a turn that would have ended after the update
-    does not end, and its tool call and return do not happen, in the window."""
+    A weight update aborts a decoding request with the learnt share ``share``
+    (``History.cut_share``; it re-prefills after the pause and decodes the rest of its
+    answer), so a turn that would have ended after the update does not end, and its tool
+    call and return do not happen, in the window."""
     if not update.any():
         return np.ones(cfg.steps)
     before = np.cumsum(update) - 0.5 * update
-    return np.clip(1.0 - before, 0.0, 1.0)
+    return np.clip(1.0 - share * before, 0.0, 1.0)
 
 
 def reprefill_loads(snap: Snapshot, hist: History, cost: np.ndarray, update: np.ndarray) -> np.ndarray:
-    """Beyond the paper's components: a weight update aborts every decoding request and
-    re-queues it with its context (prompt + partial output). Forecast only once the
-    update is triggered (a batch of admitted samples is in), with ``update`` =
-    Pr(update in sub-step k) from the learnt trigger -> policy.updated delay
-    (:func:`update_steps`); the decoding set at t stands in for the set at the update.
-    Returns the re-prefills' loads per service class if the update lands, ``(4,
-    N_CLASSES)``: times ``update`` per sub-step, the forecast term."""
+    """Beyond the paper's components: a weight update aborts each decoding request with the
+    learnt share (``History.cut_share``) and re-queues it with its context (prompt +
+    partial output). Forecast only once the update is triggered (a batch of admitted
+    samples is in), with ``update`` = Pr(update in sub-step k) from the learnt trigger ->
+    policy.updated delay (:func:`update_steps`); the decoding set at t stands in for the
+    set at the update. Returns the re-prefills' loads per service class if the update
+    lands, ``(4, N_CLASSES)``: times ``update`` per sub-step, the forecast term."""
     if not update.any() or len(snap.decode_prompt) == 0:
         return np.zeros((4, N_CLASSES))
     load = rows(snap, reprefill_prompt(snap.decode_prompt, hist))  # the update flushed every cache: no prefix
-    return clean(class_sums(load, service_class(load, cost)))
+    return clean(class_sums(load, service_class(load, cost)) * hist.cut_share)
 
 
 def reprefill_prompt(prompt, hist: History) -> np.ndarray:
