@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from prorsa_emulated.cluster import EmulatedProcess, engine_command, free_port
+from prorsa_runtime.testing import wait_until
 
 SPEED = 50.0
 
@@ -24,13 +25,6 @@ def mixed():
         yield p.url
     finally:
         p.stop()
-
-
-def _wait(cond, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met"
-        time.sleep(0.01)
 
 
 def _loads(c: httpx.Client, url: str) -> dict:
@@ -51,7 +45,7 @@ def _decoding(c: httpx.Client, url: str, n: int) -> tuple[list[threading.Thread]
     threads = [threading.Thread(target=send, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
-    _wait(lambda: _loads(c, url)["num_running_reqs"] == n and _loads(c, url)["num_used_tokens"] > n * 4200)
+    wait_until(lambda: _loads(c, url)["num_running_reqs"] == n and _loads(c, url)["num_used_tokens"] > n * 4200)
     return threads, answers
 
 
@@ -68,7 +62,7 @@ def test_in_place_holds_every_request_and_its_kv_until_generation_continues(mixe
         late = threading.Thread(target=lambda: answers.append(httpx.post(f"{mixed}/generate", timeout=120, json={
             "input_ids": [9] * 512, "sampling_params": {"max_new_tokens": 4}}).json()["meta_info"]))
         late.start()
-        _wait(lambda: _loads(c, mixed)["num_waiting_reqs"] == 1)
+        wait_until(lambda: _loads(c, mixed)["num_waiting_reqs"] == 1)
         # SGLang flushes the cache only when the engine holds nothing.
         assert c.post(f"{mixed}/flush_cache").status_code != 200
         assert c.post(f"{mixed}/continue_generation", json={}).status_code == 200
@@ -87,9 +81,9 @@ def test_retract_frees_the_kv_and_the_requests_re_prefill_when_generation_contin
         assert after["num_running_reqs"] == 0 and after["num_waiting_reqs"] == 2
         # The KV they held is freed (the decode run under way hands its reservation back
         # when it stops at its next step boundary).
-        _wait(lambda: _loads(c, mixed)["num_used_tokens"] == 0)
+        wait_until(lambda: _loads(c, mixed)["num_used_tokens"] == 0)
         assert c.post(f"{mixed}/continue_generation", json={}).status_code == 200
-        _wait(lambda: _loads(c, mixed)["num_running_reqs"] == 2)
+        wait_until(lambda: _loads(c, mixed)["num_running_reqs"] == 2)
         for t in threads:
             t.join(120)
     assert [a["finish_reason"]["type"] for a in answers] == ["length", "length"]
