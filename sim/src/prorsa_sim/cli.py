@@ -41,13 +41,18 @@ MaxOutputOpt = Annotated[int | None, typer.Option(
     "--max-output", help="Cap on each turn's output tokens (default: the workload's own; the live demo: 512).")]
 TrainOpt = Annotated[float | None, typer.Option(
     "--train-s", help="Trainer seconds per policy update (default: the simulator's 30; the live demo's driver: 10).")]
+PauseModeOpt = Annotated[str, typer.Option(
+    "--pause-mode", help="How the weight sync pauses the engines (SGLang's pause_generation mode): abort (every "
+    "request in flight is aborted and re-prefills its context after the sync; default, as slime and AReaL do) or "
+    "in_place (the engines stop and keep what they hold, which goes on after the sync).")]
 NoGroupPrefixOpt = Annotated[bool, typer.Option(
     "--no-group-prefix", help="A GRPO group's members do not share their first prompt's prefix cache (as the "
     "live demo's prompts do not).")]
 
 
 def _config(workload, model, staleness, steps, seed, batch_size, gpus, dp_routing="load",
-            max_turns=None, max_output=None, no_group_prefix=False, router_policy="queue", train_s=None):
+            max_turns=None, max_output=None, no_group_prefix=False, router_policy="queue", train_s=None,
+            pause_mode="abort"):
     from prorsa_runtime.cli import fail
 
     from .simconfig import build_config
@@ -58,7 +63,7 @@ def _config(workload, model, staleness, steps, seed, batch_size, gpus, dp_routin
         return build_config(
             workload=workload, model=model, staleness=staleness, steps=steps, seed=seed,
             batch_size=batch_size, total_gpus=gpus, dp_routing=dp_routing, router_policy=router_policy,
-            max_turns=max_turns, max_output=max_output, group_prefix=not no_group_prefix,
+            max_turns=max_turns, max_output=max_output, group_prefix=not no_group_prefix, pause_mode=pause_mode,
             **({} if train_s is None else {"train_s": train_s}),
         )
     except (ValueError, TypeError) as exc:
@@ -118,6 +123,7 @@ def register(app: typer.Typer) -> None:
         max_output: MaxOutputOpt = None,
         no_group_prefix: NoGroupPrefixOpt = False,
         train_s: TrainOpt = None,
+        pause_mode: PauseModeOpt = "abort",
         start: StartOpt = "own",
         jobs: JobsOpt = None,
         no_plot: Annotated[bool, typer.Option("--no-plot", help="Skip timeline.png and ideal_split.png.")] = False,
@@ -129,7 +135,7 @@ def register(app: typer.Typer) -> None:
         from .runner import default_jobs, run_to_dir
 
         cfg = _config(workload, model, staleness, steps, seed, batch_size, gpus, dp_routing,
-                      max_turns, max_output, no_group_prefix, router_policy, train_s)
+                      max_turns, max_output, no_group_prefix, router_policy, train_s, pause_mode)
         _check(cfg)
         try:
             _check_specs(cfg, [policy], start)
@@ -169,6 +175,7 @@ def register(app: typer.Typer) -> None:
         max_output: MaxOutputOpt = None,
         no_group_prefix: NoGroupPrefixOpt = False,
         train_s: TrainOpt = None,
+        pause_mode: PauseModeOpt = "abort",
         start: StartOpt = "best",
         grid: Annotated[int, typer.Option("--grid", help="Points of the static sweep.")] = 7,
         jobs: JobsOpt = None,
@@ -184,7 +191,7 @@ def register(app: typer.Typer) -> None:
         from .runner import default_jobs
 
         cfg = _config(workload, model, staleness, steps, 0, batch_size, gpus, dp_routing,
-                      max_turns, max_output, no_group_prefix, router_policy, train_s)
+                      max_turns, max_output, no_group_prefix, router_policy, train_s, pause_mode)
         _check(cfg)
         specs = expand_policies(policies)
         if not specs:

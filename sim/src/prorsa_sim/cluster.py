@@ -66,6 +66,9 @@ class ClusterSim(Interruptions):
         # Role-switch mechanics (docs/simulator.md, "Role switches").
         self.drain_deadline_s = DRAIN_DEADLINE_S
         self.paused = False
+        self.pause_keeps = False
+        """The weight-update pause keeps what the engines hold (SGLang's ``in_place``
+        mode) rather than aborting it."""
         """True during the weight-update pause (every engine idle and empty)."""
         self._inflight: dict[Req, Rank] = {}
         """KV transfers under way: request -> the decode rank it is bound for."""
@@ -453,7 +456,11 @@ class ClusterSim(Interruptions):
         if not req.alive:
             rank.waiting_tokens -= req.prompt
             return
-        if epoch != self.epoch or not rank.engine.routable or rank.engine.role != "decode":
+        # Paused in place, a decode engine takes in what reaches it (it decodes it once the
+        # pause is over); paused by aborts, a transfer of the old weights is aborted.
+        held = self.pause_keeps and self.paused and rank.engine.switch is None
+        if ((epoch != self.epoch and not self.pause_keeps) or not (rank.engine.routable or held)
+                or rank.engine.role != "decode"):
             rank.waiting_tokens -= req.prompt
             self._on_aborted(req, gen_total=req.out_done, requeue=True)
             return

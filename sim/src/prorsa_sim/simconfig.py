@@ -11,6 +11,10 @@ from prorsa_schemas import events as E
 from .cluster import DP_ROUTING, ROUTER_POLICIES
 from .workloads import get_workload
 
+PAUSE_MODES = ("abort", "in_place")
+"""The weight sync's pause modes the simulator models (the live demo's driver also has
+``retract``, docs/demo.md)."""
+
 
 @dataclass(frozen=True)
 class SimConfig:
@@ -34,6 +38,13 @@ class SimConfig:
     """CHOICE: training time of one step on the trainer GPUs (not rollout GPUs)."""
     weight_sync_s: float = 5.0
     """CHOICE: rollout engines paused while new weights load."""
+    pause_mode: str = "abort"
+    """How the weight sync pauses the engines (SGLang's ``pause_generation`` mode,
+    :data:`PAUSE_MODES`): ``abort`` (default; slime's and AReaL's: every request in flight
+    is aborted and re-prefills with its context after the sync, and every prefix cache is
+    flushed) or ``in_place`` (the engines stop stepping and keep what they hold, which goes
+    on after the sync; a cache is flushed only on an engine that holds nothing, as SGLang
+    refuses the flush otherwise)."""
     over_dispatch: float | None = None
     """CHOICE: async keeps up to over_dispatch x batch_size trajectories live; default
     1 + staleness / 4 (1.5x at staleness 2, 3x at 8): a looser bound lets the sampler run
@@ -73,6 +84,8 @@ def build_config(**kw) -> SimConfig:
         raise ValueError(f"unknown dp routing {kw['dp_routing']!r}; choose one of: {', '.join(DP_ROUTING)}")
     if kw.get("router_policy", "queue") not in ROUTER_POLICIES:
         raise ValueError(f"unknown router policy {kw['router_policy']!r}; choose one of: {', '.join(ROUTER_POLICIES)}")
+    if kw.get("pause_mode", "abort") not in PAUSE_MODES:
+        raise ValueError(f"unknown pause mode {kw['pause_mode']!r}; choose one of: {', '.join(PAUSE_MODES)}")
     for cap in ("max_turns", "max_output"):
         if kw.get(cap) is not None and kw[cap] < 1:
             raise ValueError(f"--{cap.replace('_', '-')} must be >= 1, got {kw[cap]}")

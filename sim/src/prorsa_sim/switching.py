@@ -51,6 +51,18 @@ class Interruptions:
         eng.version += 1
         eng.stepping = False
 
+    def hold_engine(self, eng: Engine) -> None:
+        """The weight-update pause in SGLang's ``in_place`` mode: ``eng`` stops (the decode
+        steps already done count, a prefill step in flight is redone after the pause) and
+        keeps every request and its KV; its prefix cache is flushed only if it holds
+        nothing, as SGLang refuses ``/flush_cache`` on an engine that holds a request."""
+        self.settle(eng)
+        if eng.has_work() or any(r.engine is eng for r in self._inflight.values()):
+            return
+        for rank in eng.ranks:
+            self.cache_flushed_at_update_tokens += rank.cache_tokens
+            rank.flush_cache()
+
     def abort_engine(self, eng: Engine, reroute_waiting: bool, reason: str = "update") -> None:
         """Abort every request on ``eng`` (decoding ones re-prefill elsewhere) and flush its
         prefix cache. ``reason``: ``"update"`` (weight sync) or ``"drain"`` (a switch's
@@ -133,9 +145,10 @@ class Interruptions:
         }
         self._on_switching(eng)
         self.router_forget(eng)
-        if self.paused:
+        if self.paused and not self.pause_keeps:
             # The update aborted everything in flight; what still waits here (requests
-            # parked for the pause) goes to the other engines. No drain.
+            # parked for the pause) goes to the other engines. No drain. (Paused in
+            # place, the engine still holds its requests: it drains once the pause ends.)
             self._shed_unstarted(eng)
             self._start_switch(eng)
             return True

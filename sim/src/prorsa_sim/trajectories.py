@@ -289,20 +289,25 @@ class Trajectories(ClusterSim):
                 if sampler.is_stale(tr.version, self.version, self.cfg.staleness):
                     self._drop(tr)
         # Weight sync: pause every engine, abort in-flight requests (they re-prefill on
-        # the new weights), flush prefix caches. Every engine stops before any is aborted,
+        # the new weights), flush prefix caches (``pause_mode`` abort; in_place: below). Every engine stops before any is aborted,
         # so what an abort re-queues (and a draining engine's waiting prompts) is parked
         # until the resume and routed then, whatever order the engines are listed in.
         self.paused = True
         stopping = [eng for eng in self.engines if eng.available]
         for eng in stopping:
             eng.available = False
-        for eng in stopping:
-            self.abort_engine(eng, reroute_waiting=eng.draining)
-        # Every engine is empty now: a switch that was draining needs no more drain, and
-        # its switch time overlaps the pause.
-        for eng in self.engines:
-            if eng.switch is not None and eng.draining:
-                self._start_switch(eng)
+        if self.pause_keeps:
+            # SGLang's in_place pause: nothing is aborted; what runs goes on after the sync.
+            for eng in stopping:
+                self.hold_engine(eng)
+        else:
+            for eng in stopping:
+                self.abort_engine(eng, reroute_waiting=eng.draining)
+            # Every engine is empty now: a switch that was draining needs no more drain, and
+            # its switch time overlaps the pause.
+            for eng in self.engines:
+                if eng.switch is not None and eng.draining:
+                    self._start_switch(eng)
         self.at(self.now + self.cfg.weight_sync_s, self._resume)
         self._paused_for_update()
 
