@@ -108,8 +108,8 @@ def test_up_runs_a_workload_to_completion(tmp_path: Path):
     # six paused, flushed and resumed on version 1.
     driver = json.loads((tmp_path / "driver.json").read_text())
     assert driver["weight_syncs"] == 1 and driver["paused_engines"] == 6
-    assert summary["weight_syncs"] == {"syncs": 1, "engine_pauses": 6}
-    assert "weight syncs / engines paused" in out and "1 / 6 (6 engines each)" in out, out[-3000:]
+    assert summary["weight_syncs"] == {"syncs": 1, "engine_pauses": 6, "pause_mode": "abort"}
+    assert "weight syncs / engines paused" in out and "1 / 6 (6 engines each; pause mode" in out, out[-3000:]
     assert "prorsa export --run e2e" in out and "forecast WAPE" in out
     # Clean shutdown: every supervised process is gone.
     state = json.loads((tmp_path / "up-state.json").read_text())
@@ -166,8 +166,8 @@ def test_up_runs_an_asynchronous_rollout_and_the_tracker_follows_it(tmp_path: Pa
     assert summary["anomalies"] == 0
     assert summary["sampler"] == {"mode": "async", "staleness": 1}
     assert driver["weight_syncs"] == 3 and driver["paused_engines"] == 3 * 6
-    assert summary["weight_syncs"] == {"syncs": 3, "engine_pauses": 3 * 6}
-    assert "weight syncs / engines paused" in out and "3 / 18 (6 engines each)" in out, out[-3000:]
+    assert summary["weight_syncs"] == {"syncs": 3, "engine_pauses": 3 * 6, "pause_mode": "abort"}
+    assert "weight syncs / engines paused" in out and "3 / 18 (6 engines each; pause mode" in out, out[-3000:]
     assert len(summary["rollout_step_times_s"]) == 3
     import sqlite3
 
