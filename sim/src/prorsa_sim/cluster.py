@@ -66,10 +66,11 @@ class ClusterSim(Interruptions):
         # Role-switch mechanics (docs/simulator.md, "Role switches").
         self.drain_deadline_s = DRAIN_DEADLINE_S
         self.paused = False
+        """True during the weight-update pause (every engine stopped; empty unless the
+        pause keeps what they hold)."""
         self.pause_keeps = False
         """The weight-update pause keeps what the engines hold (SGLang's ``in_place``
         mode) rather than aborting it."""
-        """True during the weight-update pause (every engine idle and empty)."""
         self._inflight: dict[Req, Rank] = {}
         """KV transfers under way: request -> the decode rank it is bound for."""
         self.drain_aborts = 0

@@ -262,9 +262,9 @@ class Simulator(Trajectories):
 
     def _paused_for_update(self) -> None:
         """A policy with ``on_update`` is asked at a weight update too, once every engine
-        is paused and empty, as the allocator service decides at ``policy.updated``: the
-        events so far in this window (the same list its next window hands on) and the
-        engine table of this moment."""
+        is paused (and empty, unless the pause keeps what they hold), as the allocator
+        service decides at ``policy.updated``: the events so far in this window (the same
+        list its next window hands on) and the engine table of this moment."""
         hook = getattr(self.policy, "on_update", None)
         if hook is None or self.done or not self.asks_policy:
             return

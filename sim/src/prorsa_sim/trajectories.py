@@ -288,10 +288,11 @@ class Trajectories(ClusterSim):
             for tr in sorted(self.trajs.values(), key=lambda x: x.idx):
                 if sampler.is_stale(tr.version, self.version, self.cfg.staleness):
                     self._drop(tr)
-        # Weight sync: pause every engine, abort in-flight requests (they re-prefill on
-        # the new weights), flush prefix caches (``pause_mode`` abort; in_place: below). Every engine stops before any is aborted,
-        # so what an abort re-queues (and a draining engine's waiting prompts) is parked
-        # until the resume and routed then, whatever order the engines are listed in.
+        # Weight sync (``pause_mode`` abort): pause every engine, abort in-flight requests
+        # (they re-prefill on the new weights), flush prefix caches. Every engine stops
+        # before any is aborted, so what an abort re-queues (and a draining engine's
+        # waiting prompts) is parked until the resume and routed then, whatever order the
+        # engines are listed in. (in_place: below.)
         self.paused = True
         stopping = [eng for eng in self.engines if eng.available]
         for eng in stopping:
@@ -312,8 +313,8 @@ class Trajectories(ClusterSim):
         self._paused_for_update()
 
     def _paused_for_update(self) -> None:
-        """Every engine has just been paused and emptied for a weight update (the
-        simulator asks its policy here)."""
+        """Every engine has just been paused for a weight update, and emptied unless the
+        pause keeps what they hold (the simulator asks its policy here)."""
 
     def _resume(self) -> None:
         # An engine still switching resumes when its switch is done (``_switched``).
