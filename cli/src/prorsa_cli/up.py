@@ -142,7 +142,11 @@ def _options(cls, given: dict):
         fail("--max-restarts must be >= 0")
     if given.get("staleness", 0) < 0:
         fail("--staleness must be >= 0 (0: synchronous)")
-    if given.get("pause_mode", "abort") not in ("abort", "retract", "in_place"):
+    from typing import get_args
+
+    from .options import PauseMode
+
+    if given.get("pause_mode", "abort") not in get_args(PauseMode):
         fail(f"--pause-mode must be abort, retract or in_place, got {given['pause_mode']!r}")
     for name in ("engines", "agents", "batch_size", "steps", "max_turns"):
         if name in given and given[name] < 1:

@@ -38,9 +38,13 @@ class UpdateVersionReq(BaseModel):
     abort_all_requests: bool = True
 
 
+PauseMode = Literal["abort", "retract", "in_place"]
+"""SGLang's ``PauseGenerationReqInput.mode``."""
+
+
 class PauseReq(BaseModel):
     model_config = ConfigDict(extra="allow")
-    mode: Literal["abort", "retract", "in_place"] = "abort"
+    mode: PauseMode = "abort"
 
 
 def add_weight_routes(app: FastAPI, options: Any, eng: Any) -> None:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from prorsa_emulated.weights import PauseMode
 from prorsa_runtime.settings import check_http_url, check_nats_url
 
 
@@ -33,7 +33,7 @@ class DriverConfig(BaseModel):
     weight_sync_s: float = Field(default=5.0, ge=0, description=(
         "simulated seconds the engines stay paused while new weights load, at every policy "
         "update (sync: between two steps; async: while rollout goes on)"))
-    pause_mode: Literal["abort", "retract", "in_place"] = Field(default="abort", description=(
+    pause_mode: PauseMode = Field(default="abort", description=(
         "how the weight sync pauses the engines (SGLang's pause_generation mode): abort (every "
         "request in flight is aborted and re-sent with its context, as slime and AReaL do by "
         "default), retract (their KV is freed and they re-prefill inside the engine, unseen by "
