@@ -325,3 +325,66 @@ def test_d_the_oracles_look_ahead_asks_no_policy_at_an_update():
     assert _ASKED_AT == [] and sim.now == t0
     sim.run_until(lambda: sim.done)
     assert _ASKED_AT == [update]
+
+
+def _retract_at(sim, eng, t):
+    """At ``t``: the weight-update pause in ``retract`` mode on ``eng`` (stop it, take the
+    KV of what it runs back), then generation continues at once."""
+    def go():
+        sim.settle(eng)
+        sim.retract_engine(eng)
+        sim.kick(eng)
+    sim.at(t, go)
+
+
+def test_g_a_retract_pause_re_prefills_a_mixed_ranks_decode_from_its_cached_prompt():
+    sim = Recorder(["mixed"])
+    eng = sim.engines[0]
+    rank = eng.ranks[0]
+    req = _run_decoding(sim, rank, "r", 1_000, 100)
+    # One macro-step of 100 decode steps; 2 s into it, the pause retracts the request.
+    step = PROF.decode_step_time(1, 1_000 + 50)
+    gen = math.floor(2.0 / step)
+    assert 0 < gen < 100
+    _retract_at(sim, eng, 2.0)
+    sim.run_until(lambda: sim.now >= 2.0)
+    # First in line again, its context grown by what it generated; its prompt stayed in
+    # the radix cache (the output's KV was freed), so the re-prefill begun at once
+    # computes only what it generated.
+    assert list(rank.waiting) == [req] and not rank.running and req.resumed
+    assert (req.prompt, req.out_done, req.out_target) == (1_000 + gen, 1 + gen, 100 - gen)
+    assert (req.cached, req.pf_left) == (1_000, gen) and sim.update_retractions == 1
+    sim.run_until(lambda: False)
+    # It re-prefills only what it generated, with no event, and ends with every token.
+    assert eng.prefill_tokens_done == gen
+    assert sim.events("aborted") == [] and sim.events("prefill_finished") == []
+    assert [(e[1], e[4]) for e in sim.events("decode_finished")] == [("r", 1 + 100)]
+    assert rank.kv_used == 0 and rank.waiting_tokens == 0
+
+
+def test_g_a_retract_pause_keeps_the_chunks_a_prefill_made_and_a_decode_engines_batch():
+    sim = Recorder(["prefill", "decode"])
+    pf, dec = sim.engines
+    rank = pf.ranks[0]
+    req = Req(_traj(1), "p", 10_000, 20)
+    sim.enqueue(rank, req)
+    sim.kick(pf)
+    running = _run_decoding(sim, dec.ranks[0], "d", 1_000, 50, traj=_traj(2))
+    # After the first 4,096-token chunk, the pause retracts the prefill under way.
+    sim.run_until(lambda: req.pf_ctx > 0)
+    assert req.pf_ctx == PROF.chunk_size
+    sim.settle(pf)
+    sim.settle(dec)
+    sim.retract_engine(pf)
+    sim.retract_engine(dec)
+    assert list(rank.waiting) == [req] and not req.started
+    assert rank.inuse_prefill == 0 and rank.waiting_tokens == 10_000
+    assert rank.cache_peek("t1") == PROF.chunk_size
+    assert list(dec.ranks[0].running) == [running]  # offloaded and reloaded: kept
+    sim.kick(pf)
+    sim.kick(dec)
+    sim.run_until(lambda: False)
+    # The chunk made before the pause is a cache hit: 10,000 tokens computed in all.
+    assert pf.prefill_tokens_done == 10_000
+    assert sim.update_retractions == 0 and sim.events("aborted") == []
+    assert sorted((e[1], e[4]) for e in sim.events("decode_finished")) == [("d", 1 + 50), ("p", 20)]

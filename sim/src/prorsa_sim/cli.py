@@ -44,7 +44,8 @@ TrainOpt = Annotated[float | None, typer.Option(
 PauseModeOpt = Annotated[str, typer.Option(
     "--pause-mode", help="How the weight sync pauses the engines (SGLang's pause_generation mode): abort (every "
     "request in flight is aborted and re-prefills its context after the sync; default, as slime and AReaL do) or "
-    "in_place (the engines stop and keep what they hold, which goes on after the sync).")]
+    "in_place (the engines stop and keep what they hold, which goes on after the sync) or retract (as in_place, "
+    "but what prefill and mixed engines run gives its KV back and re-prefills after the sync).")]
 NoGroupPrefixOpt = Annotated[bool, typer.Option(
     "--no-group-prefix", help="A GRPO group's members do not share their first prompt's prefix cache (as the "
     "live demo's prompts do not).")]

@@ -69,8 +69,11 @@ class ClusterSim(Interruptions):
         """True during the weight-update pause (every engine stopped; empty unless the
         pause keeps what they hold)."""
         self.pause_keeps = False
-        """The weight-update pause keeps what the engines hold (SGLang's ``in_place``
-        mode) rather than aborting it."""
+        """The weight-update pause keeps the engines' requests (SGLang's ``in_place`` and
+        ``retract`` modes) rather than aborting them."""
+        self.pause_retracts = False
+        """The weight-update pause takes back the KV of what prefill and mixed engines
+        run, which re-prefills after it (SGLang's ``retract`` mode)."""
         self._inflight: dict[Req, Rank] = {}
         """KV transfers under way: request -> the decode rank it is bound for."""
         self.drain_aborts = 0
@@ -80,6 +83,8 @@ class ClusterSim(Interruptions):
         self.drain_aborted_decode_tokens = 0
         self.cache_lost_tokens = 0
         self.cache_flushed_at_update_tokens = 0
+        self.update_retractions = 0
+        """Decoding requests a ``retract`` pause took the KV of (they re-prefill)."""
         self.empty_engine_s = 0.0
         self._last_empty_t = [0.0] * len(self.engines)
         self._tree: dict[tuple[int, int], int] = {}
@@ -457,8 +462,9 @@ class ClusterSim(Interruptions):
         if not req.alive:
             rank.waiting_tokens -= req.prompt
             return
-        # Paused in place, a decode engine takes in what reaches it (it decodes it once the
-        # pause is over); paused by aborts, a transfer of the old weights is aborted.
+        # Paused in place (or by retraction), a decode engine takes in what reaches it (it
+        # decodes it once the pause is over); paused by aborts, a transfer of the old
+        # weights is aborted.
         held = self.pause_keeps and self.paused and rank.engine.switch is None
         if ((epoch != self.epoch and not self.pause_keeps) or not (rank.engine.routable or held)
                 or rank.engine.role != "decode"):

@@ -140,7 +140,9 @@ class Rank:
         heap = self.heap
         while heap:
             fin, _, req = heap[0]
-            if req not in self.running or fin != req.finish_count:
+            # A request retracted and re-admitted at the same step count has two live
+            # entries with the same finish count: the second is stale.
+            if req not in self.running or fin != req.finish_count or (done and req in done):
                 heapq.heappop(heap)
                 continue
             if fin > self.counter:

@@ -11,9 +11,10 @@ from prorsa_schemas import events as E
 from .cluster import DP_ROUTING, ROUTER_POLICIES
 from .workloads import get_workload
 
-PAUSE_MODES = ("abort", "in_place")
-"""The weight sync's pause modes the simulator models (the live demo's driver also has
-``retract``, docs/demo.md)."""
+PAUSE_MODES = ("abort", "retract", "in_place")
+"""The weight sync's pause modes: SGLang's ``pause_generation`` modes, the same as the
+emulated engines' and the live demo driver's (``prorsa_emulated.weights.PauseMode``, not
+imported: it would load the HTTP server's modules into every simulation)."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,10 @@ class SimConfig:
     is aborted and re-prefills with its context after the sync, and every prefix cache is
     flushed) or ``in_place`` (the engines stop stepping and keep what they hold, which goes
     on after the sync; a cache is flushed only on an engine that holds nothing, as SGLang
-    refuses the flush otherwise)."""
+    refuses the flush otherwise) or ``retract`` (as ``in_place``, but prefill and mixed
+    engines first take back the KV of what they run, which re-prefills after the sync with
+    its prompt a cache hit; a PD decode engine keeps its batch: SGLang offloads its KV to
+    host memory and loads it back)."""
     over_dispatch: float | None = None
     """CHOICE: async keeps up to over_dispatch x batch_size trajectories live; default
     1 + staleness / 4 (1.5x at staleness 2, 3x at 8): a looser bound lets the sampler run

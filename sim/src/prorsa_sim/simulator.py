@@ -68,7 +68,8 @@ class Simulator(Trajectories):
         self.policy = policy
         super().__init__(prof, policy.initial_roles(prof, n), dp_routing=config.dp_routing,
                          router_policy=config.router_policy)
-        self.pause_keeps = config.pause_mode == "in_place"
+        self.pause_keeps = config.pause_mode in ("in_place", "retract")
+        self.pause_retracts = config.pause_mode == "retract"
         self.sink = sink
         self.n_events = 0
         self.window_events: list = []

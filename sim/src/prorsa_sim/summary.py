@@ -182,6 +182,8 @@ def build_result(sim) -> Result:
         # Prefix-cache tokens flushed by role switches, and by weight updates.
         "cache_lost_tokens": sim.cache_lost_tokens,
         "cache_flushed_at_update_tokens": sim.cache_flushed_at_update_tokens,
+        # Decoding requests a retract pause took the KV of (they re-prefill after it).
+        "update_retractions": sim.update_retractions,
         # Per switch: drain_s (request to empty), switch_s (empty to back in service).
         "switch_log": list(sim.switch_log),
     }

@@ -51,17 +51,58 @@ class Interruptions:
         eng.version += 1
         eng.stepping = False
 
-    def hold_engine(self, eng: Engine) -> None:
+    def hold_engine(self, eng: Engine, retract: bool = False) -> None:
         """The weight-update pause in SGLang's ``in_place`` mode: ``eng`` stops (the decode
         steps already done count, a prefill step in flight is redone after the pause) and
         keeps every request and its KV; its prefix cache is flushed only if it holds
-        nothing, as SGLang refuses ``/flush_cache`` on an engine that holds a request."""
+        nothing, as SGLang refuses ``/flush_cache`` on an engine that holds a request.
+        ``retract`` (SGLang's ``retract`` mode): the requests it runs give their KV back
+        first (:meth:`retract_engine`)."""
         self.settle(eng)
+        if retract:
+            self.retract_engine(eng)
         if eng.has_work() or any(r.engine is eng for r in self._inflight.values()):
             return
         for rank in eng.ranks:
             self.cache_flushed_at_update_tokens += rank.cache_tokens
             rank.flush_cache()
+
+    def retract_engine(self, eng: Engine) -> None:
+        """SGLang's ``pause_generation(mode="retract")`` on a settled engine: every request
+        it runs gives its KV back (``ScheduleBatch.retract_all``). On a prefill or mixed
+        rank, a prefill under way goes back to the head of the queue with the prefix it
+        matched and the chunks it made kept in the radix cache (``cache_unfinished_req``),
+        and a decoding request (mixed rank) re-prefills its prompt plus what it generated,
+        first in line, its prompt a cache hit (SGLang inserts a prompt into the radix tree
+        once prefilled; the output's KV is freed, ``cache_finished_req(is_insert=False)``):
+        no event, the request goes on. On a PD decode rank the request's KV is offloaded
+        to host memory and loaded back when generation continues (``offload_kv_cache``):
+        it stays in the batch here (the reload's PCIe time is not modelled; the
+        emulated engine does not charge it either)."""
+        if eng.role == "decode":
+            return
+        for rank in eng.ranks:
+            started = [q for q in rank.waiting if q.started]
+            for req in started:
+                rank.inuse_prefill -= req.prompt
+                rank.waiting_tokens += req.prompt - req.pf_left
+                req.started = False
+                if req.pf_ctx > self._shared_hit(rank, req.traj):
+                    rank.cache_put(req.traj.tid, req.pf_ctx)
+            retracted = list(rank.running)
+            for req in reversed(retracted):  # the oldest ends up first in line
+                gen = rank.generated(req)
+                rank.remove_running(req)
+                self.update_retractions += 1
+                rank.cache_put(req.traj.tid, req.prompt)
+                req.alive = True
+                req.out_done += gen
+                req.out_target -= gen
+                req.prompt += gen
+                req.started = False
+                req.resumed = True
+                rank.waiting.appendleft(req)
+                rank.waiting_tokens += req.prompt
 
     def abort_engine(self, eng: Engine, reroute_waiting: bool, reason: str = "update") -> None:
         """Abort every request on ``eng`` (decoding ones re-prefill elsewhere) and flush its

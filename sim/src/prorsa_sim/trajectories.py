@@ -292,15 +292,16 @@ class Trajectories(ClusterSim):
         # (they re-prefill on the new weights), flush prefix caches. Every engine stops
         # before any is aborted, so what an abort re-queues (and a draining engine's
         # waiting prompts) is parked until the resume and routed then, whatever order the
-        # engines are listed in. (in_place: below.)
+        # engines are listed in. (in_place and retract: below.)
         self.paused = True
         stopping = [eng for eng in self.engines if eng.available]
         for eng in stopping:
             eng.available = False
         if self.pause_keeps:
-            # SGLang's in_place pause: nothing is aborted; what runs goes on after the sync.
+            # SGLang's in_place pause: nothing is aborted; what runs goes on after the sync
+            # (retract: what prefill and mixed engines run re-prefills first).
             for eng in stopping:
-                self.hold_engine(eng)
+                self.hold_engine(eng, retract=self.pause_retracts)
         else:
             for eng in stopping:
                 self.abort_engine(eng, reroute_waiting=eng.draining)
