@@ -150,6 +150,28 @@ def test_fold_learns_cache_hits_servers_and_the_pause():
     assert st.snapshot(20.0).prefill_pause == 0.0 and st.snapshot(10.0).prefill_pause == pytest.approx(3.0)
 
 
+def test_an_update_that_lets_the_requests_in_flight_go_on_keeps_the_caches():
+    """SGLang refuses to flush an engine that holds a request, so where the framework
+    pauses in place or retracts (few decodes under way at an update end in an abort)
+    the caches outlive the update; where it aborts them (the prior) they do not."""
+    for cut, kept in (((1.0, 1.0), False), ((1.0, 11.0), True)):
+        st = LiveState(ForecastConfig())
+        st.history.cut, st.history.cut_ends = cut
+        st.apply(_ev("trajectory.dispatched", 0.0, traj="t", prompt_tokens=1000))
+        st.apply(_ev("request.queued", 1.0, traj="t", req="a", turn=0, prompt_tokens=1000))
+        st.apply(_ev("prefill.finished", 2.0, traj="t", req="a", cached_tokens=0))
+        st.apply(_ev("decode.finished", 3.0, traj="t", req="a", output_tokens=100, finish="tool"))
+        st.apply(_ev("request.queued", 4.0, traj="t", req="b", turn=1, prompt_tokens=1500))
+        assert st.snapshot(4.5).ready_cached[0] == 1000.0
+        st.apply(_ev("policy.updated", 5.0, version=1))
+        assert st.snapshot(6.0).ready_cached[0] == (1000.0 if kept else 0.0)
+        # Its prefill after the update is learnt as a warm request's (of the cache the
+        # trajectory held) or as a cold one's (of its whole prompt).
+        st.apply(_ev("prefill.finished", 7.0, traj="t", req="b", cached_tokens=1000))
+        h = st.history
+        assert (h.cache_warm.value > 0.0, h.cache_cold.value > 0.0) == (kept, not kept)
+
+
 def test_the_pause_is_not_ended_by_a_prefill_that_finishes_before_the_engines_stop():
     """A framework that publishes policy.updated and then pauses its engines: a request in
     prefill at the update may finish before they stop (no prefill.started in the log).
@@ -375,6 +397,26 @@ def test_an_update_in_the_window_pauses_prefill_and_restarts_it_cold():
     # A pause past the window's end: only what finished before the update.
     long, _, _, _ = decode_admissions_split(snap, CFG, NONE, PendingUpdate(p, 7.0, reprefill))
     assert long == pytest.approx(2000)
+
+
+def test_an_update_that_flushes_no_cache_restarts_the_prefills_warm():
+    # Two queued 8000-token prompts, 6000 of each cached (a sure hit), at 1 ms/token on
+    # one server: 2 s each warm, 8 s cold. An update in sub-step 0 (at its middle, 0.5 s,
+    # nothing done yet) with a 4 s pause: prefill resumes at 4.5 s with 5.5 s left.
+    # Paused in place (the engines hold requests, so SGLang flushes no cache) the line
+    # restarts warm, 4 s: both admitted. Flushed (a framework that aborts what runs) it
+    # restarts cold, 16 s: of the 5.5 s, the 4 s the length-biased request in service
+    # has had on average (E[s^2] / 2 E[s] = 2 x 64 / 32) are not admitted, so 1.5 s of
+    # the 16 s line is: 1500 tokens.
+    p = np.zeros(10)
+    p[0] = 1.0
+    snap = Snapshot(t=0.0, **ready(8000, 8000, ready_cached=np.array([6000.0, 6000.0])), cache_hit=1.0,
+                    **one_instance(1))
+    assert decode_admissions(snap, CFG, NONE)[0] == pytest.approx(16000)
+    warm, _, _, _ = decode_admissions_split(snap, CFG, NONE, PendingUpdate(p, 4.0, np.zeros(4), flush=0.0))
+    assert warm == pytest.approx(16000)
+    cold, _, _, _ = decode_admissions_split(snap, CFG, NONE, PendingUpdate(p, 4.0, np.zeros(4), flush=1.0))
+    assert cold == pytest.approx(1500)
 
 
 def test_after_an_update_the_requests_still_in_prefill_at_the_end_are_not_admitted():

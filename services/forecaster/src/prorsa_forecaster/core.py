@@ -127,12 +127,14 @@ def forecast(snap: Snapshot, hist: History, cfg: ForecastConfig | None = None) -
                   + requeued * fs["reprefill"])
         future = clean(future) + _evenly(level, hist.first_prompt.value, snap, cost, cfg.steps)
 
-        # Decode admissions: the re-prefills come with a pause and flushed caches, so the
-        # queue model takes them as a mixture over when the update lands.
+        # Decode admissions: the re-prefills come with a pause and flushed caches (where
+        # the framework aborts what runs), so the queue model takes them as a mixture
+        # over when the update lands.
         pending = None
         if landing.sum() > 0:
             pause = hist.update_pause.value if hist.update_pause.n else 0.0
-            pending = PendingUpdate(landing, pause, clean(re_if.sum(axis=1) * fs["reprefill"]))
+            pending = PendingUpdate(landing, pause, clean(re_if.sum(axis=1) * fs["reprefill"]),
+                                    flush=1.0 if hist.update_flushes else 0.0)
         known_admit, arriving, kv, detail = decode_admissions_split(snap, cfg, future, pending, kq)
         corrected, alpha = corr.admitted_share(detail.alpha, detail.arrival_tokens, arriving)
         kv += corrected - arriving  # K^D counts the arrivals' tokens as they are

@@ -288,6 +288,14 @@ class History:
         return self.cut / self.cut_ends
 
     @property
+    def update_flushes(self) -> bool:
+        """Whether a weight update flushes the engines' prefix caches. SGLang refuses to
+        flush an engine that holds a request, so the caches go only where the framework
+        aborts the requests in flight (``abort`` pause mode: most decodes under way at an
+        update end in an abort); engines paused in place or by retraction keep theirs."""
+        return self.cut_share >= 0.5
+
+    @property
     def admit_rate(self) -> float:
         """p-hat: the fraction of reward completions admitted to training."""
         return self.admitted / self.completed

@@ -61,7 +61,7 @@ def build_snapshot(state, t: float) -> Snapshot:
 
     # Expected cached prefixes (the prefill instance keeps a trajectory's last prompt
     # until a weight update flushes it).
-    warm = state.cache_ts[:n] > state.last_update_ts
+    warm = state.cache_ts[:n] > state.last_flush_ts
     cache_prompt = state.cache_prompt[:n]
     prompt = state.prompt[:n]
 
@@ -78,7 +78,7 @@ def build_snapshot(state, t: float) -> Snapshot:
 
     tool_x = state.context[:n][tool] + np.clip(growth, 0.0, None)
     # The warm hit at the caches' age in the middle of the window (learnt by age).
-    age = t + 0.5 * h.config.horizon - state.last_update_ts
+    age = t + 0.5 * h.config.horizon - state.last_flush_ts
     hit = h.cache_warm_age.value(age)
     pause = max(state.last_update_ts + h.update_pause.value - t, 0.0) if h.update_pause.n else 0.0
     ranks = h.config.use_dp_rank

@@ -69,7 +69,7 @@ class LiveState(SamplerFold, EngineFold):
         self.cause = np.full(cap, np.nan)  # launch cause time (replace) for the launch delay
         self.cohort_cause = np.full(cap, np.nan)
         # The prompt whose KV a prefill instance caches for this trajectory, and when its
-        # prefill finished (a weight update after that flushed it).
+        # prefill finished (a weight update after that that flushed the caches lost it).
         self.cache_prompt = np.zeros(cap)
         self.cache_ts = np.full(cap, np.nan)
         # The engine whose prefix cache holds it (-1: unknown).
@@ -106,6 +106,8 @@ class LiveState(SamplerFold, EngineFold):
         self._launch_caused = False
         self._cause_now = np.nan
         self.last_update_ts = -np.inf
+        # The last weight update that flushed the prefix caches (History.update_flushes).
+        self.last_flush_ts = -np.inf
         self._pause_pending = False
         # Sync: when the last update came with the batch drained (next batch not yet out).
         self.sync_wait: float | None = None

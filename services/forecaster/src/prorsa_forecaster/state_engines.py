@@ -153,7 +153,7 @@ class EngineFold:
         name = self._engine_names[c] if c >= 0 else None
         h = self.history
         x = self.prompt[i]
-        warm = self.cache_ts[i] > self.last_update_ts  # False when NaN (nothing cached)
+        warm = self.cache_ts[i] > self.last_flush_ts  # False when NaN (nothing cached)
         held = int(self.cache_engine[i])
         if cached_tokens is not None:
             cached = float(min(cached_tokens, x))
@@ -164,11 +164,11 @@ class EngineFold:
                 same = c == held
                 h.cache_same_size.observe(min(self.cache_prompt[i], x), float(same), 1.0)
                 if same:
-                    h.cache_warm_age.observe(ts - self.last_update_ts, cached, min(self.cache_prompt[i], x))
+                    h.cache_warm_age.observe(ts - self.last_flush_ts, cached, min(self.cache_prompt[i], x))
                 else:
                     h.cache_cold.observe(cached, x)
             elif warm:
-                h.cache_warm_age.observe(ts - self.last_update_ts, cached, min(self.cache_prompt[i], x))
+                h.cache_warm_age.observe(ts - self.last_flush_ts, cached, min(self.cache_prompt[i], x))
             else:
                 h.cache_cold.observe(cached, x)
         else:

@@ -122,15 +122,18 @@ class SamplerFold:
         self._release(i, (ev.run, ev.traj), ev.ts)
 
     def _on_policy_updated(self, ev) -> None:
-        # New weights: prefix caches are flushed, and prefills in progress start over
-        # once the engines resume (the weight-sync pause, learnt below from the first
-        # prefill after it: of a request waiting now, or of a decode it aborts, re-queued).
+        # New weights: prefix caches are flushed (unless the framework keeps the requests
+        # in flight: History.update_flushes), and prefills in progress start over once the
+        # engines resume (the weight-sync pause, learnt below from the first prefill after
+        # it: of a request waiting now, or of a decode it aborts, re-queued).
         n = self._n
         busy = self.state[:n] == PREFILL
         self.state[:n][busy] = QUEUED
         self.started_at[:n][busy] = np.nan
         self._pause_pending = bool(busy.any() or np.isin(self.state[:n], (QUEUED, DECODE)).any())
         self.last_update_ts = ev.ts
+        if self.history.update_flushes:
+            self.last_flush_ts = ev.ts
         if self.run.mode == "sync" and not self._cohort_live:
             self.sync_wait = ev.ts
             self._sync_after_update = True

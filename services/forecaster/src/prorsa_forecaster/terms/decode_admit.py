@@ -53,10 +53,10 @@ class AdmitDetail:
 class PendingUpdate:
     """A weight update that may land inside the window.
 
-    When it lands (at u) every decoding request is aborted and re-queued, prefill stops
-    for the weight sync (``pause`` seconds) and every cache is flushed: what was not
-    prefilled by u starts again, cold, at u + pause, behind nothing, and the re-prefills
-    queue behind it."""
+    When it lands (at u) the decoding requests it aborts are re-queued, prefill stops for
+    the weight sync (``pause`` seconds) and the caches it flushes are lost: what was not
+    prefilled by u starts again at u + pause, behind nothing, cold where its cache was
+    flushed, and the re-prefills queue behind it."""
 
     p: np.ndarray
     """Pr(the update lands in sub-step k), k = 0..steps-1 (sums to at most 1)."""
@@ -64,6 +64,11 @@ class PendingUpdate:
     """Seconds from the update until prefill resumes (learnt)."""
     reprefill: np.ndarray
     """``(4,)`` the re-prefills' loads if it lands (count, prompt, computed, pairs; cold)."""
+    flush: float = 1.0
+    """The share of the prefix caches it flushes: 1 for a framework that aborts the
+    requests in flight, whose engines are then empty and flushed; 0 where the engines
+    pause in place or retract them (SGLang refuses to flush an engine that holds a
+    request; ``History.update_flushes``)."""
 
 
 def decode_admissions(snap: Snapshot, cfg: ForecastConfig, future: np.ndarray) -> tuple[float, float]:
@@ -176,12 +181,16 @@ def decode_admissions_split(
     per_step = np.bincount(k, weights=tok.sum(axis=1), minlength=steps)
     got = np.bincount(k, weights=(tok * frac).sum(axis=1), minlength=steps)
     if update is not None and np.any(update.p > _P_MIN):
-        # Cold prefill time of the arrivals per sub-step (the update flushed every cache:
-        # all of the prompt is computed).
+        # Prefill time of the arrivals per sub-step after the update: cold where it
+        # flushed the cache (all of the prompt is computed), else as forecast.
         with np.errstate(divide="ignore", invalid="ignore"):
             mean_x = np.where(fut[0] > 0, fut[1] / fut[0], 0.0)
+            mean_c = np.where(fut[0] > 0, fut[2] / fut[0], 0.0)
+            mean_p = np.where(fut[0] > 0, fut[3] / fut[0], 0.0)
         pc = pooled_cost(snap)
+        f = _share(update.flush)
         one = pc[0] + pc[1] * mean_x + pc[2] * 0.5 * np.square(mean_x)  # a request's cold seconds, per class
+        one = f * one + (1.0 - f) * (pc[0] + pc[1] * mean_c + pc[2] * mean_p)
         cold_f = (fut[0] * one).sum(axis=0)
         cold_sq = (fut[0] * np.square(one)).sum(axis=0)
         arrivals = (tok, k, per_step, cold_f, cold_sq)
@@ -211,8 +220,9 @@ def _update_mixture(
     With probability 1 - sum(p) it does not land in the window (the plain forecast,
     ``known_full`` and ``got_full``). If it lands at u (mid-sub-step k), what finished
     before u is admitted as the queue model says (the tests cut at u, not S); prefill
-    then stops for the pause and every cache is flushed, so from u + pause on the
-    servers work through, first come first served and cold: the known requests not
+    then stops for the pause and the share ``update.flush`` of the caches is flushed, so
+    from u + pause on the servers work through, first come first served and cold where
+    flushed: the known requests not
     finished by u, the arrivals of earlier sub-steps not admitted by u, the re-prefills
     (queued at u), then the later arrivals. That line is a fluid over all V servers:
     each part is admitted in the share of it that the servers' remaining time
@@ -226,15 +236,20 @@ def _update_mixture(
 
     ``arrivals_by(end)`` is the arrivals' admitted share before ``end`` per (server,
     sub-step) row; ``arrivals`` is ``(tokens per row and class, the rows' sub-steps,
-    tokens per sub-step, cold service seconds per sub-step, the sum of the squared cold
-    service seconds of its requests per sub-step)``; ``pc`` the pooled g.
+    tokens per sub-step, service seconds after the update per sub-step, the sum of the
+    squared such seconds of its requests per sub-step)``; ``pc`` the pooled g.
     Returns ``(known, got)``: the known requests' admitted tokens (the re-prefills
     included: they are requests decoding at t) and the arrivals' per sub-step.
     """
     tok, k, per_step, cold_f, cold_sq = arrivals
     x_in, x_rd, V = kq.x_in, kq.x_rd, kq.V
-    cold_in = kq.g(kq.i_in, definite(x_in, 0.0 * x_in))  # cold: the update flushed every cache
-    cold_rd = kq.g(kq.i_rd, definite(x_rd, 0.0 * x_rd))
+    # Cold where the update flushed the cache; else the expected prefill time, over the
+    # request's cache outcomes.
+    f = _share(update.flush)
+    hit_rd = np.broadcast_to(np.asarray(kq.hit_rd, dtype=float), x_rd.shape)
+    cold_in = (f * kq.g(kq.i_in, definite(x_in, 0.0 * x_in))
+               + (1.0 - f) * (kq.p_in * kq.gh_in + (1.0 - kq.p_in) * kq.gm_in))
+    cold_rd = f * kq.g(kq.i_rd, definite(x_rd, 0.0 * x_rd)) + (1.0 - f) * (hit_rd * kq.gh_rd + (1.0 - hit_rd) * kq.gm_rd)
     p = np.clip(np.nan_to_num(np.asarray(update.p, dtype=float)), 0.0, 1.0)
     stay = max(1.0 - float(p.sum()), 0.0)
     known, got = stay * known_full, stay * np.asarray(got_full, dtype=float)
@@ -245,7 +260,7 @@ def _update_mixture(
     h = S / steps
     tok_step = np.asarray(per_step, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
-        svc_per_tok = np.where(tok_step > 0, cold_f / tok_step, 0.0)  # cold seconds per arrival token
+        svc_per_tok = np.where(tok_step > 0, cold_f / tok_step, 0.0)  # seconds per arrival token after it
         sq_per_tok = np.where(tok_step > 0, np.asarray(cold_sq, dtype=float) / tok_step, 0.0)  # squared, likewise
     c_in, c_rd = kq.edges(S, steps)
     for j in np.flatnonzero(p > _P_MIN):
@@ -259,7 +274,7 @@ def _update_mixture(
         cap = V * max(S - u - pause, 0.0)  # server-seconds left after the pause
         if cap > 0:
             late = tok_step - got_u  # arrivals not prefilled by u, per sub-step
-            # The line, first come first served: (tokens, cold service seconds, where, the
+            # The line, first come first served: (tokens, service seconds, where, the
             # sum of its requests' squared service seconds, for the ones in service at S).
             parts = [
                 (finite_sum(x_in * (1 - w_in)) + finite_sum(x_rd * (1 - w_rd)),
@@ -290,6 +305,10 @@ def _update_mixture(
         known += p[j] * known_u
         got += p[j] * got_u
     return float(known), got
+
+
+def _share(x: float) -> float:
+    return float(np.clip(np.nan_to_num(x, nan=1.0), 0.0, 1.0))
 
 
 def _in_service(parts, cap: float, V: int) -> float:
