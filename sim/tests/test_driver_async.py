@@ -113,6 +113,14 @@ async def test_async_driver_keeps_the_bound_and_syncs_weights_on_live_engines(na
         assert dropped or (again and again[0].prompt_tokens == prompt + a.output_tokens), a
     # Every event the driver published is in the stream.
     assert result["events"] == len(events)
+    # prefill.finished carries the cached_tokens of the first chunk's meta_info: none on a
+    # trajectory's first turn (the prompts are each trajectory's own), and a later turn
+    # of the same conversation finds its previous prompt in the prefix cache.
+    queued_turn = {e.req: e.turn for _, e in queued}
+    finished = [e for e in events if e.type == "prefill.finished" and e.cached_tokens is not None]
+    assert len(finished) >= types["prefill.finished"] - len(aborts)  # an abort before the first token has none
+    assert all(e.cached_tokens == 0 for e in finished if queued_turn[e.req] == 0)
+    assert any(e.cached_tokens > 0 for e in finished if queued_turn[e.req] > 0)
 
 
 @pytest.mark.parametrize("mode", ["in_place", "retract"])

@@ -222,7 +222,7 @@ class Driver:
         """Send one request streamed (SGLang's ``stream: true``) and read its server-sent
         events: ``prefill.finished`` is announced at the first chunk (the first output
         token exists: the prefill is done and, in PD, its KV reached the decode engine), as
-        a framework that streams would. Returns the last chunk's ``meta_info``, or None when
+        a framework that streams would, with the chunk's ``cached_tokens``. Returns the last chunk's ``meta_info``, or None when
         the request did not get an answer (to be re-sent; an error chunk included)."""
         async with client.post(f"{self.cfg.router_url}/generate", json=body) as resp:
             if 400 <= resp.status < 500 and resp.status not in (408, 429):
@@ -245,7 +245,9 @@ class Driver:
                 meta = chunk["meta_info"]
                 if not announced and meta.get("finish_reason") is None:
                     announced.append(True)
-                    await em.prefill_finished(traj, req)
+                    # SGLang's meta_info says how much of the prompt its prefix cache held.
+                    cached = meta.get("cached_tokens")
+                    await em.prefill_finished(traj, req, cached_tokens=cached if isinstance(cached, int) else None)
             return meta
 
     # -- one trajectory -----------------------------------------------------------------------
