@@ -88,6 +88,9 @@ def test_retract_frees_the_kv_and_the_requests_re_prefill_when_generation_contin
             t.join(120)
     assert [a["finish_reason"]["type"] for a in answers] == ["length", "length"]
     assert [a["completion_tokens"] for a in answers] == [20_000, 20_000]
+    # Their prompts stayed in the radix cache: the re-prefill found all of each 4096-token
+    # prompt but the last token, which SGLang always computes.
+    assert [a["cached_tokens"] for a in answers] == [4095, 4095]
 
 
 def test_abort_ends_every_request_and_a_bad_mode_is_refused(mixed):

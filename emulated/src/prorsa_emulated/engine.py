@@ -96,6 +96,8 @@ class EmulatedEngine:
         """The mode of the ``pause_generation`` in force (None: generating)."""
         self._resumed = asyncio.Event()
         self._resumed.set()
+        self._halted = asyncio.Event()
+        """Set while paused and the scheduler loop stands still (at a step boundary)."""
         self._loop_task: asyncio.Task | None = None
         self._client: aiohttp.ClientSession | None = None
 
@@ -220,6 +222,7 @@ class EmulatedEngine:
         while True:
             if self.paused is not None:
                 # SGLang's event loop takes requests in but runs no batch while paused.
+                self._halted.set()
                 self._wake.clear()
                 await self._wake.wait()
                 end = None
@@ -420,9 +423,22 @@ class EmulatedEngine:
         self._wake.set()  # a run of decode steps stops at the next step boundary
         return n
 
+    async def halted(self) -> None:
+        """Once paused, the scheduler loop stands still: the step under way has ended (SGLang
+        takes ``pause_generation`` in its event loop between batches, and answers then).
+        Returns at once if generation continued meanwhile."""
+        while self.paused is not None and not self._halted.is_set():
+            waits = [asyncio.ensure_future(self._halted.wait()), asyncio.ensure_future(self._resumed.wait())]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+
     def resume(self) -> None:
         """``POST /continue_generation``."""
         self.paused = None
+        self._halted.clear()
         self._resumed.set()
         self._wake.set()
 

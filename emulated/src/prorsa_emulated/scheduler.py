@@ -251,10 +251,15 @@ class Rank:
     def retract_all(self, mode: str) -> int:
         """``pause_generation`` in ``retract`` mode: every request being prefilled or
         decoded gives its KV back, as :meth:`_retract` does one under KV pressure (the
-        oldest stays first in line). Returns how many."""
+        oldest stays first in line). What SGLang had put in its radix tree stays cached:
+        the chunks a prefill made (``cache_unfinished_req``) and, on a mixed rank, a
+        decoding request's prompt (inserted once prefilled; the output's KV is freed), so
+        the re-prefill computes the rest (as the simulator's ``retract_engine``). Returns
+        how many."""
         n = 0
         if mode != "decode":
             for req in reversed(self.prefilling):
+                self.cache.insert(req.keys[:(req.cached_tokens + req.prefilled) // PAGE])
                 self.release(req)
                 req.phase, req.prefilled = "waiting", 0
                 self.waiting.appendleft(req)
@@ -262,7 +267,10 @@ class Rank:
             self.prefilling.clear()
             self.chunked = None
         while self.running:
-            self._retract(self.running.pop(), mode)
+            req = self.running.pop()
+            if mode != "decode":
+                self.cache.insert(req.keys)
+            self._retract(req, mode)
             n += 1
         return n
 

@@ -76,6 +76,7 @@ def add_weight_routes(app: FastAPI, options: Any, eng: Any) -> None:
     @app.post("/pause_generation")
     async def pause_generation(obj: PauseReq = Body(...)) -> JSONResponse:
         eng.pause(obj.mode)
+        await eng.halted()  # answered once the step under way has ended, as SGLang does
         return JSONResponse({"message": "Generation paused successfully.", "status": "ok"})
 
     @app.post("/continue_generation")
