@@ -147,3 +147,32 @@ def test_the_engine_loop_makes_the_decoder_wait_for_the_other_ranks_prefill():
 def test_profile_fields_are_the_simulators():
     # The emulated engine steps with the simulator's own cost functions.
     assert dataclasses.is_dataclass(TWO) and hasattr(TWO, "engine_step_time")
+
+
+def test_a_decode_rank_admits_with_room_kept_for_its_batch_and_resumes_a_retracted_request_first():
+    # SGLang's decode prealloc keeps RESERVED_DECODE_TOKENS (512) free for each request
+    # held, the new one included. A 10,000-token rank decoding a 6,000-token request
+    # does not take a 3,000-token one (6,000 + 3,000 + 2 x 512 > 10,000); an empty rank
+    # takes it.
+    from prorsa_emulated.costmodel import RESERVED_DECODE_TOKENS
+
+    assert RESERVED_DECODE_TOKENS == 512
+    rank = Rank(0, 10_000, 64)
+    _decoding(rank, _req("a", 6_000, 100, completion=1))
+    rank.prealloc.append(_req("b", 3_000, 50))
+    rank._admit_decode()
+    assert [r.rid for r in rank.prealloc] == ["b"] and rank.transfer == []
+    rank.remove(rank.running[0])
+    rank._admit_decode()
+    assert [r.rid for r in rank.transfer] == ["b"]
+    # A retracted request resumes (prompt + what it made, with its room) before the
+    # prealloc queue is served.
+    rank = Rank(0, 10_000, 64)
+    parked = _req("p", 2_000, 500, completion=100)
+    parked.phase = "retracted"
+    rank.retracted.append(parked)
+    rank.prealloc.append(_req("c", 1_000, 50))
+    rank._admit_decode()
+    assert [r.rid for r in rank.running] == ["p"]
+    assert [r.rid for r in rank.transfer] == ["c"]  # 2,100 + 1,000 + 2 x 512 <= 10,000
+    assert rank.private == 2_100 + 1_000

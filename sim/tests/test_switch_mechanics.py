@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from prorsa_emulated.costmodel import get_profile
+from prorsa_emulated.costmodel import RESERVED_DECODE_TOKENS, get_profile
 from prorsa_sim.cluster import ClusterSim
 from prorsa_sim.switching import DRAIN_DEADLINE_S
 from prorsa_sim.engines import Req
@@ -388,3 +388,47 @@ def test_g_a_retract_pause_keeps_the_chunks_a_prefill_made_and_a_decode_engines_
     assert pf.prefill_tokens_done == 10_000
     assert sim.update_retractions == 0 and sim.events("aborted") == []
     assert sorted((e[1], e[4]) for e in sim.events("decode_finished")) == [("d", 1 + 50), ("p", 20)]
+
+
+def test_h_a_decode_rank_admits_with_room_kept_for_its_batch():
+    # SGLang's decode prealloc keeps RESERVED_DECODE_TOKENS (512) free for each request
+    # it holds, the new one included. A rank of 10,000 tokens decoding a 6,000-token
+    # request does not take a 3,000-token one (6,000 + 3,000 + 2 x 512 > 10,000) until
+    # the first ends, though both prompts would fit.
+    sim = Recorder(["prefill", "decode"])
+    dec = sim.engines[1]
+    rank = dec.ranks[0]
+    rank.capacity = 10_000
+    _run_decoding(sim, rank, "a", 6_000, 300)
+    b = Req(_traj(1), "b", 3_000, 50)
+    b.out_done = 1
+    sim._ship(b, rank)
+    sim.run_until(lambda: bool(rank.pending))
+    assert list(rank.pending) == [b] and RESERVED_DECODE_TOKENS == 512
+    sim.run_until(lambda: False)
+    done = [(e[1], e[3]) for e in sim.events("decode_finished")]
+    assert [d[0] for d in done] == ["a", "b"] and sim.preemptions == 0
+    admitted_b = done[1][1] - 50 * PROF.decode_step_time(1, 3_000 + 25)  # one macro-step of its 50
+    assert admitted_b == pytest.approx(done[0][1], abs=1e-6)  # b began as a ended
+
+
+def test_h_a_decode_rank_out_of_kv_offloads_its_newest_request_and_resumes_it():
+    # Two requests on a 10,000-token decode rank, admitted at once: 4,000 + 3,000 output
+    # and 2,000 + 4,000. Their KV grows two tokens a step and fills the rank after 2,000
+    # steps: the newer one is retracted, its KV offloaded (SGLang's decode swaps, it does
+    # not re-prefill), and it resumes, with the 2,000 tokens it made, once it fits.
+    sim = Recorder(["prefill", "decode"])
+    pf, dec = sim.engines
+    rank = dec.ranks[0]
+    rank.capacity = 10_000
+    _run_decoding(sim, rank, "a", 4_000, 3_000)
+    b = _run_decoding(sim, rank, "b", 2_000, 4_000, traj=_traj(1))
+    sim.run_until(lambda: sim.preemptions > 0)
+    assert list(rank.pending) == [b] and list(rank.running) != [b]
+    assert (b.prompt, b.out_done, b.out_target) == (2_000 + 2_000, 1 + 2_000, 4_000 - 2_000)
+    sim.run_until(lambda: False)
+    assert sim.events("aborted") == [] and sim.preemptions == 1
+    assert [(e[1], e[4]) for e in sim.events("decode_finished")] == [("a", 1 + 3_000), ("b", 1 + 4_000)]
+    # Every token decoded once, nothing prefilled again.
+    assert dec.decode_tokens_done == 3_000 + 4_000 and pf.prefill_tokens_done == 0
+    assert rank.kv_used == 0 and rank.waiting_tokens == 0

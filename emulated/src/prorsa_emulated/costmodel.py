@@ -320,6 +320,12 @@ PROFILES: dict[str, ModelProfile] = {
 CLUSTER_GPUS = 128
 """[P] 16 servers x 8 GPUs."""
 
+RESERVED_DECODE_TOKENS = 512
+"""[SGL] A PD decode engine admits a transferred request (and resumes a retracted one)
+only with this many KV tokens kept free for each request it holds, that one included
+(``disaggregation/decode.py``: ``_allocatable_tokens``, ``num_reserved_decode_tokens``,
+the environment's ``SGLANG_NUM_RESERVED_DECODE_TOKENS``, default 512)."""
+
 
 def get_profile(name: str) -> ModelProfile:
     """Return the named profile, or raise ``ValueError`` listing the valid names."""

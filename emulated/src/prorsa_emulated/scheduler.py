@@ -13,8 +13,10 @@ engine; parked in the retracted queue of a PD decode engine).
 
 PD roles: a ``prefill`` rank holds a prefilled request's KV while it is sent
 (``kv_transfer_time``), then caches the prompt. A ``decode`` rank reserves the prompt's KV
-(prealloc queue), waits for the peer's prefill and the transfer (transfer queue), then
-decodes; it keeps no prefix cache (SGLang's decode radix cache is off by default).
+(prealloc queue) when it fits with ``RESERVED_DECODE_TOKENS`` kept free for each request it
+holds, waits for the peer's prefill and the transfer (transfer queue), then decodes; it
+keeps no prefix cache (SGLang's decode radix cache is off by default). A request it
+retracts resumes, under the same rule, before any new one is admitted.
 
 Pure bookkeeping here; the asyncio loop that sleeps lives in ``engine.py``.
 """
@@ -25,7 +27,7 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 
-from .costmodel import ModelProfile
+from .costmodel import RESERVED_DECODE_TOKENS, ModelProfile
 from .prefix_cache import PAGE, PrefixCache
 
 
@@ -191,15 +193,24 @@ class Rank:
             return None
         return self._plan_decode(mode)
 
+    def _room_for(self, n: int) -> bool:
+        """SGLang's decode prealloc: ``n`` tokens fit with ``RESERVED_DECODE_TOKENS`` kept
+        free for each request held, the new one included (an empty rank takes any that
+        fits)."""
+        held = len(self.running) + len(self.transfer)
+        return self.fits(n + (RESERVED_DECODE_TOKENS * (held + 1) if held else 0))
+
     def _admit_decode(self) -> None:
-        while self.retracted and self.reserve(self.retracted[0], self.retracted[0].prompt_tokens
-                                              + self.retracted[0].completion):
-            req = self.retracted.popleft()
+        while self.retracted and self._room_for(self.retracted[0].prompt_tokens + self.retracted[0].completion):
+            req = self.retracted[0]
+            if not self.reserve(req, req.prompt_tokens + req.completion):
+                break
+            self.retracted.popleft()
             req.phase = "running"
             self.running.append(req)
         while self.prealloc and len(self.running) + len(self.transfer) < self.max_running:
             req = self.prealloc[0]
-            if not self.reserve(req, req.prompt_tokens):
+            if not self._room_for(req.prompt_tokens) or not self.reserve(req, req.prompt_tokens):
                 break
             self.prealloc.popleft()
             req.phase = "transfer"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 
 from prorsa_emulated import smg
-from prorsa_emulated.costmodel import ModelProfile
+from prorsa_emulated.costmodel import RESERVED_DECODE_TOKENS, ModelProfile
 
 from .engines import Engine, Rank, Req
 from .switching import DRAIN_DEADLINE_S, Interruptions
@@ -350,11 +350,16 @@ class ClusterSim(Interruptions):
         return True
 
     def _admit_pending(self, rank: Rank) -> None:
+        """Admit the requests waiting for KV space on a decode rank, first in line first:
+        each needs its KV plus ``RESERVED_DECODE_TOKENS`` free for every request the rank
+        would then hold (SGLang's decode prealloc); an empty rank takes any that fits."""
         if rank.engine.draining:
             return  # a draining engine takes no new request (its pending ones were re-queued)
         while rank.pending:
             req = rank.pending[0]
-            if rank.kv_used + req.prompt + 1 > rank.capacity:
+            n = len(rank.running)
+            reserve = RESERVED_DECODE_TOKENS * (n + 1) if n else 1
+            if rank.kv_used + req.prompt + reserve > rank.capacity:
                 break
             rank.pending.popleft()
             rank.waiting_tokens -= req.prompt
@@ -362,7 +367,10 @@ class ClusterSim(Interruptions):
 
     def _make_room(self, rank: Rank) -> None:
         """Before a decode step: evict cache, then retract the newest requests (SGLang's
-        retraction) until the step's new tokens fit."""
+        retraction) until the step's new tokens fit. A mixed rank re-prefills them later;
+        a PD decode rank offloads their KV to host memory and resumes them first, once
+        they fit again (``disaggregation/decode.py``: ``resume_retracted_reqs``): they wait
+        at the head of its pending queue, with no event."""
         n = len(rank.running)
         if rank.kv_used + n <= rank.capacity:
             return
@@ -377,8 +385,12 @@ class ClusterSim(Interruptions):
             req.out_target -= gen
             req.prompt += gen
             if rank.engine.role == "decode":
-                # A PD decode engine cannot recompute: the request goes back to prefill.
-                self._on_aborted(req, gen_total=req.out_done, requeue=True)
+                if rank.engine.draining:
+                    # A draining engine takes nothing back: re-queued for prefill now.
+                    self._on_aborted(req, gen_total=req.out_done, requeue=True)
+                else:
+                    rank.pending.appendleft(req)
+                    rank.waiting_tokens += req.prompt
             else:
                 req.started = False
                 req.resumed = True
