@@ -104,3 +104,12 @@ def test_abort_ends_every_request_and_a_bad_mode_is_refused(mixed):
         assert [a["finish_reason"]["type"] for a in answers] == ["abort", "abort"]
         assert c.post(f"{mixed}/flush_cache").status_code == 200
         assert c.post(f"{mixed}/continue_generation", json={}).status_code == 200
+
+
+def test_a_pause_on_an_engine_that_has_served_nothing_answers_at_once(mixed):
+    # Its scheduler loop starts with the first request: there is no step to wait for.
+    with httpx.Client(timeout=5) as c:
+        for mode in ("in_place", "retract", "abort"):
+            assert c.post(f"{mixed}/pause_generation", json={"mode": mode}).status_code == 200
+            assert c.get(f"{mixed}/ready").status_code == 503
+            assert c.post(f"{mixed}/continue_generation", json={}).status_code == 200

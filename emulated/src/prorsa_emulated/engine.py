@@ -426,8 +426,10 @@ class EmulatedEngine:
     async def halted(self) -> None:
         """Once paused, the scheduler loop stands still: the step under way has ended (SGLang
         takes ``pause_generation`` in its event loop between batches, and answers then).
-        Returns at once if generation continued meanwhile."""
-        while self.paused is not None and not self._halted.is_set():
+        Returns at once if generation continued meanwhile, or if the loop does not run
+        (it starts with the first request)."""
+        while (self.paused is not None and not self._halted.is_set()
+               and self._loop_task is not None and not self._loop_task.done()):
             waits = [asyncio.ensure_future(self._halted.wait()), asyncio.ensure_future(self._resumed.wait())]
             try:
                 await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
