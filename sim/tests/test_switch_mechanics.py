@@ -67,6 +67,14 @@ def _run_decoding(sim, rank, rid, prompt, out_target, traj=None):
     return req
 
 
+def _transferred(sim, rank, rid, prompt, out_target, i):
+    """A request whose prefill made its first token, its KV shipped to ``rank``."""
+    req = Req(_traj(i), rid, prompt, out_target)
+    req.out_done = 1
+    sim._ship(req, rank)
+    return req
+
+
 def test_a_draining_decode_engine_admits_no_pending_request_and_requeues_it_at_once():
     sim = Recorder(["prefill", "decode", "decode"])
     pf, d1, d2 = sim.engines
@@ -74,16 +82,12 @@ def test_a_draining_decode_engine_admits_no_pending_request_and_requeues_it_at_o
     # d1's rank 0 is KV-full: a running request holds it, a transferred one waits for space.
     rank.capacity = 12_000
     _run_decoding(sim, rank, "running", 10_000, 40)
-    waiting = Req(_traj(1), "pending", 5_000, 30)
-    waiting.out_done = 1
-    sim._ship(waiting, rank)
+    _transferred(sim, rank, "pending", 5_000, 30, 1)
     sim.run_until(lambda: bool(rank.pending))
     t0 = sim.now
     assert rank.pending and not sim.events("aborted")
     # And a transfer still in flight to d1.
-    inflight = Req(_traj(2), "inflight", 3_000, 20)
-    inflight.out_done = 1
-    sim._ship(inflight, d1.ranks[1])
+    _transferred(sim, d1.ranks[1], "inflight", 3_000, 20, 2)
 
     assert sim.request_switch(d1, "prefill", "in_place", "c1")
     # Both are aborted and re-queued at once; the prefill engine re-prefills them.
@@ -400,9 +404,7 @@ def test_h_a_decode_rank_admits_with_room_kept_for_its_batch():
     rank = dec.ranks[0]
     rank.capacity = 10_000
     _run_decoding(sim, rank, "a", 6_000, 300)
-    b = Req(_traj(1), "b", 3_000, 50)
-    b.out_done = 1
-    sim._ship(b, rank)
+    b = _transferred(sim, rank, "b", 3_000, 50, 1)
     sim.run_until(lambda: bool(rank.pending))
     assert list(rank.pending) == [b] and RESERVED_DECODE_TOKENS == 512
     sim.run_until(lambda: False)
