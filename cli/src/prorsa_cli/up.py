@@ -147,7 +147,8 @@ def _options(cls, given: dict):
     from .options import PauseMode
 
     if given.get("pause_mode", "abort") not in get_args(PauseMode):
-        fail(f"--pause-mode must be abort, retract or in_place, got {given['pause_mode']!r}")
+        fail(f"--pause-mode must be {', '.join(get_args(PauseMode)[:-1])} or {get_args(PauseMode)[-1]}, "
+             f"got {given['pause_mode']!r}")
     for name in ("engines", "agents", "batch_size", "steps", "max_turns"):
         if name in given and given[name] < 1:
             fail(f"--{name.replace('_', '-')} must be >= 1")
