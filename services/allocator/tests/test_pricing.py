@@ -281,6 +281,37 @@ def test_the_opening_waits_for_the_prefill_cache_and_measures_nothing_cold() -> 
     assert cmds_off[230.0][:1] == ["prefill"] and measured_off[230.0] == 4
 
 
+def test_the_hit_gauge_of_a_window_that_holds_the_pause_does_not_end_the_cold_cache() -> None:
+    # As above, the update at t = 100 s with a 5 s pause. The window at t = 110 s reports
+    # [100, 110): the pause and 5 s after it. A prefill engine that has finished no prefill
+    # since the update still reports the hit of its prefills before it (0.9, a gauge), which
+    # would say the cache is back (miss 0.1 <= 2 x 0.1) before anything was prefilled cold.
+    # It is not read: the cache stays cold, and the opening holds until a window wholly
+    # after the pause shows it back.
+    alloc = _cluster(4, 4, served_ramp_s=0.0, served_min_samples=1, theta_prior_samples=0)
+    assert alloc.config.weight_sync_s == 5.0
+
+    def window(t: float, hit: float, p: float = 6.0, d: float = 1.5) -> list[str]:
+        for i in range(4):
+            alloc.handle(stats(f"p{i}", "prefill", ts=t - 1.0, running=2, queued=3,
+                               prefill_tokens_per_s=THETA * 0.1, cache_hit_rate=hit))
+        return [e.to_role for e in alloc.handle(forecast(t=t, prefill_engines=p, decode_engines=d))
+                if isinstance(e, EngineCommand)]
+
+    for t in (10.0, 20.0, 30.0):
+        assert window(t, 0.9, 4.0, 4.0) == []
+    alloc.handle(PolicyUpdated(id="pu-1", ts=100.0, run=RUN, version=2))
+    assert alloc.cache.cold
+    assert window(110.0, 0.9) == []  # the stale gauge: not read
+    assert alloc.cache.cold
+    assert window(120.0, 0.5) == []  # [110, 120), wholly after the pause: read, miss 0.5 > 2 x 0.1
+    assert alloc.cache.cold
+    assert window(230.0, 0.5) == []  # past opening_hold_s, still cold
+    assert alloc.cache.cold and alloc.served[4][1] == 3  # nothing measured cold
+    assert window(250.0, 0.85)[:1] == ["prefill"]  # miss 0.15 <= 0.2: back, and measured
+    assert not alloc.cache.cold and alloc.served[4][1] == 4
+
+
 def test_learned_switch_cost_is_net_of_the_deadline_drain() -> None:
     # The priced rule expects a busy decode engine to drain to the 10 s deadline: a switch
     # reported at 35 s (command to switched) is learned as 25 s of switch.

@@ -34,7 +34,7 @@ from .engines import EngineTable
 from .estimate import PrefillThroughput, SwitchCost, cluster_shape
 from .optimize import Allocation, Capacity, Demand, solve
 from .records import Counters, Decision, SwitchDurations
-from .served import CacheRegime, measure_served, pool_hit
+from .served import CacheRegime, after_pause, measure_served, pool_hit
 from .pricing import QUEUE_OBJECTIVES, PricedContext, select_priced
 from .switching import DemandView, Selection, prefill_band, select_switches
 
@@ -272,8 +272,7 @@ class Allocator:
                                         self.config.gpus_decode).engines
                 if len(engines) >= 2:
                     hit = pool_hit(engines)
-                    if self.pause_left(engines) <= 0:
-                        self.cache.observe(fc.t, hit)
+                    self._observe_cache(fc, hit, self.pause_left(engines))
                     self._measure_served(engines, fc, hit)
             return None
         self._last_fc = fc
@@ -328,8 +327,8 @@ class Allocator:
             demand = Demand(fc.prefill_tokens, fc.horizon, kv_total, extra)
             pause_left = self.pause_left(engines) if cfg.rule == "priced" else 0.0
             hit = pool_hit(engines)
-            if cfg.rule == "priced" and pause_left <= 0:
-                self.cache.observe(fc.t, hit)
+            if cfg.rule == "priced":
+                self._observe_cache(fc, hit, pause_left)
             opening = self._opening(fc.t, pause_left)
             if pause_left > 0 and self._steady is not None:
                 # The pause's own window sees only the requests the update aborted: the step
@@ -470,6 +469,13 @@ class Allocator:
         if measure_served(self.served, engines, fc, self.config, self.last_update_ts, self._first_t,
                           self.prefill_backlog, cache_cold=self.cache.cold, miss=self.prefill_miss):
             self.cache.measured(hit)
+
+    def _observe_cache(self, fc: ForecastWindow, hit: float, pause_left: float) -> None:
+        """The pool's hit ``hit`` at window ``fc`` into the cache regime, once the engines'
+        reports cover a whole window past the update's pause (:func:`after_pause`): until
+        then they still show the hit of the prefills before the update."""
+        if pause_left <= 0 and after_pause(fc, self.config, self.last_update_ts):
+            self.cache.observe(fc.t, hit)
 
     def _opening(self, t: float, pause_left: float) -> bool:
         """'priced' rule: whether window ``t`` is in a step's opening, after the weight-update

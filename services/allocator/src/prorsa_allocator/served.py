@@ -42,7 +42,7 @@ def measure_served(served: dict[int, tuple[float, int, float]], engines: list, f
         return False
     if any(v.since_ts > fc.t - fc.horizon for v in engines if v.switched):
         return False
-    if last_update_ts is not None and fc.t - last_update_ts < fc.horizon + cfg.weight_sync_s:
+    if not after_pause(fc, cfg, last_update_ts):
         return False
     if cfg.served_ramp_s is not None and first_t is not None and fc.t - first_t < cfg.served_ramp_s:
         return False
@@ -68,6 +68,17 @@ def measure_served(served: dict[int, tuple[float, int, float]], engines: list, f
     if miss is not None and p:
         _fold(miss, p, 1.0 - hits / p, w)
     return True
+
+
+def after_pause(fc: ForecastWindow, cfg: AllocatorConfig, last_update_ts: float | None) -> bool:
+    """Whether the engines' reports at window ``fc`` cover a whole window past the last
+    weight update's pause: [t − S, t) begins at or after the update plus ``weight_sync_s``.
+    A report of an earlier window mixes the pause in; and its ``cache_hit_rate``, a gauge
+    of the last prefills an engine finished, is the one from before the update when no
+    prefill has finished since (SGLang logs the hit rate of the batches it runs, the
+    simulator keeps the last window's ratio): read as the pool's cache, it says the cache
+    is back before anything has been prefilled on the new weights."""
+    return last_update_ts is None or fc.t - last_update_ts >= fc.horizon + cfg.weight_sync_s
 
 
 def _fold(avg: dict[int, float], p: int, x: float, w: float) -> None:
