@@ -96,6 +96,12 @@ async def test_async_driver_keeps_the_bound_and_syncs_weights_on_live_engines(na
                 if e.reason == "stale":
                     assert dispatched_at[e.traj] < version - staleness
     assert set(ended) == set(dispatched_at) and set(ended.values()) == {1}
+    # The run's end drops what is live before the last update is published, so that the
+    # update carries no trajectory over (nothing of the run follows it).
+    last_update = max(i for i, e in enumerate(events) if e.type == "policy.updated")
+    at_end = [i for i, e in enumerate(events) if e.type == "trajectory.dropped" and e.reason == "aborted"]
+    assert at_end and max(at_end) < last_update
+    assert not [e for e in events[last_update + 1:] if e.type in ("request.queued", "trajectory.dispatched")]
     # The trainer took each batch from admitted rewards: enough were admitted for every update.
     admitted = sum(1 for e in events if e.type == "reward.finished" and e.admitted)
     assert admitted >= steps * batch

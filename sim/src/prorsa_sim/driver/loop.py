@@ -355,22 +355,22 @@ class Driver:
         self._trainer_busy = False
         self.version += 1
         last = self.step + 1 >= cfg.steps
-        if last:
-            # The run ends at this update: nothing is launched from here on. Otherwise a
-            # trajectory that ends while the update is published launches more, and the drop
-            # below cancels them before they publish their dispatch (counted, never seen).
-            self._closing = True
-        await em.policy_updated(self.version)
         now = time.monotonic()
         self.result.step_times_s.append(round(now - self._last_update, 3))
         self._last_update = now
         self.step += 1
         log.info("policy update %d (%d live)", self.version, self.live)
         if last:
-            # What is still live is not trained on. The engines still load the new weights,
-            # so that they report the version policy.updated named.
+            # The run ends at this update: nothing is launched from here on, and what is
+            # still live is not trained on. It is dropped before the update is published:
+            # policy.updated tells the consumers that the live trajectories carry over and
+            # re-prefill (the forecaster forecasts their re-prefill in the window it lands
+            # in), which these do not. The engines still load the new weights, so that they
+            # report the version policy.updated names.
+            self._closing = True
             await self._drop(em, self._live_sorted(), "aborted")
-        else:
+        await em.policy_updated(self.version)
+        if not last:
             stale = [(t, task) for t, (task, v) in self._live.items()
                      if sampler.is_stale(v, self.version, cfg.staleness)]
             await self._drop(em, stale, "stale")
