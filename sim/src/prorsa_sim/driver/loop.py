@@ -364,9 +364,8 @@ class Driver:
             # The run ends at this update: nothing is launched from here on, and what is
             # still live is not trained on. It is dropped before the update is published:
             # policy.updated tells the consumers that the live trajectories carry over and
-            # re-prefill (the forecaster forecasts their re-prefill in the window it lands
-            # in), which these do not. The engines still load the new weights, so that they
-            # report the version policy.updated names.
+            # re-prefill, which these do not. The engines still load the new weights, so
+            # that they report the version policy.updated names.
             self._closing = True
             await self._drop(em, self._live_sorted(), "aborted")
         await em.policy_updated(self.version)
