@@ -123,6 +123,14 @@ def test_switches_plans_advised_and_nobody_commanded_are_rows_of_their_own() -> 
     assert rows[0]["cmd"] is None and rows[0]["reason"] == (
         "plan of the window at 9.5 s: target 3P:1D, delta +0.10, lists this engine")
     assert cq.advised_rows(cmds, plans[-1:]) == []
+    # Two plans at one event time (the weight-update pause's, with its command, and the
+    # window's that came in the same instant), the command at that time too: commanded,
+    # whichever order the plans are stored in.
+    pause, window = plan(70, ("d2", "prefill")), plan(70)
+    cmd = {"type": "engine.command", "ts": 70, "cmd": "k2", "engine": "d2", "to_role": "prefill", "deadline": 100}
+    for both in ([pause, window], [window, pause]):
+        assert cq.advised_rows([cmd], both) == []
+        assert [r["outcome"] for r in cq.switch_rows([cmd], [], both, now=80)] == ["commanded"]
 
 
 # --- the hub -------------------------------------------------------------------------------

@@ -176,14 +176,18 @@ def advised_rows(commands: list[dict], plans: list[dict]) -> list[dict]:
     """The switches plans listed and no command carried out (an allocator in advisory mode):
     one row per run of consecutive plans advising the same move, from the first of them.
     A plan's switch counts as commanded when a command for that engine and role comes at
-    or after the plan and before the next one."""
+    or after the plan and before the next plan of a later ``ts``: an allocator can publish
+    two plans at one event time (the weight-update pause's own, with its commands, and the
+    window's that arrived in the same instant), and the commands then share it."""
     plans = sorted(plans, key=lambda p: p["ts"])
+    plan_ts = [p["ts"] for p in plans]
     cmds = sorted(commands, key=lambda c: c["ts"])
     cmd_ts = [c["ts"] for c in cmds]
     rows: list[dict] = []
     open_: dict[tuple[str, str], dict] = {}
     for i, p in enumerate(plans):
-        end = plans[i + 1]["ts"] if i + 1 < len(plans) else math.inf
+        later = bisect.bisect_right(plan_ts, p["ts"])
+        end = plan_ts[later] if later < len(plans) else math.inf
         done = {(c["engine"], c["to_role"])
                 for c in cmds[bisect.bisect_left(cmd_ts, p["ts"]):bisect.bisect_left(cmd_ts, end)]}
         listed = [(s.get("engine"), s.get("to_role")) for s in p.get("switches") or []]
