@@ -21,10 +21,10 @@ from __future__ import annotations
 import argparse
 import math
 
-from prorsa_allocator.config import AllocatorConfig
 from prorsa_allocator.planner import prefill_fed_share
 from prorsa_allocator.served import pool_hit
 from prorsa_sim.catalog import make_policy
+from prorsa_sim.policies import allocator_overrides
 from prorsa_sim.runner import StartAt
 from prorsa_sim.simconfig import build_config
 from prorsa_sim.simulator import Simulator
@@ -53,16 +53,17 @@ def main() -> None:
                     help="also print the served rate of each prefill count measured so far (EMA, full-prompt "
                     "tokens/s) and the prefill pool's cache hit ratio")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                    help="an AllocatorConfig field over its default (an ablation), e.g. --set settle_s=0")
+                    help="an AllocatorConfig field over its default (an ablation), e.g. --set settle_s=0; the same "
+                    "as the policy spec's :FIELD=VALUE (prorsa:settle_s=0)")
     args = ap.parse_args()
-    overrides = {}
+    raw = {}
     for item in args.overrides:
         name, sep, value = item.partition("=")
-        if not sep or name not in AllocatorConfig.model_fields:
+        if not sep:
             ap.error(f"--set {item!r}: expected FIELD=VALUE with FIELD one of AllocatorConfig's fields")
-        overrides[name] = value
+        raw[name] = value
     try:  # validated and typed once; the driver lays them over the profile's priors
-        overrides = AllocatorConfig(**overrides).model_dump(include=set(overrides))
+        overrides = allocator_overrides(raw)
     except ValueError as e:
         ap.error(f"--set: {e}")
     if not args.policy.split(":")[0] in ("prorsa", "oracle"):

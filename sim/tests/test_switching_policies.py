@@ -88,6 +88,38 @@ def test_prorsa_latency_is_the_priced_rule_judging_moves_by_turn_latency():
     assert (cfg.rule, cfg.objective) == ("priced", "turn_latency")
 
 
+def test_allocator_settings_in_the_spec_reach_the_allocator_over_the_profiles_priors():
+    from prorsa_emulated.costmodel import get_profile
+    from typer.testing import CliRunner
+
+    from prorsa_cli.main import app
+
+    spec = "prorsa:capacity:restart:settle_s=0:served_veto_yields_to_state=false"
+    p = make_policy(spec)
+    assert (p.name, p.switch_mode, p.driver.rule) == (spec, "restart", "capacity")
+    assert p.driver.overrides == {"settle_s": 0.0, "served_veto_yields_to_state": False}
+    assert make_policy("prorsa").driver.overrides is None and make_policy("oracle:settle_s=5").driver.overrides == {
+        "settle_s": 5.0}
+    for bad, why in (("prorsa:nope=1", "'nope' is not a setting of the allocator"),
+                     ("prorsa:settle_s=-1", "settle_s: Input should be greater than or equal to 0"),
+                     ("prorsa:objective=sideways", "objective: Input should be"),
+                     ("prorsa:settle_s=0:settle_s=1", "FIELD=VALUE"),  # one value a field
+                     ("prorsa:settle_s=0:tpot=0.1", "FIELD=VALUE"),  # tpot before the settings
+                     ("reactive:settle_s=0", "reactive:restart")):  # reactive runs no allocator
+        with pytest.raises(ValueError, match=f"bad policy {bad!r}: .*{why}"):
+            make_policy(bad)
+    # A run: the allocator runs with them, laid over the defaults and the profile's priors.
+    policy = make_policy("prorsa:hysteresis=0.2:prefill_tokens_per_s=12345")
+    cfg = SimConfig(workload="general", staleness=2, steps=1, batch_size=48)
+    assert Simulator(cfg, policy).run().summary["trajectories_done"] > 0
+    run_cfg = policy.driver.allocator.config
+    assert (run_cfg.hysteresis, run_cfg.prefill_tokens_per_s) == (0.2, 12345.0)
+    assert run_cfg.in_place_switch_s == get_profile(cfg.model).in_place_switch_s
+    # The CLI refuses a bad one by name, before simulating anything.
+    bad = CliRunner().invoke(app, ["sim", "run", "--policy", "prorsa:nope=1", "--steps", "1", "--out", "unused"])
+    assert bad.exit_code != 0 and "'nope' is not a setting of the allocator" in bad.output
+
+
 def test_prorsa_learns_prefill_throughput_from_engine_stats():
     policy = ProrsaPolicy()
     res = Simulator(SimConfig(workload="general", staleness=2, steps=2, batch_size=48), policy).run()

@@ -111,7 +111,8 @@ def register(app: typer.Typer) -> None:
         policy: Annotated[str, typer.Option(
             "--policy",
             help="colocation | static | static:P:D | reactive | prorsa | oracle | bound "
-            "(switching policies take :in_place or :restart, e.g. prorsa:restart; bound[:<grid_s>][:beam=<B>] "
+            "(switching policies take :in_place or :restart, e.g. prorsa:restart; prorsa and oracle take "
+            "allocator settings as :FIELD=VALUE, e.g. prorsa:settle_s=0; bound[:<grid_s>][:beam=<B>] "
             "searches the hindsight-best schedule first: slow)",
         )] = "colocation",
         steps: StepsOpt = 6,

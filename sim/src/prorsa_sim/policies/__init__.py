@@ -16,11 +16,18 @@ move by the capacity ratio on an asynchronous one), ``latency`` (``prorsa:latenc
 by the seconds a turn spends in the model on every run, ``objective = "turn_latency"``)
 or ``capacity`` (``prorsa:capacity``: by the capacity ratio on every run), and ``tpot=<slack>`` (e.g. ``prorsa:tpot=0.1``, ``oracle:restart:tpot=0.1``): decode sized by step
 time as well as KV, no decode step more than ``slack`` slower than an idle engine's
-(the allocator's ``decode_tpot_slack``; off by default, as in the paper)."""
+(the allocator's ``decode_tpot_slack``; off by default, as in the paper). Any of the
+allocator's settings can follow as ``FIELD=VALUE`` (an ablation: e.g.
+``prorsa:settle_s=0``, ``prorsa:capacity:served_veto_yields_to_state=false``), laid over
+the defaults and the model profile's priors and validated as the allocator service's
+configuration is (``AllocatorConfig``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+
+from prorsa_allocator.config import AllocatorConfig
+from pydantic import ValidationError
 
 from ..policy import Policy
 from .bound import BoundPolicy, parse_bound
@@ -36,31 +43,57 @@ def parse_spec(spec: str, options: bool = True) -> tuple[str | None, float | Non
     return parse_options(spec, options)[:2]  # type: ignore[return-value]
 
 
-def parse_options(spec: str, options: bool = True) -> tuple[str | None, float | None, str]:
-    """(switch mode, TPOT slack, gain-test rule) of
-    ``name[:paper|:latency|:capacity][:in_place|:restart][:tpot=<slack>]``; the rule is
-    ``paper``, ``latency`` / ``capacity`` (the priced rule with that objective on every run)
-    or ``priced`` (the priced rule, its objective by the run's mode)."""
+def allocator_overrides(raw: dict[str, str]) -> dict:
+    """``AllocatorConfig`` fields given as text (``FIELD`` -> ``VALUE``), validated and typed
+    as the allocator service's configuration is: the fields to lay over the defaults and the
+    model profile's priors. Raises ValueError naming the field and what it expects."""
+    unknown = [k for k in raw if k not in AllocatorConfig.model_fields]
+    if unknown:
+        raise ValueError(f"{unknown[0]!r} is not a setting of the allocator (AllocatorConfig's fields, "
+                         "docs/allocator.md)")
+    try:
+        return AllocatorConfig(**raw).model_dump(include=set(raw))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or ", ".join(raw)
+        raise ValueError(f"{where}: {first['msg']}") from None
+
+
+def parse_options(spec: str, options: bool = True) -> tuple[str | None, float | None, str, dict]:
+    """(switch mode, TPOT slack, gain-test rule, allocator settings) of
+    ``name[:paper|:latency|:capacity][:in_place|:restart][:tpot=<slack>][:FIELD=VALUE ...]``;
+    the rule is ``paper``, ``latency`` / ``capacity`` (the priced rule with that objective on
+    every run) or ``priced`` (the priced rule, its objective by the run's mode); the
+    settings are ``AllocatorConfig`` fields (:func:`allocator_overrides`)."""
     name, *parts = spec.split(":")
     expected = f"expected {name}, {name}:in_place or {name}:restart" + (
-        ", optionally :paper, :latency or :capacity first, then optionally :tpot=<slack>" if options else "")
+        ", optionally :paper, :latency or :capacity first, then optionally :tpot=<slack>, then any "
+        ":FIELD=VALUE of the allocator's settings" if options else "")
     mode = slack = None
     rule = "priced"
+    raw: dict[str, str] = {}
     if options and parts and parts[0] in ("paper", "latency", "capacity"):
         rule, parts = parts[0], parts[1:]
     for i, part in enumerate(parts):
         if part in SWITCH_MODES and i == 0:
             mode = part
-        elif options and part.startswith("tpot=") and slack is None:
+        elif options and part.startswith("tpot=") and slack is None and not raw:
             try:
                 slack = float(part[len("tpot="):])
             except ValueError:
                 raise ValueError(f"bad policy {spec!r}: tpot needs a number, got {part!r}") from None
             if not slack > 0 or slack == float("inf"):
                 raise ValueError(f"bad policy {spec!r}: tpot slack must be a finite number > 0")
+        elif options and "=" in part and not part.startswith("tpot=") and part.partition("=")[0] not in raw:
+            field, _, value = part.partition("=")
+            raw[field] = value
         else:
             raise ValueError(f"bad policy {spec!r}: {expected}")
-    return mode, slack, rule
+    try:
+        overrides = allocator_overrides(raw) if raw else {}
+    except ValueError as exc:
+        raise ValueError(f"bad policy {spec!r}: {exc}") from None
+    return mode, slack, rule, overrides
 
 
 def parse_mode(spec: str) -> str | None:
@@ -75,8 +108,9 @@ def _named(policy, spec: str):
 
 
 def _allocating(cls, spec: str):
-    mode, slack, rule = parse_options(spec)
-    return _named(cls(driver=AllocatorDriver(switch_mode=mode, tpot_slack=slack, rule=rule), switch_mode=mode), spec)
+    mode, slack, rule, overrides = parse_options(spec)
+    driver = AllocatorDriver(switch_mode=mode, tpot_slack=slack, rule=rule, overrides=overrides or None)
+    return _named(cls(driver=driver, switch_mode=mode), spec)
 
 
 BUILTIN_POLICIES: dict[str, Callable[[str], Policy]] = {
@@ -88,4 +122,5 @@ BUILTIN_POLICIES: dict[str, Callable[[str], Policy]] = {
 }
 """Each switching policy's factory: ``BUILTIN_POLICIES[name](spec)`` builds it from its CLI text."""
 
-__all__ = ["BUILTIN_POLICIES", "BoundPolicy", "OraclePolicy", "ProrsaPolicy", "ReactivePolicy", "parse_mode", "parse_options", "parse_spec"]
+__all__ = ["BUILTIN_POLICIES", "BoundPolicy", "OraclePolicy", "ProrsaPolicy", "ReactivePolicy", "allocator_overrides",
+           "parse_mode", "parse_options", "parse_spec"]
