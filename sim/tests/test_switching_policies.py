@@ -103,7 +103,7 @@ def test_allocator_settings_in_the_spec_reach_the_allocator_over_the_profiles_pr
     for bad, why in (("prorsa:nope=1", "'nope' is not a setting of the allocator"),
                      ("prorsa:settle_s=-1", "settle_s: Input should be greater than or equal to 0"),
                      ("prorsa:objective=sideways", "objective: Input should be"),
-                     ("prorsa:settle_s=0:settle_s=1", "FIELD=VALUE"),  # one value a field
+                     ("prorsa:settle_s=0:settle_s=1", r"settle_s is set twice \(settle_s=0 and settle_s=1\)"),
                      ("prorsa:settle_s=0:tpot=0.1", "FIELD=VALUE"),  # tpot before the settings
                      ("reactive:settle_s=0", "reactive:restart")):  # reactive runs no allocator
         with pytest.raises(ValueError, match=f"bad policy {bad!r}: .*{why}"):

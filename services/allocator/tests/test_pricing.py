@@ -124,6 +124,32 @@ def test_priced_net_by_hand() -> None:
     assert f_new3[0] == pytest.approx(min(120 / 140, 823 / 840))
 
 
+def test_a_backlog_is_counted_once_over_the_lookahead() -> None:
+    # 5:3 at a re-prefill burst (S = 10 s, H = 120 s): this window's forecast is 26 prefill
+    # engines' worth, 0.1 of it arrivals (the rest queued at its start); the smoothed rate of
+    # the windows' whole forecasts is 20, that of their arrivals 3. Decode: 2.5 engines.
+    dv = DemandView(26.0, 2.5, 20.0, 2.5, 10.0, prefill_fed_share=0.1, prefill_arrivals_later=3.0)
+    prices = [SwitchPrice(0.0, 15.0)]  # an idle decode engine to prefill: dead 15 s
+    # Counted once (prefill_backlog_once): W_P = 10 x 26 + 110 x 3 = 590 engine-seconds,
+    # W_D = 300. Held: min(600/590, 360/300) = 1.0169. One engine to prefill: capᴾ = 600 +
+    # 105, capᴰ = 240: min(705/590, 240/300) = 0.8, a loss: the backlog clears at 5:3
+    # within the lookahead, and decode would be short for the rest of it.
+    once = _config(prefill_backlog_once=True)
+    f_new, f_old = priced_net(5, 3, "prefill", prices, dv, once, 120.0, PricedContext(50_000.0))
+    assert f_old == pytest.approx(600 / 590) and f_new[0] == pytest.approx(0.8)
+    # Counted in every window it waits in (the default): W_P = 260 + 110 x 20 = 2,460, the
+    # burst read as 20 engines of demand for the whole lookahead: 600/2460 -> 705/2460,
+    # +17.5%, past the hysteresis.
+    f_new_off, f_old_off = priced_net(5, 3, "prefill", prices, dv, CFG, 120.0, PricedContext(50_000.0))
+    assert f_old_off == pytest.approx(600 / 2460) and f_new_off[0] == pytest.approx(705 / 2460)
+    # A provisioning quantile of the whole forecasts (30) is scaled to the arrivals the same
+    # way (30 x 3/20 = 4.5) for a move to decode: W_P = 260 + 110 x 4.5 = 755.
+    up = DemandView(26.0, 2.5, 20.0, 2.5, 10.0, prefill_fed_share=0.1, prefill_arrivals_later=3.0,
+                    prefill_upper=30.0)
+    f_new_d, f_old_d = priced_net(5, 3, "decode", prices, up, once, 120.0, PricedContext(50_000.0))
+    assert f_old_d == pytest.approx(600 / 755) and f_new_d[0] == pytest.approx(480 / 755)
+
+
 def _busy_cluster(cfg: AllocatorConfig) -> Allocator:
     alloc = Allocator(cfg)
     for i in range(15):

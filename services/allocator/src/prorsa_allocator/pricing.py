@@ -210,10 +210,16 @@ def priced_net(
     is held; a move to decode from it is judged by turn latency."""
     cap = cfg.ratio_cap
     s = min(demand.horizon_s, horizon)
-    later_p = demand.prefill_later
-    if to_role == "decode" and demand.prefill_upper is not None:
+    later_p, upper = demand.prefill_later, demand.prefill_upper
+    if cfg.prefill_backlog_once and demand.prefill_arrivals_later is not None:
+        # What queues at the window's start is in its forecast (prefill_now) and is served
+        # once; after the window only the arrivals go on.
+        if upper is not None:
+            upper = upper * demand.prefill_arrivals_later / max(later_p, 1e-12)
+        later_p = demand.prefill_arrivals_later
+    if to_role == "decode" and upper is not None:
         # The donor role provisioned to a quantile of the demand it has shown (provision_quantile).
-        later_p = max(later_p, demand.prefill_upper)
+        later_p = max(later_p, upper)
     w_p = s * demand.prefill_now + (horizon - s) * later_p
     w_d = s * demand.decode_now + (horizon - s) * demand.decode_later
 

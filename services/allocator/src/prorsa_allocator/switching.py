@@ -68,9 +68,10 @@ class DemandView:
     stops there, t(n) = t₀ + c/min(n, spread)."""
     prefill_arrivals_later: float | None = None
     """The part of ``prefill_later`` arrivals bring, in instances (the smoothed arrival
-    share of each forecast, ``prefill_fed_share``; None: not known, all of it). The
-    turn-latency objective's arrivals after the current window: a backlog counted in every
-    window's forecast is not a rate."""
+    share of each forecast, ``prefill_fed_share``; None: not known, all of it): the
+    prefill work after the current window, under the turn-latency objective and, with
+    ``prefill_backlog_once``, the capacity ratio. A backlog counted in every window's
+    forecast is not a rate."""
     prefill_upper: float | None = None
     """The ``provision_quantile`` quantile of the recent forecast prefill demand, in
     instances (None: not configured): a move that takes engines from prefill judges the

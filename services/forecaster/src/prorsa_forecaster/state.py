@@ -69,7 +69,7 @@ class LiveState(SamplerFold, EngineFold):
         self.cause = np.full(cap, np.nan)  # launch cause time (replace) for the launch delay
         self.cohort_cause = np.full(cap, np.nan)
         # The prompt whose KV a prefill instance caches for this trajectory, and when its
-        # prefill finished (a weight update after that that flushed the caches lost it).
+        # prefill finished (a later weight update that flushed the caches lost it).
         self.cache_prompt = np.zeros(cap)
         self.cache_ts = np.full(cap, np.nan)
         # The engine whose prefix cache holds it (-1: unknown).

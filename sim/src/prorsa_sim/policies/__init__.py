@@ -84,8 +84,10 @@ def parse_options(spec: str, options: bool = True) -> tuple[str | None, float | 
                 raise ValueError(f"bad policy {spec!r}: tpot needs a number, got {part!r}") from None
             if not slack > 0 or slack == float("inf"):
                 raise ValueError(f"bad policy {spec!r}: tpot slack must be a finite number > 0")
-        elif options and "=" in part and not part.startswith("tpot=") and part.partition("=")[0] not in raw:
+        elif options and "=" in part and not part.startswith("tpot="):
             field, _, value = part.partition("=")
+            if field in raw:
+                raise ValueError(f"bad policy {spec!r}: {field} is set twice ({field}={raw[field]} and {part})")
             raw[field] = value
         else:
             raise ValueError(f"bad policy {spec!r}: {expected}")

@@ -191,9 +191,9 @@ def decode_admissions_split(
         f = _share(update.flush)
         one = pc[0] + pc[1] * mean_x + pc[2] * 0.5 * np.square(mean_x)  # a request's cold seconds, per class
         one = f * one + (1.0 - f) * (pc[0] + pc[1] * mean_c + pc[2] * mean_p)
-        cold_f = (fut[0] * one).sum(axis=0)
-        cold_sq = (fut[0] * np.square(one)).sum(axis=0)
-        arrivals = (tok, k, per_step, cold_f, cold_sq)
+        svc_after = (fut[0] * one).sum(axis=0)
+        svc_sq_after = (fut[0] * np.square(one)).sum(axis=0)
+        arrivals = (tok, k, per_step, svc_after, svc_sq_after)
         known_mix, got_mix = _update_mixture(update, kq, S, pc, arrivals_by, arrivals, known, got)
         total = known + admit_f
         known, got = known_mix, got_mix
@@ -241,15 +241,15 @@ def _update_mixture(
     Returns ``(known, got)``: the known requests' admitted tokens (the re-prefills
     included: they are requests decoding at t) and the arrivals' per sub-step.
     """
-    tok, k, per_step, cold_f, cold_sq = arrivals
+    tok, k, per_step, svc_after, svc_sq_after = arrivals
     x_in, x_rd, V = kq.x_in, kq.x_rd, kq.V
-    # Cold where the update flushed the cache; else the expected prefill time, over the
-    # request's cache outcomes.
+    # The known requests' service seconds after the update: cold where it flushed the
+    # cache; else the expected prefill time, over the request's cache outcomes.
     f = _share(update.flush)
     hit_rd = np.broadcast_to(np.asarray(kq.hit_rd, dtype=float), x_rd.shape)
-    cold_in = (f * kq.g(kq.i_in, definite(x_in, 0.0 * x_in))
+    svc_in = (f * kq.g(kq.i_in, definite(x_in, 0.0 * x_in))
                + (1.0 - f) * (kq.p_in * kq.gh_in + (1.0 - kq.p_in) * kq.gm_in))
-    cold_rd = f * kq.g(kq.i_rd, definite(x_rd, 0.0 * x_rd)) + (1.0 - f) * (hit_rd * kq.gh_rd + (1.0 - hit_rd) * kq.gm_rd)
+    svc_rd = f * kq.g(kq.i_rd, definite(x_rd, 0.0 * x_rd)) + (1.0 - f) * (hit_rd * kq.gh_rd + (1.0 - hit_rd) * kq.gm_rd)
     p = np.clip(np.nan_to_num(np.asarray(update.p, dtype=float)), 0.0, 1.0)
     stay = max(1.0 - float(p.sum()), 0.0)
     known, got = stay * known_full, stay * np.asarray(got_full, dtype=float)
@@ -260,8 +260,8 @@ def _update_mixture(
     h = S / steps
     tok_step = np.asarray(per_step, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
-        svc_per_tok = np.where(tok_step > 0, cold_f / tok_step, 0.0)  # seconds per arrival token after it
-        sq_per_tok = np.where(tok_step > 0, np.asarray(cold_sq, dtype=float) / tok_step, 0.0)  # squared, likewise
+        svc_per_tok = np.where(tok_step > 0, svc_after / tok_step, 0.0)  # seconds per arrival token after it
+        sq_per_tok = np.where(tok_step > 0, np.asarray(svc_sq_after, dtype=float) / tok_step, 0.0)  # squared, likewise
     c_in, c_rd = kq.edges(S, steps)
     for j in np.flatnonzero(p > _P_MIN):
         u = (j + 0.5) * h
@@ -278,8 +278,8 @@ def _update_mixture(
             # sum of its requests' squared service seconds, for the ones in service at S).
             parts = [
                 (finite_sum(x_in * (1 - w_in)) + finite_sum(x_rd * (1 - w_rd)),
-                 finite_sum(cold_in * (1 - w_in)) + finite_sum(cold_rd * (1 - w_rd)), "known",
-                 finite_sum(np.square(cold_in) * (1 - w_in)) + finite_sum(np.square(cold_rd) * (1 - w_rd))),
+                 finite_sum(svc_in * (1 - w_in)) + finite_sum(svc_rd * (1 - w_rd)), "known",
+                 finite_sum(np.square(svc_in) * (1 - w_in)) + finite_sum(np.square(svc_rd) * (1 - w_rd))),
                 *((late[i], late[i] * svc_per_tok[i], i, late[i] * sq_per_tok[i]) for i in range(j + 1)),
                 (re[1], re_svc, "re", re_svc * re_svc / re[0] if re[0] > 0 else 0.0),
                 *((late[i], late[i] * svc_per_tok[i], i, late[i] * sq_per_tok[i]) for i in range(j + 1, steps)),
