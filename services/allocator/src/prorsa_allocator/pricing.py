@@ -193,6 +193,17 @@ class PricedContext:
     every prompt token (θᴾ x (1 − theta_hit) each)."""
 
 
+def arrivals_later(demand: DemandView, to_role: str) -> float | None:
+    """The prefill demand arrivals bring after the current window, in instances (None: not
+    known): ``prefill_arrivals_later``, and for a move to decode at least the provisioning
+    quantile scaled to the arrivals' share (``prefill_upper`` is a quantile of the whole
+    forecasts)."""
+    a = demand.prefill_arrivals_later
+    if a is not None and to_role == "decode" and demand.prefill_upper is not None:
+        a = max(a, demand.prefill_upper * a / max(demand.prefill_later, 1e-12))
+    return a
+
+
 def priced_net(
     p: int, d: int, to_role: str, prices: SwitchPrices | Sequence[SwitchPrice], demand: DemandView,
     cfg: AllocatorConfig, horizon: float, ctx: PricedContext,
@@ -210,16 +221,15 @@ def priced_net(
     is held; a move to decode from it is judged by turn latency."""
     cap = cfg.ratio_cap
     s = min(demand.horizon_s, horizon)
-    later_p, upper = demand.prefill_later, demand.prefill_upper
-    if cfg.prefill_backlog_once and demand.prefill_arrivals_later is not None:
+    later_p = demand.prefill_later
+    arrivals = arrivals_later(demand, to_role)
+    if cfg.prefill_backlog_once and arrivals is not None:
         # What queues at the window's start is in its forecast (prefill_now) and is served
         # once; after the window only the arrivals go on.
-        if upper is not None:
-            upper = upper * demand.prefill_arrivals_later / max(later_p, 1e-12)
-        later_p = demand.prefill_arrivals_later
-    if to_role == "decode" and upper is not None:
+        later_p = arrivals
+    elif to_role == "decode" and demand.prefill_upper is not None:
         # The donor role provisioned to a quantile of the demand it has shown (provision_quantile).
-        later_p = max(later_p, upper)
+        later_p = max(later_p, demand.prefill_upper)
     w_p = s * demand.prefill_now + (horizon - s) * later_p
     w_d = s * demand.decode_now + (horizon - s) * demand.decode_later
 
@@ -304,11 +314,8 @@ def priced_net(
         # arrives over the horizon (``prefill_fed_share``).
         backlog = (1.0 - demand.prefill_fed_share) * s * demand.prefill_now
         arriving = w_p - backlog
-        if demand.prefill_arrivals_later is not None:
-            later_a = demand.prefill_arrivals_later
-            if to_role == "decode" and demand.prefill_upper is not None:
-                later_a = max(later_a, demand.prefill_upper * later_a / max(demand.prefill_later, 1e-12))
-            arriving = s * demand.prefill_now + (horizon - s) * later_a - backlog
+        if arrivals is not None:
+            arriving = s * demand.prefill_now + (horizon - s) * arrivals - backlog
         lat = TurnLatency(demand.horizon_s, horizon, t0, load, spread, d, float(ctx.decode_turn_s),
                           w_d if w_kv is None else w_kv, demand.decode_fed_share)
         here = (np.array([p * horizon], float), np.array([d * horizon], float), np.array([arriving]), backlog)
