@@ -3,6 +3,7 @@ cases: data-parallel queues, computed (uncached) tokens and attention, cache hit
 each predicted request's own prefill time, the weight-sync pause; and how the fold
 learns them from events."""
 
+import copy
 import math
 
 import numpy as np
@@ -176,7 +177,8 @@ def test_the_pause_is_not_ended_by_a_prefill_that_finishes_before_the_engines_st
     """A framework that publishes policy.updated and then pauses its engines: a request in
     prefill at the update may finish before they stop (no prefill.started in the log).
     The pause ends with the first prefill of a request queued after the update (an
-    aborted decode re-queued), not with those."""
+    aborted decode re-queued), not with those, less that prefill's own time: the engines
+    resumed that long before it finished."""
     st = LiveState(ForecastConfig())
     for t, q in (("a", 1.0), ("b", 1.0)):
         st.apply(_ev("trajectory.dispatched", 0.0, traj=t, prompt_tokens=1000))
@@ -187,8 +189,40 @@ def test_the_pause_is_not_ended_by_a_prefill_that_finishes_before_the_engines_st
     st.apply(_ev("decode.finished", 10.1, traj="b", req="b1", output_tokens=50, finish="abort"))
     st.apply(_ev("request.queued", 10.12, traj="b", req="b2", turn=0, prompt_tokens=1050))
     assert st.history.update_pause.n == 0
+    g = float(st.history.prefill_model(None).g(np.array([1050.0]), 0.0)[0])  # b2's prefill time
     st.apply(_ev("prefill.finished", 11.7, traj="b", req="b2", cached_tokens=0))
-    assert st.history.update_pause.n == 1 and st.history.update_pause.value == pytest.approx(1.7)
+    assert 0.0 < g < 1.7
+    assert st.history.update_pause.n == 1 and st.history.update_pause.value == pytest.approx(1.7 - g)
+
+
+def test_a_prefill_with_no_start_is_timed_from_the_pause_end():
+    """Behind a router the log has no prefill.started. The decodes a weight update aborts
+    are re-queued at once and wait through the weight sync; that wait is not prefill time.
+    The pause ends at the first prefill after the update less its own prefill time, and
+    the next one's prefill is timed from there at the earliest, not from its queueing."""
+    st = LiveState(ForecastConfig())
+    st.apply(_ev("engine.registered", 0.0, engine="p0", server="s", role="prefill", gpus=16,
+                 kv_capacity_tokens=10**6, parallel={"attn_dp": 16}))
+    for t in ("a", "b"):
+        st.apply(_ev("trajectory.dispatched", 0.0, traj=t, prompt_tokens=1000))
+        st.apply(_ev("request.queued", 1.0, traj=t, req=f"{t}1", turn=0, prompt_tokens=1000))
+        st.apply(_ev("prefill.finished", 2.0, traj=t, req=f"{t}1", engine="p0", cached_tokens=0))
+    st.apply(_ev("policy.updated", 10.0, version=1))
+    for t, x in (("a", 1050), ("b", 1200)):
+        st.apply(_ev("decode.finished", 10.1, traj=t, req=f"{t}1", output_tokens=50, finish="abort"))
+        st.apply(_ev("request.queued", 10.12, traj=t, req=f"{t}2", turn=0, prompt_tokens=x))
+    model = st.history.prefill_model("p0")
+    g_a = float(model.g(np.array([1050.0]), 0.0)[0])
+    st.apply(_ev("prefill.finished", 11.7, traj="a", req="a2", engine="p0", cached_tokens=0))
+    assert st.resumed_ts == pytest.approx(11.7 - g_a) and 10.12 < st.resumed_ts < 11.7
+    # b's prefill: 12.4 - (11.7 - g_a) seconds, not 12.4 - 10.12 (16 ranks: no earlier
+    # departure holds its queue).
+    ref, through_pause = copy.deepcopy(model), copy.deepcopy(model)
+    ref.observe(1200.0, 12.4 - st.resumed_ts, 0.0)
+    through_pause.observe(1200.0, 12.4 - 10.12, 0.0)
+    st.apply(_ev("prefill.finished", 12.4, traj="b", req="b2", engine="p0", cached_tokens=0))
+    assert model.coefficients3() == pytest.approx(ref.coefficients3())
+    assert model.g(np.array([1200.0]), 0.0)[0] < through_pause.g(np.array([1200.0]), 0.0)[0]
 
 
 def test_sync_run_predicts_the_next_batch_after_an_update():

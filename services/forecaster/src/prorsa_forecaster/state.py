@@ -109,6 +109,9 @@ class LiveState(SamplerFold, EngineFold):
         # The last weight update that flushed the prefix caches (History.update_flushes).
         self.last_flush_ts = -np.inf
         self._pause_pending = False
+        # When the engines resumed after the last update (its pause's end, once learnt): a
+        # prefill timed from before it would hold the pause (_learn_prefill).
+        self.resumed_ts = -np.inf
         # Sync: when the last update came with the batch drained (next batch not yet out).
         self.sync_wait: float | None = None
         self._sync_after_update = False  # sync_wait is a policy.updated (not run.started)
@@ -282,7 +285,7 @@ class LiveState(SamplerFold, EngineFold):
             return
         if ev.engine is not None:
             self.engine[i] = self._code(ev.engine)
-        self._prefill_progress(ev.ts, self.queued_at[i])
+        self._prefill_progress(ev.ts, self.queued_at[i], self._finish_service(i, ev.cached_tokens))
         self._learn_prefill(i, ev.ts, ev.cached_tokens)
         self.state[i] = DECODE
         self.entered[i] = ev.ts

@@ -102,15 +102,36 @@ class EngineFold:
         _mutate(self, ev)
 
     # -- prefill helpers ------------------------------------------------------------------
-    def _prefill_progress(self, ts: float, queued: float | None = None) -> None:
+    def _prefill_progress(self, ts: float, queued: float | None = None, service: float = 0.0) -> None:
         """The first prefill progress after a weight update ends its pause: a prefill that
-        starts, or one that finishes of a request queued at or after the update. A
-        request queued before it may have been in prefill when ``policy.updated`` was
-        published and finish before the engines pause (a framework that publishes the
-        update, then pauses them), which says nothing of when they resume."""
+        starts, or one that finishes of a request queued at or after the update, less
+        ``service``, its own prefill time (:meth:`_finish_service`): the engines resumed
+        that long before it finished, at the latest. A request queued before the update
+        may have been in prefill when ``policy.updated`` was published and finish before
+        the engines pause (a framework that publishes the update, then pauses them),
+        which says nothing of when they resume."""
         if self._pause_pending and (queued is None or queued >= self.last_update_ts):
             self._pause_pending = False
-            self.history.update_pause.observe(ts - self.last_update_ts)
+            self.resumed_ts = max(ts - service, self.last_update_ts)
+            self.history.update_pause.observe(self.resumed_ts - self.last_update_ts)
+
+    def _finish_service(self, i: int, cached_tokens: int | None) -> float:
+        """Slot ``i``'s prefill time as its instance's learnt model gives it (its prompt, with
+        the ``cached_tokens`` its finish reports, or none: an update flushes the caches),
+        where its finish would end a weight update's pause: the log has no
+        ``prefill.started`` for it (a start would have ended the pause first), so the
+        pause is its finish less this. Taken whole, the pause would hold the first
+        re-queued request's own prefill, and the queue model, which starts every server
+        at the pause's end and then serves, would count it twice (the demo's log: the
+        first prefill after each update finishes 1.9-2.0 s after it, 1.0 s of it the
+        weight sync)."""
+        if not self._pause_pending or not self.queued_at[i] >= self.last_update_ts:
+            return 0.0
+        c = int(self.engine[i])
+        x = float(self.prompt[i])
+        cached = 0.0 if cached_tokens is None else min(float(cached_tokens), x)
+        g = self.history.prefill_model(self._engine_names[c] if c >= 0 else None).g(np.array([x]), cached)
+        return float(np.nan_to_num(g[0], nan=0.0, posinf=0.0))
 
     def expected_cached(self, prompt, cache_prompt, warm):
         """Expected cached prefix of a prompt: the learnt share of the trajectory's
@@ -184,8 +205,10 @@ class EngineFold:
         if deps is None or deps.maxlen < servers:
             deps = self._departures[name] = deque(deps or (), maxlen=max(servers, DEPARTURES_KEPT))
         if np.isnan(self.started_at[i]):
+            # A request queued before the engines resumed from a weight sync began at the
+            # earliest then: its wait through the pause is not prefill time.
             last = deps[-servers] if len(deps) >= servers else -np.inf
-            begin = max(self.queued_at[i], last)
+            begin = max(self.queued_at[i], last, self.resumed_ts)
         else:
             begin = self.started_at[i]
         rank = int(self.rank[i]) if self.config.use_dp_rank else -1
