@@ -36,7 +36,9 @@ Prints:
 * after weight updates (a log with ``policy.updated``): the hit ratio (cached over
   cacheable tokens) of the warm requests routed back to their caching engine, by seconds
   since the update (the caches refill after the flush), and the decode forecast's error
-  by the window's place relative to the last update (-1: the window it lands in).
+  by the window's place relative to the last update (-1: the window it lands in), and the
+  weight-sync pause learnt at each update beside when the first prefill of a request
+  queued after it ended (docs/forecaster.md, "The weight-sync pause").
 """
 
 from __future__ import annotations
@@ -388,11 +390,22 @@ def main() -> None:
 
     loop = _Probe(ForecastConfig(horizon=args.horizon, **_OPTS))
     results = []
+    pauses: list[tuple[float, float | None]] = []  # (pause learnt, first prefill end after the update)
+    update_at, first_end = None, None
     for line in read_log(args.log):
         ev = line.event
         if ev is None:
             continue
+        if ev.type == "policy.updated":
+            update_at, first_end = ev.ts, None
+        elif ev.type == "prefill.finished" and update_at is not None and first_end is None:
+            i = loop.state.slot_of(ev)
+            if i is not None and loop.state.queued_at[i] >= update_at:
+                first_end = ev.ts - update_at
+        learnt = loop.state.history.update_pause.n
         results.extend(loop.feed(ev))
+        if loop.state.history.update_pause.n > learnt:
+            pauses.append((loop.state.resumed_ts - loop.state.last_update_ts, first_end))
         if loop.window_start is not None and ev.type == "request.queued":
             row = loop.tool_rows.get((loop.state.slot_of(ev), loop.window_start))
             if row is not None:
@@ -412,6 +425,9 @@ def main() -> None:
 
     admitted_share(results)
     after_updates(update_ts, results)
+    if pauses:
+        print("weight-sync pause learnt at each update (s; in brackets when the first prefill of a request queued "
+              "after it ended): " + ", ".join(f"{p:.2f}" + ("" if e is None else f" ({e:.2f})") for p, e in pauses))
     if args.revealed:
         known_revealed(args.log, results, args.horizon)
     if args.queue:
