@@ -61,6 +61,8 @@ def main() -> None:
         name, sep, value = item.partition("=")
         if not sep:
             ap.error(f"--set {item!r}: expected FIELD=VALUE with FIELD one of AllocatorConfig's fields")
+        if name in raw:
+            ap.error(f"--set {item!r}: {name} is set twice ({name}={raw[name]} and {item})")
         raw[name] = value
     try:  # validated and typed once; the driver lays them over the profile's priors
         overrides = allocator_overrides(raw)

@@ -154,6 +154,7 @@ def test_option_overrides_a_config_field_and_rejects_bad_ones(tmp_path):
         (["-o", "tool_ema_alpha=half"], "could not convert"),
         (["-o", "steps=many"], "invalid literal"),
         (["-o", "steps=0"], "steps must be in 1..1000"),
+        (["-o", "steps=3", "-o", "steps=4"], "steps is set twice"),
     ):
         res = runner.invoke(app, ["forecast-eval", str(log), *bad])
         assert res.exit_code == 2 and says in res.output, (bad, res.output)

@@ -110,6 +110,8 @@ def parse_options(items: list[str]) -> dict:
             _fail(f"--option {item!r}: expected KEY=VALUE")
         if key not in fields:
             _fail(f"--option {item!r}: unknown field {key!r}; one of: {', '.join(sorted(fields))}")
+        if key in out:
+            _fail(f"--option {item!r}: {key} is set twice")
         default = fields[key].default
         raw = raw.strip()
         try:
