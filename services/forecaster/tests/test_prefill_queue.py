@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from prorsa_forecaster.terms.prefill_queue import PrefillTimeModel, simulate_queues
+from prorsa_forecaster.terms.known_queue import normal_below
+from prorsa_forecaster.terms.prefill_queue import PrefillTimeModel, fifo_order, simulate_queues
 
 
 def test_single_instance_recursion_by_hand():
@@ -25,6 +26,45 @@ def test_two_instances_are_independent_and_order_is_by_arrival():
     # instance 0 (free at 0): arrivals 0 (5 s) then 1 (1 s) -> 5, 6.
     # instance 1 (free at 10): arrivals 0 (2 s) then 3 (1 s) -> 12, 13.
     assert b == pytest.approx([13.0, 6.0, 12.0, 5.0])
+
+
+def test_fifo_order_by_hand_ties_in_position_order():
+    inst = np.array([1, 0, 1, 0, 0, 1])
+    arrival = np.array([2.0, 1.0, 2.0, 1.0, -0.0, 0.0])
+    # Instance 0: position 4 (arrival 0), then 1 and 3 (arrival 1, position order);
+    # instance 1: 5 (arrival 0), then 0 and 2 (arrival 2).
+    assert fifo_order(inst, arrival).tolist() == [4, 1, 3, 5, 0, 2]
+
+
+def test_fifo_order_is_the_lexsort_it_replaces():
+    rng = np.random.default_rng(3)
+    for servers in (3, 40_000):  # the int16 radix path and the wide-key path
+        inst = rng.integers(0, servers, 5_000)
+        arrival = np.round(rng.random(5_000) * 4) / 2  # many ties
+        arrival[::7] = np.nan
+        want = np.lexsort((np.arange(5_000), arrival, inst))
+        assert np.array_equal(fifo_order(inst, arrival), want)
+        # Given the arrival order, and through the queue simulation.
+        assert np.array_equal(fifo_order(inst, arrival, np.argsort(arrival, kind="stable")), want)
+        service = rng.random(5_000)
+        free = rng.random(servers)
+        arrival = np.nan_to_num(arrival)
+        assert np.array_equal(simulate_queues(inst, arrival, service, free),
+                              simulate_queues(inst, arrival, service, free, fifo_order(inst, arrival)))
+
+
+def test_normal_below_by_hand():
+    from math import erf, sqrt
+
+    margin = np.array([[1.0, -1.0, 0.0], [1.0, -1.0, np.nan], [3.0, -2.0, 0.5]])
+    sd = np.array([[0.0], [np.nan], [2.0]])  # no spread, an undefined one, a normal
+    got = normal_below(margin, sd)
+    assert got[0].tolist() == [1.0, 0.0, 0.0] and got[1].tolist() == [1.0, 0.0, 0.0]
+    want = [0.5 * (1 + erf(m / (sqrt(2) * 2.0))) for m in (3.0, -2.0, 0.5)]
+    assert got[2] == pytest.approx(want, abs=2e-7)
+    # Every row with a spread, and an undefined margin within it: one half.
+    assert normal_below(np.array([np.nan, 0.0, 20.0, -20.0]), np.array(1.0)).tolist() == [0.5, 0.5, 1.0, 0.0]
+    assert normal_below(np.array([1.0, -1.0]), np.zeros(2)).tolist() == [1.0, 0.0]
 
 
 def test_empty_queue():

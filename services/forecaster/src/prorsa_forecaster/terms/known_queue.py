@@ -20,24 +20,34 @@ import numpy as np
 from ..guards import BIG, clean
 from ..snapshot import Snapshot
 from .common import MAX_SERVERS, definite
-from .prefill_queue import simulate_queues
+from .prefill_queue import fifo_order, simulate_queues, stable_by
 
 
 def normal_below(margin: np.ndarray, sd: np.ndarray) -> np.ndarray:
     """Pr(N(0, sd^2) < margin) (sd 0: the indicator margin > 0); Abramowitz-Stegun
     7.1.26 for erf, error below 1.5e-7."""
+    margin, sd = np.broadcast_arrays(np.asarray(margin, dtype=float), np.asarray(sd, dtype=float))
+    out = (margin > 0).astype(float)  # sd 0 (or not a number): the indicator
+    spread = sd > 0
+    if not spread.any():  # a queue whose cache outcomes are all alike: no spread at all
+        return out
+    whole = bool(spread.all())
+    m, s = (margin, sd) if whole else (margin[spread], sd[spread])
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        z = np.where(sd > 0, margin / (np.sqrt(2.0) * sd), np.where(margin > 0, np.inf, -np.inf))
+        z = m / (np.sqrt(2.0) * s)
     # Past |z| = 6 (about 8.5 sd) erf is 1 to double precision: only the rest is computed.
-    out = np.where(z > 0, 1.0, 0.0)
+    p = np.where(z > 0, 1.0, 0.0)
     near = np.abs(z) < 6.0
-    out[np.isnan(z)] = 0.5
+    p[np.isnan(z)] = 0.5
     if near.any():
         zn = z[near]
         x = np.abs(zn)
         t = 1.0 / (1.0 + 0.3275911 * x)
         poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-        out[near] = 0.5 * (1.0 + np.sign(zn) * (1.0 - poly * np.exp(-x * x)))
+        p[near] = 0.5 * (1.0 + np.sign(zn) * (1.0 - poly * np.exp(-x * x)))
+    if whole:
+        return p
+    out[spread] = p
     return out
 
 
@@ -219,14 +229,14 @@ def known_queue(snap: Snapshot) -> KnownQueue:
     u_rd = np.clip(np.nan_to_num(np.asarray(snap.ready_since, dtype=float) - snap.t, nan=0.0), -BIG, 0.0)
     gh_rd, gm_rd = outcomes(x_rd, snap.column("ready_cached", "ready_prompt"), i_rd)
     srv_rd = np.zeros(len(x_rd), dtype=np.int64)
+    by_u = np.argsort(u_rd, kind="stable")  # queue time, then arrival order
     if len(x_rd):
         # A request the router placed on a named rank (request.queued.dp_rank) waits in
         # that rank's queue; the others are dealt among themselves.
         ranked = _rank_of(snap.ready_rank, i_rd, c)
         srv_rd = np.where(ranked >= 0, offset[i_rd] + ranked, 0)
-        unk = np.flatnonzero(ranked < 0)
         srv_order = np.lexsort((free, srv_inst))  # grouped by instance, earliest free first
-        order = unk[np.lexsort((unk, u_rd[unk], i_rd[unk]))]
+        order = stable_by(i_rd, by_u[(ranked < 0)[by_u]])  # per instance, by queue time
         inst_s = i_rd[order]
         pos = _run_rank(inst_s)
         srv_rd[order] = srv_order[offset[inst_s] + pos % c[inst_s]]
@@ -235,7 +245,8 @@ def known_queue(snap: Snapshot) -> KnownQueue:
     svc_rd = hit_rd * gh_rd + (1.0 - hit_rd) * gm_rd  # a server is held for the expected time
     # ...around which each queued request's cache flip (hit or miss) varies.
     var_rd = np.broadcast_to(hit_rd * (1.0 - hit_rd) * np.square(gh_rd - gm_rd), x_rd.shape)
-    b_rd = simulate_queues(srv_rd, u_rd, svc_rd, free)
+    fifo = fifo_order(srv_rd, u_rd, by_u)  # each server's FIFO order
+    b_rd = simulate_queues(srv_rd, u_rd, svc_rd, free, fifo)
     end = free.copy()  # when each server is through its known queue
     np.maximum.at(end, srv_rd, b_rd)
 
@@ -250,12 +261,11 @@ def known_queue(snap: Snapshot) -> KnownQueue:
         # then Pr(start + g < S) under a normal of that spread. A hard cut at the mean
         # start treats the sum as certain, which is not the model's own expectation:
         # the chance that the request finishes in time is not the indicator at the mean.
-        o = np.lexsort((np.arange(len(x_rd)), u_rd, srv_rd))  # each server's FIFO order
-        srv_s = srv_rd[o]
-        cum = np.cumsum(var_rd[o])
+        srv_s = srv_rd[fifo]
+        cum = np.cumsum(var_rd[fifo])
         first = np.searchsorted(srv_s, srv_s, side="left")
         ahead = np.zeros(len(x_rd))
-        ahead[o] = cum - var_rd[o] - np.concatenate(([0.0], cum))[first]
+        ahead[fifo] = cum - var_rd[fifo] - np.concatenate(([0.0], cum))[first]
         sd = np.sqrt(np.clip(ahead + free_var[srv_rd], 0.0, None))
 
     return KnownQueue(

@@ -117,11 +117,30 @@ class PrefillTimeModel:
         return cost_features(tokens, cached) @ np.array(self.coefficients3())
 
 
+def stable_by(keys: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """``order`` re-sorted by ``keys[order]``, small non-negative ints (an instance or a
+    server), keeping its order within a key. Keys below 2^15 are sorted as int16, which
+    numpy sorts by radix, ten times faster than int64 at 30k keys."""
+    k = np.asarray(keys)[order]
+    if k.size and k.min() >= 0 and k.max() < 2**15:
+        k = k.astype(np.int16)
+    return order[np.argsort(k, kind="stable")]
+
+
+def fifo_order(instance: np.ndarray, arrival: np.ndarray, by_arrival: np.ndarray | None = None) -> np.ndarray:
+    """The positions sorted by instance, then arrival, then position: each queue's FIFO
+    order (``np.lexsort((positions, arrival, instance))``). ``by_arrival``: the positions
+    already sorted stably by arrival, where the caller has them."""
+    o = np.argsort(arrival, kind="stable") if by_arrival is None else by_arrival
+    return stable_by(instance, o)
+
+
 def simulate_queues(
     instance: np.ndarray,
     arrival: np.ndarray,
     service: np.ndarray,
     free_at: np.ndarray,
+    order: np.ndarray | None = None,
 ) -> np.ndarray:
     """Completion time of every request under FIFO per-instance queues.
 
@@ -131,6 +150,7 @@ def simulate_queues(
             ties in input order).
         service: ``g(x_j)``, seconds of prefill for each request.
         free_at: ``v_m`` for each of the M instances: when it is next free.
+        order: :func:`fifo_order` of ``instance`` and ``arrival``, where the caller has it.
 
     Returns:
         ``b_j`` for each request, in input order.
@@ -138,7 +158,8 @@ def simulate_queues(
     n = len(arrival)
     if n == 0:
         return np.zeros(0)
-    order = np.lexsort((np.arange(n), arrival, instance))
+    if order is None:
+        order = fifo_order(instance, arrival)
     inst = instance[order]
     u = arrival[order]
     w = service[order]
