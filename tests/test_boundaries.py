@@ -268,3 +268,15 @@ def test_checker_sees_each_kind_of_violation(tmp_path: Path) -> None:
     assert found["private"] == ["pkg_a.x -> pkg_b.y._hidden"]
     assert found["module cycles"] == ["pkg_a.x <-> pkg_a.z <-> pkg_b.y"]
     assert found["missing modules"] == ["pkg_a.z imports pkg_a.gone"]
+
+
+FORECASTER_MAX_LINES = 400  # docs/forecaster.md, "The terms": one module per Appendix B term, each short
+
+
+def test_forecaster_modules_stay_short() -> None:
+    """Every module of the forecaster (its terms, the fold, the service shell) is at most
+    ``FORECASTER_MAX_LINES`` lines: a part that outgrows it is split along its seams."""
+    root = ROOT / "services" / "forecaster" / "src" / "prorsa_forecaster"
+    sizes = {p.relative_to(root).as_posix(): len(p.read_text().splitlines()) for p in root.rglob("*.py")}
+    assert len(sizes) > 20, sorted(sizes)  # the package is where this test looks
+    assert not {m: n for m, n in sizes.items() if n > FORECASTER_MAX_LINES}

@@ -351,34 +351,6 @@ class LiveState(SamplerFold, EngineFold):
         """The ``req`` of slot ``i``'s current request."""
         return self._req[i]
 
-    def prefill_instances(self) -> list[str | None]:
-        """Prefill instances to simulate: the known prefill/mixed engines, else the
-        engines seen serving prefills, else the pool (None). An engine switching away
-        from prefill takes no new request from its ``engine.switching`` on (it drains):
-        it is left out, unless every prefill engine is."""
-        names = [n for n, r in self._role.items() if r in ("prefill", "mixed")]
-        records = self.engine_registry.engines
-        staying = [n for n in names if records[n].switching_to in (None, "prefill", "mixed")]
-        names = staying or names
-        if not names:
-            names = [n for n, m in self.history.prefill.items() if m.n > 0]
-        return sorted(names) if names else [None]
-
-    def engine_index(self, names: list[str | None]) -> np.ndarray:
-        """Engine code -> index in ``names`` (-1: not one of them); the last entry stands
-        for the code -1 (no engine)."""
-        lookup = np.full(len(self._engine_names) + 1, -1, dtype=np.int64)
-        for k, name in enumerate(names):
-            if name is not None and name in self._engine_code:
-                lookup[self._engine_code[name]] = k
-        return lookup
-
-    def decode_kv(self) -> float:
-        """K^D: the decode engines' KV in use (engine.stats), else the prompts decoding."""
-        if self._decode_kv:
-            return float(sum(self._decode_kv.values()))
-        return max(float(self.kv_now), 0.0)
-
 
 # The fold's handlers, one per event type (the project's one way to apply an event: see
 # prorsa_schemas.fold). The methods live on LiveState and its two sides (SamplerFold,

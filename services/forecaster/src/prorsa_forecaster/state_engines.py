@@ -80,6 +80,10 @@ class EngineFold:
     _departures: dict
     _rank_departures: RankDepartures
     _decode_kv: dict
+    _engine_code: dict
+    _engine_names: list
+    history: object
+    kv_now: float
 
     @cached_property
     def engine_registry(self) -> EngineRegistry:
@@ -100,6 +104,35 @@ class EngineFold:
         else:
             self._role[ev.engine] = rec.role
         _mutate(self, ev)
+
+    # -- what a snapshot reads --------------------------------------------------------------
+    def prefill_instances(self) -> list[str | None]:
+        """Prefill instances to simulate: the known prefill/mixed engines, else the
+        engines seen serving prefills, else the pool (None). An engine switching away
+        from prefill takes no new request from its ``engine.switching`` on (it drains):
+        it is left out, unless every prefill engine is."""
+        names = [n for n, r in self._role.items() if r in ("prefill", "mixed")]
+        records = self.engine_registry.engines
+        staying = [n for n in names if records[n].switching_to in (None, "prefill", "mixed")]
+        names = staying or names
+        if not names:
+            names = [n for n, m in self.history.prefill.items() if m.n > 0]
+        return sorted(names) if names else [None]
+
+    def engine_index(self, names: list[str | None]) -> np.ndarray:
+        """Engine code -> index in ``names`` (-1: not one of them); the last entry stands
+        for the code -1 (no engine)."""
+        lookup = np.full(len(self._engine_names) + 1, -1, dtype=np.int64)
+        for k, name in enumerate(names):
+            if name is not None and name in self._engine_code:
+                lookup[self._engine_code[name]] = k
+        return lookup
+
+    def decode_kv(self) -> float:
+        """K^D: the decode engines' KV in use (engine.stats), else the prompts decoding."""
+        if self._decode_kv:
+            return float(sum(self._decode_kv.values()))
+        return max(float(self.kv_now), 0.0)
 
     # -- prefill helpers ------------------------------------------------------------------
     def _prefill_progress(self, ts: float, queued: float | None = None, service: float = 0.0) -> None:
