@@ -229,7 +229,7 @@ def known_queue(snap: Snapshot) -> KnownQueue:
     u_rd = np.clip(np.nan_to_num(np.asarray(snap.ready_since, dtype=float) - snap.t, nan=0.0), -BIG, 0.0)
     gh_rd, gm_rd = outcomes(x_rd, snap.column("ready_cached", "ready_prompt"), i_rd)
     srv_rd = np.zeros(len(x_rd), dtype=np.int64)
-    by_u = np.argsort(u_rd, kind="stable")  # queue time, then arrival order
+    by_u = np.argsort(u_rd, kind="stable")  # queue time, ties in the snapshot's order
     if len(x_rd):
         # A request the router placed on a named rank (request.queued.dp_rank) waits in
         # that rank's queue; the others are dealt among themselves.
