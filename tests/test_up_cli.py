@@ -85,6 +85,10 @@ def test_with_router_plans_sglang_router_for_a_real_cluster(tmp_path: Path):
     # Colocation: the same router, regular workers (no PD mode).
     colo = plan_stack(UpOptions(workdir=tmp_path / "c", port_base=0, emulated_cluster=True, policy="colocation"))
     assert "--pd-disaggregation" not in next(s for s in colo.specs if s.name == "router").cmd
+    # Stopped last: what the services talk to on their way out.
+    assert {s.name for s in colo.specs if s.infrastructure} == {"nats-server", "router"} | {
+        s.name for s in colo.specs if s.name.startswith("engine-")}
+    assert not any(s.infrastructure for s in plan.specs if s.name in ("tracker", "forecaster", "allocator"))
 
 
 def test_supervisor_restarts_a_crashed_process_with_backoff(tmp_path: Path):
@@ -161,6 +165,32 @@ def test_supervisor_kills_what_ignores_sigterm(tmp_path: Path):
     sup.stop(grace_s=1.0)
     assert sup.returncode("stubborn") == -9
     assert time.monotonic() - t0 < 10
+
+
+def test_supervisor_stops_the_infrastructure_after_the_services(tmp_path: Path):
+    # Each child appends "<name> <event> <time>" to one file. The service takes a while to
+    # stop (as one flushing its last publishes does); the bus records when its SIGTERM
+    # comes. Stopped together, the bus would be told first and gone before the service is.
+    trace = tmp_path / "trace"
+    code = ("import os,pathlib,signal,sys,time\n"
+            "name, linger, out = sys.argv[1], float(sys.argv[2]), pathlib.Path(sys.argv[3])\n"
+            "def log(what):\n"
+            "    with out.open('a') as f: f.write(f'{name} {what} {time.time():.6f}\\n')\n"
+            "def term(*_):\n"
+            "    log('sigterm'); time.sleep(linger); log('exit'); os._exit(0)\n"
+            "signal.signal(signal.SIGTERM, term); log('up')\n"
+            "while True: time.sleep(1)\n")
+    up = lambda name: lambda: trace.exists() and f"{name} up" in trace.read_text()  # noqa: E731
+    sup = Supervisor(tmp_path / "logs")
+    sup.start(ProcSpec("bus", [sys.executable, "-c", code, "bus", "0", str(trace)], ready=up("bus"),
+                       infrastructure=True))
+    sup.start(ProcSpec("service", [sys.executable, "-c", code, "service", "0.5", str(trace)], ready=up("service")))
+    sup.start(ProcSpec("job", [sys.executable, "-c", code, "job", "0", str(trace)], ready=up("job")))
+    sup.stop(grace_s=10)
+    at = {" ".join(line.split()[:2]): float(line.split()[2]) for line in trace.read_text().splitlines()}
+    assert at["service exit"] < at["bus sigterm"] and at["job exit"] < at["bus sigterm"]
+    assert at["service sigterm"] - at["job sigterm"] < 0.4  # the services stop together, not one by one
+    assert all(sup.returncode(n) == 0 for n in ("bus", "service", "job"))
 
 
 def test_a_one_shot_job_is_reported_once_and_not_restarted(tmp_path: Path):

@@ -60,7 +60,8 @@ def router_spec(opts: UpOptions, ports: Ports, kind: str) -> tuple[str, ProcSpec
 
         cmd = sglang_router_command(ports.router, host, pd=opts.policy != "colocation",
                                     prometheus_port=ports.router_metrics, extra=opts.router_args)
-    return url, ProcSpec("router", cmd, ready=lambda: _http_ok(url + "/health"), ready_timeout_s=60.0)
+    return url, ProcSpec("router", cmd, ready=lambda: _http_ok(url + "/health"), ready_timeout_s=60.0,
+                         infrastructure=True)
 
 
 def router_name(kind: str | None) -> str:

@@ -179,7 +179,8 @@ def plan_stack(opts: UpOptions) -> StackPlan:
         except NatsServerNotFound as exc:
             raise UpError(str(exc)) from None
         nats_url = server.url
-        specs.append(ProcSpec("nats-server", server.command(), env=server.env(), ready=lambda: _tcp_ok(h, ports.nats)))
+        specs.append(ProcSpec("nats-server", server.command(), env=server.env(), ready=lambda: _tcp_ok(h, ports.nats),
+                              infrastructure=True))
         admin = _nats_login("PRORSA_", "admin", passwords)
         setup = lambda: _setup_stream(nats_url, admin)  # noqa: E731
     else:
@@ -253,7 +254,7 @@ def plan_stack(opts: UpOptions) -> StackPlan:
                 url = f"http://{h}:{port}"
                 specs.append(ProcSpec(f"engine-{i}", [PY, "-m", "prorsa_emulated", "engine", "--host", h,
                                                       "--port", str(port), "--disaggregation-mode", "null", *emu],
-                                      ready=lambda u=url: _http_ok(u + "/health")))
+                                      ready=lambda u=url: _http_ok(u + "/health"), infrastructure=True))
                 colocated.append(url)
         else:
             # Default: start short of prefill (1 in 3), so the allocator has something to fix.

@@ -6,7 +6,9 @@ exponential back-off when it exits unexpectedly. A child that keeps exiting soon
 start (more than ``max_restarts`` times in a row) is given up: it stays down and its name is in
 :attr:`Supervisor.given_up`, so that the caller can stop everything and report a failure
 instead of restarting it forever. Stopping is SIGTERM to every child (in reverse start order),
-a grace period, then SIGKILL for what is left.
+a grace period, then SIGKILL for what is left; the children marked ``infrastructure`` (the
+bus, the router, emulated engines) get their SIGTERM only once the others have exited, so
+that a service's last publishes and deregistrations on its way out reach them.
 
 The supervisor keeps a JSON state file (pids, restarts, logs) that operators and the
 end-to-end tests read, e.g. to kill one service on purpose.
@@ -40,6 +42,9 @@ class ProcSpec:
     """Returns True once the process serves (polled after start, before the next one)."""
     ready_timeout_s: float = 60.0
     cwd: Path | None = None
+    infrastructure: bool = False
+    """Stopped after every other child has exited (the bus, the router, emulated engines:
+    what the services talk to while they stop)."""
 
 
 @dataclass
@@ -176,33 +181,40 @@ class Supervisor:
 
     # -- stop ---------------------------------------------------------------------------
     def stop(self, grace_s: float = 15.0, only: list[str] | None = None) -> None:
-        """SIGTERM the children (reverse start order), wait up to ``grace_s``, SIGKILL the rest."""
+        """SIGTERM the children (reverse start order), wait up to ``grace_s``, SIGKILL the rest:
+        first every child but the ``infrastructure`` ones, then those (each wave with its own
+        ``grace_s``)."""
         with self._lock:
             if only is None:
                 self.stopping = True
             names = [n for n in reversed(list(self.children)) if only is None or n in only]
-            for name in names:
-                proc = self.children[name].proc
-                if proc is not None and proc.poll() is None:
-                    try:
-                        os.killpg(proc.pid, signal.SIGTERM)
-                    except ProcessLookupError:
-                        pass
-            deadline = time.monotonic() + grace_s
-            for name in names:
-                proc = self.children[name].proc
-                if proc is None:
-                    continue
-                try:
-                    proc.wait(max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    self.on_event(f"{name} did not stop within {grace_s:.0f}s; killing it")
-                    try:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                    proc.wait(10)
+            infra = [n for n in names if self.children[n].spec.infrastructure]
+            for wave in ([n for n in names if n not in infra], infra):
+                self._stop_wave(wave, grace_s)
             self._save()
+
+    def _stop_wave(self, names: list[str], grace_s: float) -> None:
+        for name in names:
+            proc = self.children[name].proc
+            if proc is not None and proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace_s
+        for name in names:
+            proc = self.children[name].proc
+            if proc is None:
+                continue
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.on_event(f"{name} did not stop within {grace_s:.0f}s; killing it")
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait(10)
 
     # -- state file ---------------------------------------------------------------------
     def _save(self) -> None:
